@@ -1,0 +1,55 @@
+"""Drain timing rules (seeds 000 and 004): timeouts, deadlines, completion estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from fleetkeeper.domain.models import (
+    DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS,
+    MAX_DRAIN_TIMEOUT_SECONDS,
+    Instance,
+    WorkerTemplate,
+)
+
+
+def worker_drain_timeout(requested_seconds: int | None, template: WorkerTemplate | None) -> int:
+    """The request's timeout when positive, else the template's drain_timeout_hours (default 4 h)."""
+    if requested_seconds is not None and requested_seconds > 0:
+        return min(requested_seconds, MAX_DRAIN_TIMEOUT_SECONDS)
+    if template is not None:
+        return template.drain_timeout_seconds
+    return WorkerTemplate.model_fields["drain_timeout_hours"].default * 3600  # type: ignore[no-any-return]
+
+
+def pool_drain_timeout(requested_seconds: int | None) -> int:
+    """Seed 004: an absent or non-positive timeout means 300 seconds."""
+    if requested_seconds is None or requested_seconds <= 0:
+        return DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS
+    return min(requested_seconds, MAX_DRAIN_TIMEOUT_SECONDS)
+
+
+def drain_deadline(started_at: datetime, timeout_seconds: int) -> datetime:
+    return started_at + timedelta(seconds=timeout_seconds)
+
+
+def seconds_left(deadline: datetime, now: datetime) -> int:
+    """Whole seconds until the deadline, never less than 1 (a Step Functions timeout must be positive)."""
+    return max(int((deadline - now).total_seconds()), 1)
+
+
+def estimated_completion(active: Iterable[Instance], deadline: datetime, now: datetime) -> datetime:
+    """The latest timeslot end among active instances, capped at the deadline.
+
+    An instance without a timeslot end gives no promise, so the deadline is the honest estimate.
+    With nothing active the drain is about to finish: now.
+    """
+    latest: datetime | None = None
+    for instance in active:
+        if instance.timeslot_end is None:
+            return deadline
+        if latest is None or instance.timeslot_end > latest:
+            latest = instance.timeslot_end
+    if latest is None:
+        return now
+    return min(max(latest, now), deadline)

@@ -1,0 +1,91 @@
+"""Typed domain errors. The API maps each class to one HTTP status, in one place."""
+
+from __future__ import annotations
+
+
+class FleetkeeperError(Exception):
+    """Base of every error fleetkeeper raises on purpose."""
+
+    code = "FLEETKEEPER_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> dict[str, str | int | None]:
+        """Machine-readable fields that go into an error body next to the message."""
+        return {}
+
+
+class NotFound(FleetkeeperError):
+    code = "NOT_FOUND"
+
+    def __init__(self, kind: str, key: str) -> None:
+        super().__init__(f"{kind} '{key}' was not found")
+        self.kind = kind
+        self.key = key
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"kind": self.kind, "id": self.key}
+
+
+class InvalidInput(FleetkeeperError):
+    """Input that parsed but breaks a rule; names the field and the reason."""
+
+    code = "INVALID_INPUT"
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"field": self.field, "reason": self.reason}
+
+
+class IllegalTransition(FleetkeeperError):
+    code = "ILLEGAL_TRANSITION"
+
+    def __init__(self, entity: str, current: str, target: str, cause: str | None = None) -> None:
+        suffix = f" (cause {cause})" if cause else ""
+        super().__init__(f"{entity} cannot move from {current} to {target}{suffix}")
+        self.entity = entity
+        self.current = current
+        self.target = target
+        self.cause = cause
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"entity": self.entity, "current_status": self.current, "target_status": self.target}
+
+
+class Conflict(FleetkeeperError):
+    """The entity is not in the state the write expected: a lost race or a wrong precondition."""
+
+    code = "CONFLICT"
+
+    def __init__(self, entity: str, key: str, current_status: str | None, message: str | None = None) -> None:
+        state = current_status if current_status is not None else "absent"
+        super().__init__(message or f"{entity} '{key}' changed concurrently; it is now {state}")
+        self.entity = entity
+        self.key = key
+        self.current_status = current_status
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"entity": self.entity, "id": self.key, "current_status": self.current_status}
+
+
+class DrainInProgress(Conflict):
+    code = "DRAIN_IN_PROGRESS"
+
+    def __init__(self, entity: str, key: str) -> None:
+        super().__init__(entity, key, "DRAINING", "Drain already in progress")
+
+
+class CapacityUnavailable(FleetkeeperError):
+    """No worker can take the instance right now; the message says why."""
+
+    code = "NO_CAPACITY"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

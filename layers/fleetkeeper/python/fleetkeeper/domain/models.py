@@ -1,0 +1,188 @@
+"""Domain records. Plain pydantic models: no AWS types, no I/O."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleetkeeper.domain.lifecycle import (
+    ACTIVE_INSTANCE_STATES,
+    InstanceState,
+    PoolStatus,
+    WorkerStatus,
+)
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="letters, digits, '.', '_' or '-'; 1-64")]
+Region = Annotated[str, Field(pattern=REGION_PATTERN, examples=["eu-west-1"])]
+
+DEFAULT_DRAIN_TIMEOUT_HOURS = 4.0
+DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS = 300
+# Step Functions caps a task timeout at one year; a drain deadline beyond that could never fire.
+MAX_DRAIN_TIMEOUT_SECONDS = 365 * 24 * 3600
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class DrainThen(StrEnum):
+    """What follows a worker drain."""
+
+    STOP = "stop"
+    TERMINATE = "terminate"
+
+
+class PoolDrainThen(StrEnum):
+    """What follows a pool drain: nothing, or a drain of each of its workers."""
+
+    NONE = "none"
+    STOP = "stop"
+    TERMINATE = "terminate"
+
+
+class DrainOutcome(StrEnum):
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    ERROR = "ERROR"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+
+
+class DrainRecord(Record):
+    """One drain of one worker; the worker keeps its latest drain."""
+
+    generation: int = Field(ge=1)
+    started_at: datetime
+    deadline: datetime
+    timeout_seconds: int = Field(gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS)
+    reason: str | None = Field(default=None, max_length=500)
+    requested_by: str
+    then: DrainThen = DrainThen.STOP
+    execution_arn: str | None = None
+    task_token: str | None = None
+    outcome: DrainOutcome = DrainOutcome.RUNNING
+    forced_instances: int = Field(default=0, ge=0)
+    finished_at: datetime | None = None
+    cancelled_by: str | None = None
+    error: str | None = None
+
+
+DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
+
+
+class Worker(Record):
+    id: str
+    template: Name
+    region: Region
+    pool: Name | None = None
+    status: WorkerStatus = WorkerStatus.PENDING
+    desired_status: WorkerStatus | None = None
+    ec2_instance_id: str | None = None
+    private_ip: str | None = None
+    public_ip: str | None = None
+    capacity: int = Field(ge=1, le=10_000)
+    active_instances: int = Field(default=0, ge=0)
+    drain: DrainRecord | None = None
+    do_not_disrupt: bool = False
+    status_reason: str | None = None
+    terminated_by: str | None = None
+    terminated_reason: str | None = None
+    version: int = Field(default=0, ge=0)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("desired_status")
+    @classmethod
+    def _desired_is_a_goal(cls, value: WorkerStatus | None) -> WorkerStatus | None:
+        if value is not None and value not in DESIRED_STATUSES:
+            allowed = ", ".join(sorted(DESIRED_STATUSES))
+            raise ValueError(f"must be one of {allowed}")
+        return value
+
+    @property
+    def free_slots(self) -> int:
+        return max(self.capacity - self.active_instances, 0)
+
+    @property
+    def next_drain_generation(self) -> int:
+        return (self.drain.generation if self.drain else 0) + 1
+
+
+class WorkerTemplate(Record):
+    name: Name
+    instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
+    ami_name_filter: str = Field(min_length=1, max_length=128)
+    capacity: int = Field(ge=1, le=10_000)
+    drain_timeout_hours: float = Field(
+        default=DEFAULT_DRAIN_TIMEOUT_HOURS, gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
+    )
+    tags: dict[str, str] = Field(default_factory=dict)
+    version: int = Field(default=0, ge=0)
+
+    @property
+    def drain_timeout_seconds(self) -> int:
+        return round(self.drain_timeout_hours * 3600)
+
+
+class Instance(Record):
+    id: str
+    worker_id: str
+    template: Name | None = None
+    pool: Name | None = None
+    state: InstanceState = InstanceState.SCHEDULED
+    retry_count: int = Field(default=0, ge=0)
+    timeslot_start: datetime | None = None
+    timeslot_end: datetime | None = None
+    reason: str | None = None
+    version: int = Field(default=0, ge=0)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_INSTANCE_STATES
+
+
+class Pool(Record):
+    name: Name
+    status: PoolStatus = PoolStatus.ACTIVE
+    description: str | None = Field(default=None, max_length=500)
+    drain_started_at: datetime | None = None
+    drain_timeout_seconds: int | None = Field(default=None, gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS)
+    drain_then: PoolDrainThen | None = None
+    drain_generation: int = Field(default=0, ge=0)
+    drain_outcome: DrainOutcome | None = None
+    drain_requested_by: str | None = None
+    drain_task_token: str | None = None
+    drain_execution_arn: str | None = None
+    drain_finished_at: datetime | None = None
+    version: int = Field(default=0, ge=0)
+
+
+class AuditEvent(Record):
+    """Who did what to which entity, from which status to which, why and when."""
+
+    entity: str
+    entity_id: str
+    action: str
+    actor: str
+    from_status: str | None = None
+    to_status: str | None = None
+    reason: str | None = None
+    at: datetime = Field(default_factory=utcnow)
+    details: dict[str, str | int | None] = Field(default_factory=dict)

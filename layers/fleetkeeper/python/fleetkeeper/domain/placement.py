@@ -1,0 +1,37 @@
+"""Which workers may take a new instance, and in which order to try them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from fleetkeeper.domain.lifecycle import ACCEPTS_INSTANCES, PoolStatus
+from fleetkeeper.domain.models import Pool, Worker
+
+
+class PlacementStrategy(StrEnum):
+    # Fill the fullest worker that still has room, so idle workers stay idle and can be scaled down.
+    PACK = "pack"
+    # Prefer the emptiest worker, to spread load and blast radius.
+    SPREAD = "spread"
+
+
+def refusal_reason(worker: Worker, pool: Pool | None) -> str | None:
+    """Why this worker cannot take an instance now, or None when it can."""
+    if worker.status != ACCEPTS_INSTANCES:
+        return f"worker {worker.id} is {worker.status}, only RUNNING workers accept instances"
+    if pool is not None and pool.status != PoolStatus.ACTIVE:
+        return f"pool {pool.name} is {pool.status}"
+    if worker.active_instances >= worker.capacity:
+        return f"worker {worker.id} is full ({worker.active_instances}/{worker.capacity})"
+    return None
+
+
+def rank_candidates(
+    workers: Iterable[Worker], strategy: PlacementStrategy = PlacementStrategy.PACK
+) -> list[Worker]:
+    """Workers with free room, best first for the strategy; ties broken by id for determinism."""
+    eligible = [w for w in workers if w.status == ACCEPTS_INSTANCES and w.free_slots > 0]
+    if strategy is PlacementStrategy.PACK:
+        return sorted(eligible, key=lambda w: (w.free_slots, w.id))
+    return sorted(eligible, key=lambda w: (-w.free_slots, w.id))

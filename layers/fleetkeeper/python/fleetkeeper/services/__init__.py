@@ -1,0 +1,1 @@
+"""Use cases. Handlers call these; these call the domain and the store/cloud adapters."""

@@ -1,0 +1,84 @@
+"""Placing instances on workers, and ending them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
+from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
+from fleetkeeper.domain.models import Instance, new_id
+from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates, refusal_reason
+from fleetkeeper.store.repository import FleetStore
+
+# How many candidates one request tries before giving up; each try is one transaction.
+MAX_PLACEMENT_TRIES = 8
+
+
+def place_instance(
+    store: FleetStore,
+    *,
+    actor: str,
+    template: str | None = None,
+    pool: str | None = None,
+    worker_id: str | None = None,
+    strategy: PlacementStrategy = PlacementStrategy.PACK,
+    timeslot_start: datetime | None = None,
+    timeslot_end: datetime | None = None,
+    instance_id: str | None = None,
+) -> Instance:
+    """Place a new instance on a worker that can take it, or raise why none can."""
+    if timeslot_start and timeslot_end and timeslot_end <= timeslot_start:
+        raise InvalidInput("timeslot_end", "must be after timeslot_start")
+    instance = Instance(
+        id=instance_id or new_id("i"),
+        worker_id="",
+        timeslot_start=timeslot_start,
+        timeslot_end=timeslot_end,
+    )
+    if worker_id is not None:
+        worker = store.get_worker(worker_id)
+        pool_record = store.find_pool(worker.pool) if worker.pool else None
+        reason = refusal_reason(worker, pool_record)
+        if reason is not None:
+            raise Conflict("worker", worker.id, worker.status, reason)
+        return store.place_instance(instance, worker, actor=actor)
+
+    if template is None and pool is None:
+        raise InvalidInput("template", "give a template, a pool or a worker_id")
+    if pool is not None:
+        pool_record = store.get_pool(pool)
+        if pool_record.status != PoolStatus.ACTIVE:
+            raise CapacityUnavailable(f"pool {pool} is {pool_record.status} and accepts no instances")
+        candidates = [
+            w
+            for w in store.workers_in_pool(pool)
+            if w.status == WorkerStatus.RUNNING and (template is None or w.template == template)
+        ]
+    else:
+        candidates = list(store.iter_workers_by_status([WorkerStatus.RUNNING]))
+        candidates = [w for w in candidates if w.template == template]
+
+    ranked = rank_candidates(candidates, strategy)
+    if not ranked:
+        scope = " and ".join(f"{k} {v}" for k, v in (("template", template), ("pool", pool)) if v)
+        why = "no RUNNING worker" if not candidates else "every RUNNING worker is full"
+        raise CapacityUnavailable(f"{why} for {scope}")
+    last_refusal: Conflict | None = None
+    for worker in ranked[:MAX_PLACEMENT_TRIES]:
+        try:
+            return store.place_instance(instance, worker, actor=actor)
+        except Conflict as refusal:
+            # Lost a race for this worker's last slot, or it started draining: try the next one.
+            last_refusal = refusal
+    raise CapacityUnavailable(
+        f"no worker accepted the instance after {min(len(ranked), MAX_PLACEMENT_TRIES)} tries"
+        + (f"; last refusal: {last_refusal.message}" if last_refusal else "")
+    )
+
+
+def end_instance(
+    store: FleetStore, instance_id: str, state: InstanceState, *, actor: str, reason: str | None = None
+) -> Instance:
+    """End an active instance (COMPLETED, FAILED or TERMINATED) and free its slot."""
+    instance = store.get_instance(instance_id)
+    return store.end_instance(instance, state, actor=actor, reason=reason)

@@ -1,0 +1,1 @@
+"""DynamoDB access: the table schema, keys, conditional writes, transactions and queries."""

