@@ -1,0 +1,131 @@
+"""EC2 adapter: batched reads and the lifecycle calls fleetkeeper makes on its machines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
+
+# DescribeInstances returns at most 1000 instances a page.
+DESCRIBE_PAGE_SIZE = 1000
+# A single filter takes at most 200 values.
+FILTER_VALUES_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Ec2Instance:
+    instance_id: str
+    state: str
+    private_ip: str | None = None
+    public_ip: str | None = None
+    image_id: str | None = None
+    instance_type: str | None = None
+    launch_time: datetime | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, raw: Mapping[str, Any]) -> Ec2Instance:
+        return cls(
+            instance_id=raw["InstanceId"],
+            state=raw.get("State", {}).get("Name", "unknown"),
+            private_ip=raw.get("PrivateIpAddress"),
+            public_ip=raw.get("PublicIpAddress"),
+            image_id=raw.get("ImageId"),
+            instance_type=raw.get("InstanceType"),
+            launch_time=raw.get("LaunchTime"),
+            tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
+        )
+
+
+def _chunks(values: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+class Ec2Gateway:
+    """One region's EC2, as fleetkeeper uses it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def _describe(self, filters: list[dict[str, Any]]) -> Iterator[Ec2Instance]:
+        paginator = self._client.get_paginator("describe_instances")
+        for page in paginator.paginate(Filters=filters, PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE}):
+            for reservation in page.get("Reservations", []):
+                for raw in reservation.get("Instances", []):
+                    yield Ec2Instance.from_api(raw)
+
+    def describe_managed(self, extra_filters: Iterable[Mapping[str, Any]] = ()) -> Iterator[Ec2Instance]:
+        """Every instance carrying fleetkeeper's managed-by tag, 1000 per call."""
+        filters = [{"Name": f"tag:{MANAGED_BY_TAG}", "Values": [MANAGED_BY_VALUE]}, *map(dict, extra_filters)]
+        return self._describe(filters)
+
+    def describe(self, instance_ids: Iterable[str]) -> dict[str, Ec2Instance]:
+        """The instances among these ids that EC2 still knows; a missing id is simply absent.
+
+        A filter on instance-id is used instead of InstanceIds, which fails the whole call when one id
+        is unknown.
+        """
+        found: dict[str, Ec2Instance] = {}
+        for chunk in _chunks(sorted(set(instance_ids)), FILTER_VALUES_LIMIT):
+            for instance in self._describe([{"Name": "instance-id", "Values": chunk}]):
+                found[instance.instance_id] = instance
+        return found
+
+    def newest_image(self, name_filter: str) -> str | None:
+        """The id of the newest AMI whose name matches the pattern, or None."""
+        images = self._client.describe_images(Filters=[{"Name": "name", "Values": [name_filter]}]).get(
+            "Images", []
+        )
+        if not images:
+            return None
+        return str(max(images, key=lambda image: image.get("CreationDate", ""))["ImageId"])
+
+    def run_instance(
+        self,
+        *,
+        image_id: str,
+        instance_type: str,
+        tags: Mapping[str, str],
+        client_token: str,
+        subnet_id: str | None = None,
+        security_group_ids: Iterable[str] = (),
+        key_name: str | None = None,
+    ) -> Ec2Instance:
+        """Launch one instance. The client token makes a retried launch return the same instance."""
+        request: dict[str, Any] = {
+            "ImageId": image_id,
+            "InstanceType": instance_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "ClientToken": client_token,
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+            ],
+        }
+        if subnet_id:
+            request["SubnetId"] = subnet_id
+        if security_group_ids:
+            request["SecurityGroupIds"] = list(security_group_ids)
+        if key_name:
+            request["KeyName"] = key_name
+        response = self._client.run_instances(**request)
+        return Ec2Instance.from_api(response["Instances"][0])
+
+    def stop(self, instance_id: str) -> None:
+        self._client.stop_instances(InstanceIds=[instance_id])
+
+    def start(self, instance_id: str) -> None:
+        self._client.start_instances(InstanceIds=[instance_id])
+
+    def terminate(self, instance_id: str) -> None:
+        self._client.terminate_instances(InstanceIds=[instance_id])
+
+
+def is_missing_instance(error: ClientError) -> bool:
+    return error.response.get("Error", {}).get("Code", "").startswith("InvalidInstanceID")

@@ -1,0 +1,41 @@
+"""What a use case needs from the outside world, built once per process from the settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from fleetkeeper.cloud.clients import client
+from fleetkeeper.cloud.ec2 import Ec2Gateway
+from fleetkeeper.cloud.events import AuditBus, Notifier
+from fleetkeeper.cloud.workflows import Workflows
+from fleetkeeper.settings import Settings, get_settings
+from fleetkeeper.store.repository import FleetStore
+
+
+@dataclass(frozen=True)
+class Context:
+    settings: Settings
+    store: FleetStore
+    workflows: Workflows
+    audit: AuditBus
+    notifier: Notifier
+
+    def ec2(self, region: str | None = None) -> Ec2Gateway:
+        return Ec2Gateway(client("ec2", region))
+
+
+def build_context(settings: Settings) -> Context:
+    return Context(
+        settings=settings,
+        store=FleetStore(client("dynamodb"), settings.table_name),
+        workflows=Workflows(client("stepfunctions"), settings.drain_state_machine_arn),
+        audit=AuditBus(client("events"), settings.audit_bus_name),
+        notifier=Notifier(client("sns"), settings.notification_topic_arn),
+    )
+
+
+@cache
+def default_context() -> Context:
+    """The process-wide context; Lambda reuses it across warm invocations."""
+    return build_context(get_settings())
