@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import json
 import os
+from enum import StrEnum
 from functools import lru_cache
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class SettingsError(RuntimeError):
     """A required environment variable is missing or has a bad value."""
+
+
+class GcMode(StrEnum):
+    """What discovery does with orphans it verified: act on them, or only report them (a dry run)."""
+
+    TERMINATE = "terminate"
+    REPORT_ONLY = "report-only"
+
+
+class RegionConfig(BaseModel):
+    """Where and how workers are launched in one region (seed 003, ADR-018)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    subnet_id: str | None = None
+    security_group_ids: tuple[str, ...] = ()
+    key_name: str | None = None
+    default_tags: dict[str, str] = Field(default_factory=dict)
 
 
 class Settings(BaseModel):
@@ -23,6 +44,43 @@ class Settings(BaseModel):
     notification_topic_arn: str | None = Field(default=None, alias="NOTIFICATION_TOPIC_ARN")
     drain_heartbeat_seconds: int = Field(default=300, gt=0, alias="DRAIN_HEARTBEAT_SECONDS")
     idempotency_ttl_seconds: int = Field(default=3600, gt=0, alias="IDEMPOTENCY_TTL_SECONDS")
+
+    # ---- reconciler, discovery and scale-down (docs/operations.md) ----------------------------
+    aws_region: str = Field(default="us-east-1", alias="AWS_REGION")
+    region_configs: dict[str, RegionConfig] = Field(default_factory=dict, alias="REGION_CONFIGS")
+    gc_mode: GcMode = Field(default=GcMode.TERMINATE, alias="GC_MODE")
+    discovery_ami_pattern: str | None = Field(default=None, alias="DISCOVERY_AMI_PATTERN")
+    ami_owners: tuple[str, ...] = Field(default=("self",), alias="AMI_OWNERS")
+    ec2_provisioning_timeout_seconds: int = Field(default=900, gt=0, alias="EC2_PROVISIONING_TIMEOUT_SECONDS")
+    metrics_interval_seconds: int = Field(default=300, ge=0, alias="METRICS_INTERVAL_SECONDS")
+    scale_down_enabled: bool = Field(default=False, alias="SCALE_DOWN_ENABLED")
+    min_workers: int = Field(default=0, ge=0, alias="MIN_WORKERS")
+    scale_down_cooldown_seconds: int = Field(default=600, ge=0, alias="SCALE_DOWN_COOLDOWN_SECONDS")
+    idle_window_seconds: int = Field(default=1800, gt=0, alias="IDLE_WINDOW_SECONDS")
+    idle_cpu_threshold: float = Field(default=5.0, ge=0, le=100, alias="IDLE_CPU_THRESHOLD")
+    scale_down_lookahead_seconds: int = Field(default=900, ge=0, alias="SCALE_DOWN_LOOKAHEAD_SECONDS")
+    max_concurrent_drains: str = Field(
+        default="10%", pattern=r"^\s*\d+(\.\d+)?\s*%?\s*$", alias="MAX_CONCURRENT_DRAINS"
+    )
+
+    @field_validator("region_configs", mode="before")
+    @classmethod
+    def _region_configs_from_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("ami_owners", mode="before")
+    @classmethod
+    def _owners_from_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def regions(self) -> list[str]:
+        """The regions fleetkeeper manages: the configured ones, else the Lambda's own."""
+        return sorted(self.region_configs) or [self.aws_region]
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> Settings:

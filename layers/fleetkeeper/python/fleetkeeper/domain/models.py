@@ -82,6 +82,15 @@ class DrainRecord(Record):
     error: str | None = None
 
 
+class WorkerMetrics(Record):
+    """The latest CloudWatch readings of a worker's machine, in percent; None when not reported."""
+
+    cpu_utilization: float | None = None
+    memory_utilization: float | None = None
+    disk_utilization: float | None = None
+    collected_at: datetime
+
+
 DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
 
 
@@ -105,6 +114,18 @@ class Worker(Record):
     version: int = Field(default=0, ge=0)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+    # ---- reconciler bookkeeping (services/reconcile.py); written only when one of them changes ----
+    # The EC2 evidence last applied, so a late or replayed EC2 event never moves the worker backwards.
+    ec2_state: str | None = None
+    ec2_observed_at: datetime | None = None
+    # RETRY backoff that survives invocations: skip the worker until next_reconcile_at.
+    reconcile_attempts: int = Field(default=0, ge=0)
+    next_reconcile_at: datetime | None = None
+    last_reconcile_error: str | None = Field(default=None, max_length=500)
+    # Set by the one reconciler that won the right to call RunInstances for this PENDING worker.
+    launch_claimed_at: datetime | None = None
+    idle_since: datetime | None = None
+    metrics: WorkerMetrics | None = None
 
     @field_validator("desired_status")
     @classmethod

@@ -1,0 +1,137 @@
+"""Scale-down rules: when an idle worker may be stopped or drained, and which guard refuses otherwise."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from fleetkeeper.domain.errors import InvalidInput
+from fleetkeeper.domain.models import Worker
+
+
+class Guard(StrEnum):
+    """A reason not to scale a worker down; each refusal is logged and counted under its name."""
+
+    DISABLED = "disabled"
+    MIN_WORKERS = "min_workers"
+    COOLDOWN = "cooldown"
+    UPCOMING_TIMESLOT = "upcoming_timeslot"
+    DO_NOT_DISRUPT = "do_not_disrupt"
+    DISRUPTION_BUDGET = "disruption_budget"
+
+
+class Action(StrEnum):
+    NONE = "none"
+    STOP = "stop"  # idle and empty: nothing to wait for
+    DRAIN = "drain"  # idle but still holding instances: let them finish
+
+
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
+
+
+@dataclass(frozen=True)
+class DisruptionBudget:
+    """How many drains may run at once: a count, or a percentage of the fleet (rounded up)."""
+
+    count: int | None = None
+    percent: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> DisruptionBudget:
+        match = _BUDGET.match(text)
+        if match is None:
+            raise InvalidInput("MAX_CONCURRENT_DRAINS", f"'{text}' is neither a count nor a percentage")
+        number, percent = match.groups()
+        if percent:
+            return cls(percent=float(number))
+        if "." in number:
+            raise InvalidInput("MAX_CONCURRENT_DRAINS", "a count must be a whole number")
+        return cls(count=int(number))
+
+    def allowed(self, fleet_size: int) -> int:
+        if self.count is not None:
+            return self.count
+        # Rounded up so a small fleet with a non-zero percentage can still scale down one at a time.
+        return math.ceil((self.percent or 0.0) * fleet_size / 100)
+
+
+@dataclass(frozen=True)
+class ScaleDownPolicy:
+    enabled: bool
+    min_workers: int
+    cooldown: timedelta
+    idle_window: timedelta
+    cpu_threshold: float
+    lookahead: timedelta
+    budget: DisruptionBudget
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    reason: str
+    refused_by: Guard | None = None
+
+
+def scope_of(worker: Worker) -> str:
+    """Workers that can stand in for each other: same template in the same pool."""
+    return f"{worker.template}#{worker.pool or '-'}"
+
+
+def next_idle_since(
+    current: datetime | None, cpu: float | None, threshold: float, now: datetime
+) -> datetime | None:
+    """Track since when the worker has looked idle; a busy reading resets it, no reading keeps it."""
+    if cpu is None:
+        return current
+    if cpu < threshold:
+        return current or now
+    return None
+
+
+def evaluate(
+    worker: Worker,
+    *,
+    now: datetime,
+    policy: ScaleDownPolicy,
+    running_in_scope: int,
+    last_scale_down_at: datetime | None,
+    draining_now: int,
+    fleet_size: int,
+    timeslot_starts: Callable[[], Iterable[datetime]],
+) -> Verdict:
+    """Whether this RUNNING worker should be scaled down now, checking the guards in order."""
+    if worker.idle_since is None or now - worker.idle_since < policy.idle_window:
+        return Verdict(Action.NONE, "not idle for the idle window")
+    action = Action.STOP if worker.active_instances == 0 else Action.DRAIN
+    if not policy.enabled:
+        return Verdict(Action.NONE, "scale-down is disabled", Guard.DISABLED)
+    if running_in_scope - 1 < policy.min_workers:
+        return Verdict(
+            Action.NONE,
+            f"{running_in_scope} running in {scope_of(worker)}, minimum {policy.min_workers}",
+            Guard.MIN_WORKERS,
+        )
+    if last_scale_down_at is not None and now - last_scale_down_at < policy.cooldown:
+        return Verdict(Action.NONE, f"last scale-down at {last_scale_down_at.isoformat()}", Guard.COOLDOWN)
+    horizon = now + policy.lookahead
+    if action is Action.DRAIN:
+        upcoming = [start for start in timeslot_starts() if now <= start <= horizon]
+        if upcoming:
+            return Verdict(
+                Action.NONE, f"a timeslot starts at {min(upcoming).isoformat()}", Guard.UPCOMING_TIMESLOT
+            )
+    if worker.do_not_disrupt:
+        return Verdict(Action.NONE, "do_not_disrupt is set", Guard.DO_NOT_DISRUPT)
+    if action is Action.DRAIN:
+        allowed = policy.budget.allowed(fleet_size)
+        if draining_now >= allowed:
+            return Verdict(
+                Action.NONE, f"{draining_now} drains running, budget {allowed}", Guard.DISRUPTION_BUDGET
+            )
+    idle_for = int((now - worker.idle_since).total_seconds())
+    return Verdict(action, f"idle for {idle_for}s")

@@ -1,0 +1,120 @@
+"""Scale-down guards: each refuses for its own reason, in order."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleetkeeper.domain.errors import InvalidInput
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.scale_down import (
+    Action,
+    DisruptionBudget,
+    Guard,
+    ScaleDownPolicy,
+    evaluate,
+    next_idle_since,
+)
+
+NOW = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
+POLICY = ScaleDownPolicy(
+    enabled=True,
+    min_workers=1,
+    cooldown=timedelta(minutes=10),
+    idle_window=timedelta(minutes=30),
+    cpu_threshold=5.0,
+    lookahead=timedelta(minutes=15),
+    budget=DisruptionBudget(count=2),
+)
+
+
+def idle_worker(**changes: object) -> Worker:
+    w = Worker(
+        id="w-1",
+        template="lab",
+        region="us-east-1",
+        capacity=4,
+        status=WorkerStatus.RUNNING,
+        idle_since=NOW - timedelta(minutes=31),
+    )
+    return w.model_copy(update=changes)
+
+
+def verdict(w: Worker, **overrides: object):
+    arguments: dict[str, object] = {
+        "now": NOW,
+        "policy": POLICY,
+        "running_in_scope": 3,
+        "last_scale_down_at": None,
+        "draining_now": 0,
+        "fleet_size": 10,
+        "timeslot_starts": list,
+    }
+    arguments.update(overrides)
+    return evaluate(w, **arguments)  # type: ignore[arg-type]
+
+
+def test_given_idle_and_empty_then_stop_at_once():
+    assert verdict(idle_worker()).action is Action.STOP
+
+
+def test_given_idle_with_instances_then_drain():
+    assert verdict(idle_worker(active_instances=2)).action is Action.DRAIN
+
+
+def test_given_idle_for_less_than_the_window_then_nothing_and_no_guard_counted():
+    result = verdict(idle_worker(idle_since=NOW - timedelta(minutes=29)))
+    assert (result.action, result.refused_by) == (Action.NONE, None)
+
+
+def test_given_scale_down_disabled_then_the_enabled_guard_refuses():
+    policy = ScaleDownPolicy(**{**POLICY.__dict__, "enabled": False})
+    assert verdict(idle_worker(), policy=policy).refused_by is Guard.DISABLED
+
+
+def test_given_the_scope_at_its_minimum_then_min_workers_refuses():
+    assert verdict(idle_worker(), running_in_scope=1).refused_by is Guard.MIN_WORKERS
+
+
+def test_given_a_recent_scale_down_then_cooldown_refuses():
+    result = verdict(idle_worker(), last_scale_down_at=NOW - timedelta(minutes=5))
+    assert result.refused_by is Guard.COOLDOWN
+    assert verdict(idle_worker(), last_scale_down_at=NOW - timedelta(minutes=11)).action is Action.STOP
+
+
+def test_given_a_timeslot_starting_within_the_lookahead_then_it_refuses():
+    result = verdict(idle_worker(active_instances=1), timeslot_starts=lambda: [NOW + timedelta(minutes=10)])
+    assert result.refused_by is Guard.UPCOMING_TIMESLOT
+    later = verdict(idle_worker(active_instances=1), timeslot_starts=lambda: [NOW + timedelta(hours=1)])
+    assert later.action is Action.DRAIN
+
+
+def test_given_do_not_disrupt_then_it_refuses():
+    assert verdict(idle_worker(do_not_disrupt=True)).refused_by is Guard.DO_NOT_DISRUPT
+
+
+def test_given_the_budget_used_up_then_a_drain_is_refused_but_an_empty_stop_is_not():
+    assert verdict(idle_worker(active_instances=1), draining_now=2).refused_by is Guard.DISRUPTION_BUDGET
+    assert verdict(idle_worker(), draining_now=2).action is Action.STOP
+
+
+@pytest.mark.parametrize(
+    ("text", "fleet", "allowed"), [("3", 100, 3), ("10%", 100, 10), ("10%", 5, 1), ("0%", 50, 0)]
+)
+def test_given_a_budget_text_then_it_allows_a_count_or_a_rounded_up_share(text, fleet, allowed):
+    assert DisruptionBudget.parse(text).allowed(fleet) == allowed
+
+
+@pytest.mark.parametrize("text", ["ten", "1.5", "-1"])
+def test_given_a_bad_budget_then_the_variable_is_named(text):
+    with pytest.raises(InvalidInput, match="MAX_CONCURRENT_DRAINS"):
+        DisruptionBudget.parse(text)
+
+
+def test_given_cpu_readings_then_idle_since_starts_holds_and_resets():
+    assert next_idle_since(None, 1.0, 5.0, NOW) == NOW
+    assert next_idle_since(NOW - timedelta(minutes=3), 1.0, 5.0, NOW) == NOW - timedelta(minutes=3)
+    assert next_idle_since(NOW - timedelta(minutes=3), None, 5.0, NOW) == NOW - timedelta(minutes=3)
+    assert next_idle_since(NOW - timedelta(minutes=3), 50.0, 5.0, NOW) is None
