@@ -77,14 +77,35 @@ class Ec2Gateway:
                 found[instance.instance_id] = instance
         return found
 
-    def newest_image(self, name_filter: str) -> str | None:
-        """The id of the newest AMI whose name matches the pattern, or None."""
-        images = self._client.describe_images(Filters=[{"Name": "name", "Values": [name_filter]}]).get(
-            "Images", []
-        )
+    def newest_image(self, name_filter: str, *, owners: Iterable[str] = ()) -> str | None:
+        """The id of the newest AMI whose name matches the pattern, or None.
+
+        `owners` (e.g. "self" or account ids) keeps a look-alike public AMI from ever being picked.
+        """
+        request: dict[str, Any] = {"Filters": [{"Name": "name", "Values": [name_filter]}]}
+        if owners:
+            request["Owners"] = list(owners)
+        images = self._client.describe_images(**request).get("Images", [])
         if not images:
             return None
         return str(max(images, key=lambda image: image.get("CreationDate", ""))["ImageId"])
+
+    def image_ids(self, name_filter: str, *, owners: Iterable[str] = ()) -> list[str]:
+        """Ids of every AMI whose name matches the pattern."""
+        request: dict[str, Any] = {"Filters": [{"Name": "name", "Values": [name_filter]}]}
+        if owners:
+            request["Owners"] = list(owners)
+        return sorted(str(image["ImageId"]) for image in self._client.describe_images(**request)["Images"])
+
+    def describe_by_images(self, image_ids: Iterable[str]) -> Iterator[Ec2Instance]:
+        """Every instance launched from one of these AMIs, 1000 per call."""
+        for chunk in _chunks(sorted(set(image_ids)), FILTER_VALUES_LIMIT):
+            yield from self._describe([{"Name": "image-id", "Values": chunk}])
+
+    def tag(self, instance_id: str, tags: Mapping[str, str]) -> None:
+        self._client.create_tags(
+            Resources=[instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
+        )
 
     def run_instance(
         self,

@@ -8,9 +8,11 @@ from functools import cache
 from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.cloud.events import AuditBus, Notifier
+from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.stats import StatsStore
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,13 @@ class Context:
 
     def ec2(self, region: str | None = None) -> Ec2Gateway:
         return Ec2Gateway(client("ec2", region))
+
+    def cloudwatch(self, region: str | None = None) -> MetricsGateway:
+        return MetricsGateway(client("cloudwatch", region))
+
+    @property
+    def stats(self) -> StatsStore:
+        return StatsStore(client("dynamodb"), self.settings.table_name)
 
 
 def build_context(settings: Settings) -> Context:

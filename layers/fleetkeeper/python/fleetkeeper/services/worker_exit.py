@@ -1,0 +1,57 @@
+"""Ending a worker whose machine is gone: the worker, its instances and its open drain, in that order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.models import DrainOutcome, Worker
+from fleetkeeper.observability import logger
+from fleetkeeper.services import drain_hooks
+
+if TYPE_CHECKING:
+    from fleetkeeper.services.context import Context
+
+# The reason written on instances that were running on a machine that disappeared.
+WORKER_LOST = "worker_lost"
+
+
+def retire_worker(
+    ctx: Context,
+    worker: Worker,
+    *,
+    cause: Cause,
+    actor: str,
+    reason: str,
+    changes: Mapping[str, Any] | None = None,
+) -> Worker:
+    """Mark the worker TERMINATED (soft delete), end its active instances and close an open drain.
+
+    The worker moves first, conditionally, so of two concurrent retirements only one goes on to the
+    instances; ending an instance is itself conditional, so a retry after a crash finishes the job.
+    """
+    retired = ctx.store.transition_worker(
+        worker,
+        WorkerStatus.TERMINATED,
+        cause=cause,
+        actor=actor,
+        reason=reason,
+        changes={"terminated_by": actor, "terminated_reason": reason, **(changes or {})},
+    )
+    end_lost_instances(ctx, retired, actor=actor)
+    drain_hooks.close_drain(ctx, worker, outcome=DrainOutcome.ERROR, reason=WORKER_LOST, actor=actor)
+    return retired
+
+
+def end_lost_instances(ctx: Context, worker: Worker, *, actor: str) -> int:
+    """End every instance still active on a worker that is gone; returns how many were ended."""
+    ended = 0
+    for instance in ctx.store.active_instances_of(worker.id):
+        try:
+            ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason=WORKER_LOST)
+            ended += 1
+        except Conflict:
+            logger.info("instance already ended", instance_id=instance.id, worker_id=worker.id)
+    return ended
