@@ -414,6 +414,7 @@ def _apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counte
         if not changes:
             return worker
         return ctx.store.update_worker(worker, changes, actor=ACTOR, action="Reconciled", reason=step.reason)
+    changes["status_reason"] = step.reason
     if step.target == WorkerStatus.TERMINATED:
         updated = retire_worker(
             ctx, worker, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes

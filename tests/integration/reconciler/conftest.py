@@ -1,0 +1,69 @@
+"""Fixtures for the reconciler, discovery and EC2 event tests: a service context and live EC2 workers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import Worker
+from fleetkeeper.services import catalog, workers
+from fleetkeeper.services.context import Context, build_context
+from fleetkeeper.settings import Settings
+from fleetkeeper.store.repository import FleetStore
+from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch
+
+pytestmark = pytest.mark.integration
+
+ContextFactory = Callable[..., Context]
+LiveWorkerFactory = Callable[..., Worker]
+
+
+@pytest.fixture
+def make_ctx(store: FleetStore, ec2: Any) -> ContextFactory:
+    """A service context on the test's table; keyword arguments override settings by variable name."""
+
+    def make(**overrides: str) -> Context:
+        return build_context(
+            Settings.from_environ({**os.environ, "METRICS_INTERVAL_SECONDS": "0", **overrides})
+        )
+
+    return make
+
+
+@pytest.fixture
+def ctx(make_ctx: ContextFactory) -> Context:
+    return make_ctx()
+
+
+@pytest.fixture
+def lab_image(ec2: Any) -> str:
+    """An AMI owned by the account whose name matches the lab template's ami_name_filter."""
+    return str(ec2.register_image(Name=LAB_IMAGE_NAME, RootDeviceName="/dev/sda1")["ImageId"])
+
+
+@pytest.fixture
+def live_worker(store: FleetStore, ec2: Any, lab_image: str) -> LiveWorkerFactory:
+    """A worker moved through PENDING -> PROVISIONING -> RUNNING onto a real (emulated) EC2 instance."""
+
+    def make(*, template: str = "lab", pool: str | None = None, capacity: int = 4) -> Worker:
+        ensure_template(store, template, capacity=capacity)
+        if pool is not None:
+            catalog.ensure_pool(store, pool, actor="test")
+        worker = workers.create_worker(store, template=template, region="us-east-1", pool=pool, actor="test")
+        instance_id = launch(ec2, worker.id, lab_image, template=template)
+        worker = store.transition_worker(
+            worker,
+            WorkerStatus.PROVISIONING,
+            cause=Cause.CONTROL,
+            actor="test",
+            changes={"ec2_instance_id": instance_id},
+        )
+        return store.transition_worker(
+            worker, WorkerStatus.RUNNING, cause=Cause.EC2, actor="test", changes={"private_ip": "10.0.0.9"}
+        )
+
+    return make

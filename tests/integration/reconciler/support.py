@@ -1,0 +1,52 @@
+"""Helpers shared by the reconciler, discovery and EC2 event tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetkeeper.domain.models import WorkerTemplate
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.services import catalog
+from fleetkeeper.store.repository import FleetStore
+
+LAB_IMAGE_NAME = "lab-2026.02"
+
+
+def ensure_template(
+    store: FleetStore, name: str = "lab", *, capacity: int = 4, **extra: Any
+) -> WorkerTemplate:
+    existing = store.find_template(name)
+    if existing is not None:
+        return existing
+    template = WorkerTemplate(
+        name=name, instance_type="m5.large", ami_name_filter="lab-*", capacity=capacity, **extra
+    )
+    return catalog.put_template(store, template, actor="test")
+
+
+def launch(ec2: Any, worker_id: str, image_id: str, *, template: str = "lab", tagged: bool = True) -> str:
+    tags = [{"Key": "Name", "Value": f"test-{worker_id}"}]
+    if tagged:
+        tags += [
+            {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
+            {"Key": WORKER_ID_TAG, "Value": worker_id},
+            {"Key": TEMPLATE_TAG, "Value": template},
+        ]
+    response = ec2.run_instances(
+        ImageId=image_id,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return str(response["Instances"][0]["InstanceId"])
+
+
+def ec2_state(ec2: Any, instance_id: str) -> str:
+    reservations = ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": [instance_id]}])
+    return str(reservations["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def instances_tagged(ec2: Any, worker_id: str) -> list[str]:
+    reservations = ec2.describe_instances(Filters=[{"Name": f"tag:{WORKER_ID_TAG}", "Values": [worker_id]}])
+    return [i["InstanceId"] for r in reservations["Reservations"] for i in r["Instances"]]
