@@ -97,6 +97,14 @@ class Ec2Gateway:
             request["Owners"] = list(owners)
         return sorted(str(image["ImageId"]) for image in self._client.describe_images(**request)["Images"])
 
+    def image_names(self, image_ids: Iterable[str]) -> dict[str, str]:
+        """AMI id -> name, for the ids EC2 still knows."""
+        ids = sorted(set(image_ids))
+        if not ids:
+            return {}
+        images = self._client.describe_images(Filters=[{"Name": "image-id", "Values": ids}]).get("Images", [])
+        return {str(i["ImageId"]): str(i.get("Name", "")) for i in images}
+
     def describe_by_images(self, image_ids: Iterable[str]) -> Iterator[Ec2Instance]:
         """Every instance launched from one of these AMIs, 1000 per call."""
         for chunk in _chunks(sorted(set(image_ids)), FILTER_VALUES_LIMIT):

@@ -94,7 +94,7 @@ def _evidence(obs: Observation) -> dict[str, Any]:
 
 
 # EC2 states that agree with a worker status although they do not map onto it one to one.
-_CONSISTENT: Mapping[str, frozenset[WorkerStatus]] = {
+CONSISTENT_STATUSES: Mapping[str, frozenset[WorkerStatus]] = {
     "pending": frozenset({_S.PROVISIONING, _S.STARTING}),
     "running": frozenset({_S.RUNNING, _S.DRAINING}),
     "stopping": frozenset({_S.STOPPING}),
@@ -108,7 +108,7 @@ def follow_ec2(worker: Worker, obs: Observation) -> Step | None:
     """The drift correction EC2's state forces on the worker (seed 003 mapping), or None if it agrees."""
     if obs.state is None:
         return None
-    if worker.status in _CONSISTENT.get(obs.state, frozenset()):
+    if worker.status in CONSISTENT_STATUSES.get(obs.state, frozenset()):
         return None
     target = worker_status_for_ec2_state(obs.state)
     if target == worker.status or not can_transition(worker.status, target, Cause.EC2):

@@ -1,0 +1,349 @@
+"""Discovery and orphan GC (seed 001), per region.
+
+1. Discover: every managed instance (by tag, and optionally by AMI name pattern), 1000 per call.
+2. Import the live ones no worker knows; resurrect a TERMINATED worker whose machine is back.
+3. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
+   verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
+   (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
+   drain is closed.
+
+GC_MODE=report-only turns the whole run into a dry run: the same findings as events, log lines and
+counters, and no write to any worker.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
+from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
+from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.observability import logger
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile import emit_counters
+from fleetkeeper.services.worker_exit import retire_worker
+from fleetkeeper.settings import GcMode
+
+ACTOR = "discovery-gc"
+STATS_SCOPE = "discovery"
+REASON_MISSING = "EC2 instance not found during discovery"
+REASON_TERMINATED = "EC2 reports the instance terminated"
+
+GC_STATUSES = tuple(s for s in WorkerStatus if s not in (WorkerStatus.TERMINATED, WorkerStatus.PENDING))
+# States in which an instance is worth a worker record.
+_IMPORTABLE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
+# DescribeInstances may not see an instance for a few seconds after RunInstances: a worker launched
+# that recently is not suspected yet (the next sweep, or the reconciler, will look again).
+LAUNCH_VISIBILITY_GRACE = timedelta(minutes=2)
+# At most this many orphan ids are named in one report event (EventBridge caps an entry at 256 KB).
+MAX_IDS_IN_EVENT = 100
+
+
+@dataclass
+class RegionFindings:
+    region: str
+    discovered: int = 0
+    imported: list[str] = field(default_factory=list)
+    resurrected: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    orphans_terminated: list[str] = field(default_factory=list)
+    unimportable: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DiscoveryReport:
+    mode: GcMode
+    regions: list[RegionFindings] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": str(self.mode),
+            "counters": dict(sorted(self.counters.items())),
+            "regions": [
+                {
+                    "region": r.region,
+                    "discovered": r.discovered,
+                    "imported": r.imported,
+                    "resurrected": r.resurrected,
+                    "orphans": r.orphans,
+                    "orphans_terminated": r.orphans_terminated,
+                    "unimportable": r.unimportable,
+                }
+                for r in self.regions
+            ],
+        }
+
+
+def discover_and_collect(
+    ctx: Context, *, regions: list[str] | None = None, now: datetime | None = None
+) -> DiscoveryReport:
+    """One discovery + GC run over the given regions (default: every configured region)."""
+    now = now or utcnow()
+    report = DiscoveryReport(mode=ctx.settings.gc_mode)
+    for region in regions or ctx.settings.regions:
+        findings = RegionFindings(region=region)
+        _discover_region(ctx, findings, now)
+        report.regions.append(findings)
+        report.counters["discovered"] += findings.discovered
+        report.counters["unimportable"] += len(findings.unimportable)
+        if report.mode is GcMode.TERMINATE:
+            report.counters["imported"] += len(findings.imported)
+            report.counters["resurrected"] += len(findings.resurrected)
+            report.counters["orphans_terminated"] += len(findings.orphans_terminated)
+        else:
+            report.counters["would_import"] += len(findings.imported)
+            report.counters["would_resurrect"] += len(findings.resurrected)
+            report.counters["orphans_reported"] += len(findings.orphans)
+        logger.info(
+            "discovery finished",
+            region=region,
+            mode=str(report.mode),
+            discovered=findings.discovered,
+            imported=len(findings.imported),
+            resurrected=len(findings.resurrected),
+            orphans=len(findings.orphans),
+            orphans_terminated=len(findings.orphans_terminated),
+        )
+        if findings.orphans:
+            _announce(ctx, report.mode, findings)
+    discovered = report.counters.pop("discovered", 0)
+    ctx.stats.record(
+        STATS_SCOPE,
+        counters=report.counters,
+        gauges={"discovered": discovered},
+        timestamps={"last_run_at": now},
+    )
+    report.counters["discovered"] = discovered
+    emit_counters("Discovery", report.counters)
+    return report
+
+
+def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> None:
+    gateway = ctx.ec2(findings.region)
+    discovered = {i.instance_id: i for i in gateway.describe_managed()}
+    pattern = ctx.settings.discovery_ami_pattern
+    if pattern:
+        images = gateway.image_ids(pattern, owners=ctx.settings.ami_owners)
+        if images:
+            discovered.update({i.instance_id: i for i in gateway.describe_by_images(images)})
+    findings.discovered = len(discovered)
+    alive = {iid for iid, instance in discovered.items() if instance.state != "terminated"}
+
+    tracked = list(ctx.store.iter_workers_by_status(GC_STATUSES, region=findings.region))
+    tracked_ids = {w.ec2_instance_id for w in tracked if w.ec2_instance_id}
+    # PENDING workers may be mid-launch: their machines belong to the reconciler, never imported twice.
+    templates: dict[str, WorkerTemplate] | None = None
+    image_names: dict[str, str] = {}
+    for instance_id in sorted(alive - tracked_ids):
+        instance = discovered[instance_id]
+        if instance.state not in _IMPORTABLE_STATES:
+            continue
+        if templates is None:
+            templates = {t.name: t for t in ctx.store.list_templates()}
+        _adopt(
+            ctx, gateway, instance, templates=templates, image_names=image_names, findings=findings, now=now
+        )
+
+    _collect_orphans(
+        ctx, gateway, tracked=tracked, discovered=discovered, alive=alive, findings=findings, now=now
+    )
+
+
+def _adopt(
+    ctx: Context,
+    gateway: Ec2Gateway,
+    instance: Ec2Instance,
+    *,
+    templates: dict[str, WorkerTemplate],
+    image_names: dict[str, str],
+    findings: RegionFindings,
+    now: datetime,
+) -> None:
+    """Resurrect the TERMINATED worker of a machine that is back, or import an unknown machine."""
+    report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
+    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id)
+    if owner is not None:
+        if owner.status == WorkerStatus.TERMINATED:
+            _resurrect(ctx, owner, instance, findings, now, report_only=report_only)
+        return
+    tagged_id = instance.tags.get(WORKER_ID_TAG)
+    if tagged_id and ctx.store.find_worker(tagged_id) is not None:
+        return  # its worker exists (e.g. PENDING, mid-launch): the reconciler links them
+    template = _template_for(gateway, instance, templates, image_names)
+    if template is None:
+        findings.unimportable.append(instance.instance_id)
+        logger.warning("managed instance matches no template; not imported", instance_id=instance.instance_id)
+        return
+    status = worker_status_for_ec2_state(instance.state)
+    pool = instance.tags.get(POOL_TAG)
+    worker = Worker(
+        # Deterministic, so two overlapping runs import the machine once (the second create conflicts).
+        id=tagged_id or f"w-{instance.instance_id.removeprefix('i-')}",
+        template=template.name,
+        region=findings.region,
+        pool=pool if pool and ctx.store.find_pool(pool) is not None else None,
+        status=status,
+        ec2_instance_id=instance.instance_id,
+        private_ip=instance.private_ip,
+        public_ip=instance.public_ip,
+        capacity=template.capacity,
+        ec2_state=instance.state,
+        ec2_observed_at=now,
+    )
+    findings.imported.append(worker.id)
+    if report_only:
+        return
+    try:
+        ctx.store.create_worker(worker, actor=ACTOR, reason="imported by discovery")
+    except Conflict:
+        findings.imported.remove(worker.id)
+        return
+    missing_tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: template.name}
+    if any(instance.tags.get(k) != v for k, v in missing_tags.items()):
+        # Tagged from now on, so the reconciler's tag listing covers it like any launched worker.
+        gateway.tag(instance.instance_id, missing_tags)
+
+
+def _template_for(
+    gateway: Ec2Gateway,
+    instance: Ec2Instance,
+    templates: dict[str, WorkerTemplate],
+    image_names: dict[str, str],
+) -> WorkerTemplate | None:
+    named = instance.tags.get(TEMPLATE_TAG)
+    if named:
+        return templates.get(named)
+    if not instance.image_id:
+        return None
+    if instance.image_id not in image_names:
+        image_names.update(gateway.image_names([instance.image_id]))
+    name = image_names.get(instance.image_id)
+    if name is None:
+        return None
+    matching = sorted(t.name for t in templates.values() if fnmatch.fnmatchcase(name, t.ami_name_filter))
+    return templates[matching[0]] if matching else None
+
+
+def _resurrect(
+    ctx: Context,
+    worker: Worker,
+    instance: Ec2Instance,
+    findings: RegionFindings,
+    now: datetime,
+    *,
+    report_only: bool,
+) -> None:
+    target = worker_status_for_ec2_state(instance.state)
+    if not can_transition(worker.status, target, Cause.EC2):
+        return
+    findings.resurrected.append(worker.id)
+    if report_only:
+        return
+    try:
+        ctx.store.transition_worker(
+            worker,
+            target,
+            cause=Cause.EC2,
+            actor=ACTOR,
+            reason=f"EC2 instance is {instance.state} again",
+            action="WorkerResurrected",
+            changes={
+                "terminated_by": None,
+                "terminated_reason": None,
+                "status_reason": f"resurrected: EC2 reports {instance.state}",
+                "ec2_state": instance.state,
+                "ec2_observed_at": now,
+                "private_ip": instance.private_ip,
+                "public_ip": instance.public_ip,
+            },
+        )
+    except Conflict:
+        findings.resurrected.remove(worker.id)
+
+
+def _collect_orphans(
+    ctx: Context,
+    gateway: Ec2Gateway,
+    *,
+    tracked: list[Worker],
+    discovered: dict[str, Ec2Instance],
+    alive: set[str],
+    findings: RegionFindings,
+    now: datetime,
+) -> None:
+    suspects = [
+        w
+        for w in tracked
+        if w.ec2_instance_id
+        and w.ec2_instance_id not in alive
+        and not (
+            w.status in (WorkerStatus.PROVISIONING, WorkerStatus.STARTING)
+            and now - w.updated_at < LAUNCH_VISIBILITY_GRACE
+        )
+    ]
+    if not suspects:
+        return
+    # Discovery already saw some of them terminated; the rest are asked for by id, in one batch.
+    unseen = {
+        w.ec2_instance_id for w in suspects if w.ec2_instance_id and w.ec2_instance_id not in discovered
+    }
+    verified = gateway.describe(unseen) if unseen else {}
+    report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
+    for worker in suspects:
+        instance_id = worker.ec2_instance_id or ""
+        instance = discovered.get(instance_id) or verified.get(instance_id)
+        if instance is not None and instance.state != "terminated":
+            continue  # alive after all (it merely lost its tag): not an orphan
+        reason = REASON_MISSING if instance is None else REASON_TERMINATED
+        findings.orphans.append(worker.id)
+        logger.info(
+            "orphan worker",
+            worker_id=worker.id,
+            ec2_instance_id=instance_id,
+            status=str(worker.status),
+            reason=reason,
+            mode=str(ctx.settings.gc_mode),
+        )
+        if report_only:
+            continue
+        try:
+            fresh = ctx.store.get_worker(worker.id)  # the status index may lag the item
+            if fresh.status == WorkerStatus.TERMINATED or fresh.ec2_instance_id != instance_id:
+                continue
+            retire_worker(
+                ctx,
+                fresh,
+                cause=Cause.EC2,
+                actor=ACTOR,
+                reason=reason,
+                changes={"ec2_state": "terminated", "ec2_observed_at": now},
+            )
+            findings.orphans_terminated.append(worker.id)
+        except Conflict:
+            logger.info("orphan changed concurrently; left for the next sweep", worker_id=worker.id)
+
+
+def _announce(ctx: Context, mode: GcMode, findings: RegionFindings) -> None:
+    detail_type = "Orphans Reported" if mode is GcMode.REPORT_ONLY else "Orphans Terminated"
+    ids = findings.orphans if mode is GcMode.REPORT_ONLY else findings.orphans_terminated
+    try:
+        ctx.audit.publish(
+            detail_type,
+            {
+                "region": findings.region,
+                "mode": str(mode),
+                "count": len(ids),
+                "worker_ids": ids[:MAX_IDS_IN_EVENT],
+            },
+        )
+    except (ClientError, BotoCoreError, RuntimeError):
+        logger.exception("orphan report not published", region=findings.region)

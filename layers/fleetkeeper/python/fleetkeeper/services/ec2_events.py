@@ -1,0 +1,165 @@
+"""EC2 events applied within seconds: state-change notifications and spot interruption warnings.
+
+Events arrive at least once and out of order. Each worker remembers the EC2 evidence it last applied
+(`ec2_state`, `ec2_observed_at`), so a duplicate changes nothing and a late event never moves a worker
+backwards; every write is conditional, so a concurrent reconcile or API call simply wins or loses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Worker, utcnow
+from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
+from fleetkeeper.observability import logger
+from fleetkeeper.services import drain_hooks
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile import emit_counters
+from fleetkeeper.services.worker_exit import retire_worker
+from fleetkeeper.triggers import Ec2SpotWarningEvent, Ec2StateChangeEvent
+
+ACTOR = "ec2-events"
+STATS_SCOPE = "ec2-events"
+# EC2 gives a spot instance two minutes between the warning and the interruption.
+SPOT_NOTICE = timedelta(minutes=2)
+# A conditional write lost to a concurrent writer is retried on a fresh read this many times.
+MAX_ATTEMPTS = 3
+
+
+class EventOutcome(StrEnum):
+    APPLIED = "applied"
+    UNCHANGED = "unchanged"  # the worker already reflects it (a duplicate, or a consistent state)
+    STALE = "stale"  # older than the evidence the worker reflects
+    NOT_APPLICABLE = "not_applicable"  # the lifecycle has no such move; the reconciler sorts it out
+    FOREIGN = "foreign"  # no worker has this instance
+    DRAIN_STARTED = "drain_started"
+    DRAIN_NOT_STARTED = "drain_not_started"
+    CONFLICT = "conflict"
+    DROPPED = "dropped"  # malformed or not an event we handle
+
+
+@dataclass(frozen=True)
+class EventResult:
+    outcome: EventOutcome
+    worker_id: str | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"outcome": str(self.outcome), "worker_id": self.worker_id, "detail": self.detail}
+
+
+def apply_state_change(
+    ctx: Context, *, instance_id: str, state: str, at: datetime, region: str
+) -> EventResult:
+    """Move the instance's worker to the status EC2 reports, unless that is old news."""
+    result = EventResult(EventOutcome.CONFLICT)
+    for _ in range(MAX_ATTEMPTS):
+        worker = ctx.store.find_worker_by_ec2_instance(instance_id)
+        if worker is None:
+            return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+        if is_stale_evidence(worker, state, at):
+            return _done(ctx, EventResult(EventOutcome.STALE, worker.id, f"{state} at {at.isoformat()}"))
+        step = follow_ec2(worker, Observation(state=state, observed_at=at))
+        if step is None:
+            agrees = worker.status in CONSISTENT_STATUSES.get(state, frozenset())
+            outcome = EventOutcome.UNCHANGED if agrees else EventOutcome.NOT_APPLICABLE
+            return _done(ctx, EventResult(outcome, worker.id, f"{worker.status} with EC2 {state}"))
+        changes = dict(step.changes)
+        try:
+            if step.target == WorkerStatus.RUNNING:
+                # The event carries no addresses; placement needs them, so ask EC2 once.
+                found = ctx.ec2(region).describe([instance_id]).get(instance_id)
+                if found is not None:
+                    changes.update({"private_ip": found.private_ip, "public_ip": found.public_ip})
+            _move(ctx, worker, step.target, changes, reason=step.reason)
+        except Conflict:
+            result = EventResult(EventOutcome.CONFLICT, worker.id, "worker changed concurrently")
+            continue
+        logger.info(
+            "EC2 event applied",
+            worker_id=worker.id,
+            from_status=str(worker.status),
+            to_status=str(step.target),
+            ec2_state=state,
+        )
+        return _done(ctx, EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {step.target}"))
+    return _done(ctx, result)
+
+
+def _move(
+    ctx: Context, worker: Worker, target: WorkerStatus | None, changes: dict[str, Any], *, reason: str
+) -> None:
+    if target is None:
+        return
+    if target == WorkerStatus.TERMINATED:
+        retire_worker(ctx, worker, cause=Cause.EC2, actor=ACTOR, reason=reason, changes=changes)
+        return
+    ctx.store.transition_worker(
+        worker,
+        target,
+        cause=Cause.EC2,
+        actor=ACTOR,
+        reason=reason,
+        changes={**changes, "status_reason": reason},
+    )
+
+
+def apply_spot_warning(
+    ctx: Context, *, instance_id: str, instance_action: str, at: datetime, now: datetime | None = None
+) -> EventResult:
+    """Start a drain whose deadline is the interruption, about two minutes after the warning."""
+    now = now or utcnow()
+    worker = ctx.store.find_worker_by_ec2_instance(instance_id)
+    if worker is None:
+        return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+    if worker.status != WorkerStatus.RUNNING:
+        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
+    left = max(int((at + SPOT_NOTICE - now).total_seconds()), 1)
+    then = DrainThen.STOP if instance_action in ("stop", "hibernate") else DrainThen.TERMINATE
+    started = drain_hooks.start_drain(
+        ctx,
+        worker.id,
+        actor=ACTOR,
+        reason=f"spot interruption warning: {instance_action}",
+        timeout_seconds=left,
+        then=then,
+    )
+    outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
+    logger.info("spot interruption warning", worker_id=worker.id, seconds_left=left, drain_started=started)
+    return _done(ctx, EventResult(outcome, worker.id, f"{left}s left"))
+
+
+def drop(ctx: Context, reason: str) -> EventResult:
+    """A malformed or foreign event: logged and counted, never retried."""
+    logger.warning("EC2 event dropped", reason=reason)
+    return _done(ctx, EventResult(EventOutcome.DROPPED, detail=reason[:500]))
+
+
+def _done(ctx: Context, result: EventResult) -> EventResult:
+    counters = {f"events_{result.outcome}": 1}
+    ctx.stats.record(STATS_SCOPE, counters=counters, timestamps={"last_event_at": utcnow()})
+    emit_counters("Ec2Events", counters)
+    return result
+
+
+def handle(ctx: Context, event: Ec2StateChangeEvent | Ec2SpotWarningEvent) -> EventResult:
+    """Apply one parsed EC2 event."""
+    if isinstance(event, Ec2SpotWarningEvent):
+        return apply_spot_warning(
+            ctx,
+            instance_id=event.detail.instance_id,
+            instance_action=event.detail.instance_action,
+            at=event.time,
+        )
+    return apply_state_change(
+        ctx,
+        instance_id=event.detail.instance_id,
+        state=event.detail.state,
+        at=event.time,
+        region=event.region,
+    )

@@ -1,0 +1,60 @@
+"""The event shapes AWS sends our functions, built locally (samples of each are in events/)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+LOCAL_ACCOUNT = "123456789012"
+
+
+def _time(at: datetime | None) -> str:
+    return (at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def scheduled_event(schedule: str, *, region: str, at: datetime | None = None) -> dict[str, Any]:
+    """What EventBridge Scheduler delivers to a Lambda target that was given no input of its own."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "Scheduled Event",
+        "source": "aws.scheduler",
+        "account": LOCAL_ACCOUNT,
+        "time": _time(at),
+        "region": region,
+        "resources": [f"arn:aws:scheduler:{region}:{LOCAL_ACCOUNT}:schedule/default/{schedule}"],
+        "detail": "{}",
+    }
+
+
+def _ec2_event(
+    detail_type: str, instance_id: str, detail: dict[str, str], region: str, at: datetime | None
+) -> dict[str, Any]:
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": detail_type,
+        "source": "aws.ec2",
+        "account": LOCAL_ACCOUNT,
+        "time": _time(at),
+        "region": region,
+        "resources": [f"arn:aws:ec2:{region}:{LOCAL_ACCOUNT}:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, **detail},
+    }
+
+
+def state_change_event(
+    instance_id: str, state: str, *, region: str, at: datetime | None = None
+) -> dict[str, Any]:
+    """An 'EC2 Instance State-change Notification' as EventBridge delivers it."""
+    return _ec2_event("EC2 Instance State-change Notification", instance_id, {"state": state}, region, at)
+
+
+def spot_warning_event(
+    instance_id: str, *, region: str, action: str = "terminate", at: datetime | None = None
+) -> dict[str, Any]:
+    """An 'EC2 Spot Instance Interruption Warning' as EventBridge delivers it."""
+    return _ec2_event(
+        "EC2 Spot Instance Interruption Warning", instance_id, {"instance-action": action}, region, at
+    )

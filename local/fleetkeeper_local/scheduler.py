@@ -1,0 +1,169 @@
+"""Local stand-ins for EventBridge: a scheduler for the reconcile/discover functions and an EC2 event pump.
+
+Both run on daemon threads with start()/stop(), call the real handlers in-process with the event
+shapes AWS sends (fleetkeeper_local.event_shapes), and never stop on a failed invocation: they log it
+and go on, as a schedule would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+from fleetkeeper_local.event_shapes import scheduled_event, state_change_event
+from fleetkeeper_local.invocation import invoke
+from fleetkeeper_local.stack import LOCAL_REGION
+
+log = logging.getLogger("fleetkeeper_local.scheduler")
+
+# Local intervals: short, so a user sees a worker move within seconds; AWS runs 60 s and 300 s.
+DEFAULT_RECONCILE_SECONDS = 5.0
+DEFAULT_DISCOVER_SECONDS = 30.0
+DEFAULT_PUMP_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    function: str
+    every_seconds: float
+
+
+def default_schedules() -> list[Schedule]:
+    """The reconcile and discover schedules, their intervals overridable by environment variables."""
+    return [
+        Schedule(
+            "fleetkeeper-reconcile",
+            "reconcile",
+            float(os.environ.get("FLEETKEEPER_LOCAL_RECONCILE_SECONDS", DEFAULT_RECONCILE_SECONDS)),
+        ),
+        Schedule(
+            "fleetkeeper-discover",
+            "discover",
+            float(os.environ.get("FLEETKEEPER_LOCAL_DISCOVER_SECONDS", DEFAULT_DISCOVER_SECONDS)),
+        ),
+    ]
+
+
+class _Loop:
+    """A daemon thread running `tick` every `interval` seconds until stopped."""
+
+    def __init__(self, name: str, interval: float, tick: Callable[[], Any]) -> None:
+        self._name = name
+        self._interval = interval
+        self._tick = tick
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._tick()
+            except Exception:
+                log.exception("%s failed; trying again in %.1fs", self._name, self._interval)
+            self._stop.wait(self._interval)
+
+
+class LocalScheduler:
+    """Invokes the reconcile and discover handlers on short intervals with Scheduler-shaped events."""
+
+    def __init__(self, schedules: list[Schedule] | None = None, *, region: str = LOCAL_REGION) -> None:
+        self.schedules = schedules if schedules is not None else default_schedules()
+        self._region = region
+        self._loops = [_Loop(s.name, s.every_seconds, self._invoker(s)) for s in self.schedules]
+
+    def _invoker(self, schedule: Schedule) -> Callable[[], Any]:
+        def fire() -> Any:
+            return invoke(schedule.function, scheduled_event(schedule.name, region=self._region))
+
+        return fire
+
+    def start(self) -> None:
+        for loop in self._loops:
+            loop.start()
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+
+
+class Ec2EventPump:
+    """Polls the emulated EC2, diffs instance states and delivers 'EC2 Instance State-change
+    Notification' events, because moto emits none.
+
+    The first poll only takes a baseline. Afterwards every new instance and every state change is
+    delivered, in the order seen, to the ec2_events handler (or to `deliver`).
+    """
+
+    def __init__(
+        self,
+        ec2: Any = None,
+        *,
+        region: str = LOCAL_REGION,
+        interval_seconds: float | None = None,
+        deliver: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        self._ec2 = ec2
+        self._region = region
+        self._deliver = deliver or (lambda event: invoke("ec2_events", event))
+        self._states: dict[str, str] | None = None
+        interval = interval_seconds or float(
+            os.environ.get("FLEETKEEPER_LOCAL_EVENT_PUMP_SECONDS", DEFAULT_PUMP_SECONDS)
+        )
+        self._loop = _Loop("ec2-event-pump", interval, self.poll_once)
+
+    def _client(self) -> Any:
+        if self._ec2 is None:
+            self._ec2 = boto3.client("ec2", region_name=self._region)
+        return self._ec2
+
+    def _current_states(self) -> dict[str, str]:
+        states: dict[str, str] = {}
+        for page in self._client().get_paginator("describe_instances").paginate():
+            for reservation in page.get("Reservations", []):
+                for instance in reservation.get("Instances", []):
+                    states[instance["InstanceId"]] = instance["State"]["Name"]
+        return states
+
+    def poll_once(self) -> list[dict[str, Any]]:
+        """Deliver an event for each state change since the last poll; returns the events delivered."""
+        current = self._current_states()
+        previous, self._states = self._states, current
+        if previous is None:
+            return []
+        events = [
+            state_change_event(instance_id, state, region=self._region)
+            for instance_id, state in sorted(current.items())
+            if previous.get(instance_id) != state
+        ]
+        for event in events:
+            try:
+                self._deliver(event)
+            except Exception:
+                log.exception("delivering %s failed", event["detail"])
+        return events
+
+    def start(self) -> None:
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._loop.stop()
