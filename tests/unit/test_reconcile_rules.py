@@ -263,3 +263,9 @@ def test_given_an_event_older_than_the_evidence_applied_then_it_is_stale():
 def test_given_a_terminated_instance_then_no_later_event_is_believed():
     w = worker(S.TERMINATED, ec2_state="terminated", ec2_observed_at=NOW)
     assert is_stale_evidence(w, "running", NOW + timedelta(hours=1))
+
+
+def test_given_an_observation_with_microseconds_then_an_event_of_the_same_second_is_ordered_by_state():
+    w = worker(S.RUNNING, ec2_state="running", ec2_observed_at=NOW + timedelta(milliseconds=400))
+    assert not is_stale_evidence(w, "terminated", NOW)
+    assert is_stale_evidence(w, "pending", NOW)

@@ -10,7 +10,7 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker
-from fleetkeeper.services import catalog, workers
+from fleetkeeper.services import catalog, drain_hooks, workers
 from fleetkeeper.services.context import Context, build_context
 from fleetkeeper.settings import Settings
 from fleetkeeper.store.repository import FleetStore
@@ -67,3 +67,16 @@ def live_worker(store: FleetStore, ec2: Any, lab_image: str) -> LiveWorkerFactor
         )
 
     return make
+
+
+@pytest.fixture
+def drains_started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Drains asked for at the seam to the drain workflow, recorded instead of started."""
+    started: list[dict[str, Any]] = []
+
+    def record(ctx: Context, worker_id: str, **kwargs: Any) -> bool:
+        started.append({"worker_id": worker_id, **kwargs})
+        return True
+
+    monkeypatch.setattr(drain_hooks, "start_drain", record)
+    return started

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
-from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 
@@ -37,19 +35,6 @@ def idle_for(store: FleetStore, worker: Worker, minutes: int) -> Worker:
     return store.update_worker(
         worker, {"idle_since": utcnow() - timedelta(minutes=minutes)}, actor="test", action="IdleSeeded"
     )
-
-
-@pytest.fixture
-def drains_started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Record drains the scale-down asks for, at the seam to the drain workflow."""
-    started: list[dict[str, Any]] = []
-
-    def record(ctx: Any, worker_id: str, **kwargs: Any) -> bool:
-        started.append({"worker_id": worker_id, **kwargs})
-        return True
-
-    monkeypatch.setattr(drain_hooks, "start_drain", record)
-    return started
 
 
 def test_given_low_cpu_then_idle_since_is_set_once_with_a_metrics_snapshot(make_ctx, store, live_worker):

@@ -324,6 +324,9 @@ def is_stale_evidence(worker: Worker, state: str, at: datetime) -> bool:
     observed = worker.ec2_observed_at
     if observed is None:
         return False
+    # Event times have whole seconds; an observation within the same second is ordered by state.
+    observed = observed.replace(microsecond=0)
+    at = at.replace(microsecond=0)
     if at < observed:
         return True
     if at == observed:

@@ -1,0 +1,181 @@
+"""EC2 events through the ec2_events handler: state changes, duplicates, reordering, spot warnings."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
+from fleetkeeper.services.context import default_context
+from fleetkeeper.services.ec2_events import STATS_SCOPE
+from fleetkeeper_local.invocation import invoke
+
+pytestmark = pytest.mark.integration
+
+S = WorkerStatus
+EVENTS = Path(__file__).resolve().parents[3] / "events"
+
+
+@pytest.fixture(autouse=True)
+def fresh_context(ctx: Any) -> None:
+    """The handler builds its context once per process; each test has its own table."""
+    default_context.cache_clear()
+
+
+def sample(name: str, instance_id: str, *, at: datetime | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads((EVENTS / f"{name}.json").read_text())
+    event = copy.deepcopy(event)
+    event["detail"]["instance-id"] = instance_id
+    event["resources"] = [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"]
+    event["time"] = (at or utcnow()).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return event
+
+
+def deliver(event: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = invoke("ec2_events", event)
+    return result
+
+
+def state_event(worker: Worker, state: str, *, at: datetime | None = None) -> dict[str, Any]:
+    return sample(f"ec2_state_change_{state.replace('-', '_')}", worker.ec2_instance_id or "", at=at)
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        ("stopping", S.STOPPING),
+        ("stopped", S.STOPPED),
+        ("shutting-down", S.TERMINATING),
+        ("terminated", S.TERMINATED),
+    ],
+)
+def test_given_a_running_worker_when_ec2_reports_a_state_then_the_worker_follows_at_once(
+    store, live_worker, state, expected
+):
+    worker = live_worker()
+
+    result = deliver(state_event(worker, state))
+
+    assert result["outcome"] == "applied"
+    assert store.get_worker(worker.id).status == expected
+
+
+def test_given_a_worker_terminated_in_the_console_then_it_is_terminated_and_its_instances_lost(
+    store, live_worker
+):
+    worker = live_worker()
+    placed = store.place_instance(Instance(id="i-console", worker_id=""), worker, actor="test")
+
+    deliver(state_event(worker, "terminated"))
+
+    gone = store.get_worker(worker.id)
+    assert (gone.status, gone.terminated_by) == (S.TERMINATED, "ec2-events")
+    assert store.get_instance(placed.id).state == InstanceState.TERMINATED
+
+
+def test_given_a_stopped_worker_when_ec2_reports_running_then_it_runs_with_its_ip(store, ec2, live_worker):
+    worker = live_worker()
+    worker = store.transition_worker(worker, S.STOPPED, cause=Cause.EC2, actor="test")
+
+    deliver(state_event(worker, "running"))
+
+    running = store.get_worker(worker.id)
+    assert running.status == S.RUNNING
+    assert running.private_ip
+
+
+def test_given_the_same_event_twice_then_the_second_changes_nothing(store, live_worker):
+    worker = live_worker()
+    event = state_event(worker, "stopped")
+    deliver(event)
+    after_first = store.get_worker(worker.id)
+
+    result = deliver(event)
+
+    assert result["outcome"] == "stale"
+    assert store.get_worker(worker.id).version == after_first.version
+
+
+def test_given_events_out_of_order_then_an_older_one_never_moves_the_worker_back(store, live_worker):
+    worker = live_worker()
+    now = utcnow()
+    deliver(state_event(worker, "stopped", at=now))
+
+    late = deliver(state_event(worker, "stopping", at=now - timedelta(seconds=5)))
+    older_running = deliver(state_event(worker, "running", at=now - timedelta(seconds=30)))
+
+    assert (late["outcome"], older_running["outcome"]) == ("stale", "stale")
+    assert store.get_worker(worker.id).status == S.STOPPED
+
+
+def test_given_a_terminated_worker_then_no_later_event_revives_it(store, live_worker):
+    worker = live_worker()
+    now = utcnow()
+    deliver(state_event(worker, "terminated", at=now))
+
+    result = deliver(state_event(worker, "running", at=now + timedelta(minutes=1)))
+
+    assert result["outcome"] == "stale"
+    assert store.get_worker(worker.id).status == S.TERMINATED
+
+
+def test_given_running_reported_for_a_draining_worker_then_nothing_changes(store, live_worker):
+    worker = live_worker()
+    draining = store.transition_worker(worker, S.DRAINING, cause=Cause.CONTROL, actor="test")
+
+    result = deliver(state_event(worker, "running"))
+
+    assert result["outcome"] == "unchanged"
+    assert store.get_worker(worker.id).version == draining.version
+
+
+def test_given_an_instance_no_worker_has_then_the_event_is_dropped_as_foreign(store):
+    result = deliver(sample("ec2_state_change_terminated", "i-0fedcba987654321f"))
+
+    assert result["outcome"] == "foreign"
+
+
+def test_given_a_malformed_event_then_it_is_dropped_not_raised(ctx):
+    event = json.loads((EVENTS / "ec2_malformed.json").read_text())
+
+    result = deliver(event)
+
+    assert result["outcome"] == "dropped"
+    assert ctx.stats.read(STATS_SCOPE).counters["events_dropped"] == 1
+
+
+@pytest.mark.parametrize(
+    "event", [{"hello": "world"}, {**json.loads((EVENTS / "scheduler_reconcile.json").read_text())}]
+)
+def test_given_a_foreign_event_shape_then_it_is_dropped(ctx, event):
+    assert deliver(event)["outcome"] == "dropped"
+
+
+def test_given_a_spot_warning_then_a_drain_with_the_two_minutes_left_is_started(
+    store, live_worker, drains_started
+):
+    worker = live_worker()
+
+    result = deliver(sample("ec2_spot_interruption_warning", worker.ec2_instance_id or ""))
+
+    assert result["outcome"] == "drain_started"
+    assert len(drains_started) == 1
+    assert drains_started[0]["worker_id"] == worker.id
+    assert drains_started[0]["then"] == DrainThen.TERMINATE
+    assert 100 <= drains_started[0]["timeout_seconds"] <= 120
+
+
+def test_given_a_spot_warning_for_a_worker_not_running_then_no_drain(store, live_worker, drains_started):
+    worker = live_worker()
+    store.transition_worker(worker, S.DRAINING, cause=Cause.CONTROL, actor="test")
+
+    result = deliver(sample("ec2_spot_interruption_warning", worker.ec2_instance_id or ""))
+
+    assert result["outcome"] == "unchanged"
+    assert drains_started == []

@@ -1,0 +1,56 @@
+"""The reconcile and discover handlers, invoked with the events in events/ as the Scheduler sends them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.services import workers
+from fleetkeeper.services.context import default_context
+from fleetkeeper_local.invocation import invoke
+from tests.integration.reconciler.support import ensure_template
+
+pytestmark = pytest.mark.integration
+
+EVENTS = Path(__file__).resolve().parents[3] / "events"
+
+
+@pytest.fixture(autouse=True)
+def fresh_context(ctx: Any) -> None:
+    default_context.cache_clear()
+
+
+def event(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((EVENTS / f"{name}.json").read_text())
+    return loaded
+
+
+def test_given_the_scheduler_event_then_the_reconcile_handler_runs_a_cycle(store, lab_image):
+    ensure_template(store)
+    worker = workers.create_worker(store, template="lab", region="us-east-1", actor="api")
+
+    result = invoke("reconcile", event("scheduler_reconcile"))
+
+    assert result["lease_acquired"] is True
+    assert result["counters"]["provisioned_count"] == 1
+    assert store.get_worker(worker.id).status == WorkerStatus.PROVISIONING
+
+
+def test_given_the_scheduler_event_then_the_discover_handler_sweeps_the_region(store, running_worker):
+    orphan = running_worker(template="lab")
+
+    result = invoke("discover", event("scheduler_discover"))
+
+    assert [r["region"] for r in result["regions"]] == ["us-east-1"]
+    assert result["counters"]["orphans_terminated"] == 1
+    assert store.get_worker(orphan.id).status == WorkerStatus.TERMINATED
+
+
+def test_given_a_plain_input_naming_regions_then_discovery_covers_those(store, ec2):
+    result = invoke("discover", {"regions": ["us-east-2"]})
+
+    assert [r["region"] for r in result["regions"]] == ["us-east-2"]

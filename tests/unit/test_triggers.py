@@ -1,0 +1,64 @@
+"""Trigger event models: Scheduler events, plain schedule input, EC2 events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from fleetkeeper.triggers import Ec2Event, Ec2SpotWarningEvent, Ec2StateChangeEvent, schedule_input
+
+EVENTS = Path(__file__).resolve().parents[2] / "events"
+
+
+def load(name: str) -> dict[str, object]:
+    loaded: dict[str, object] = json.loads((EVENTS / f"{name}.json").read_text())
+    return loaded
+
+
+def test_given_the_scheduler_event_then_it_asks_for_the_configured_regions():
+    assert schedule_input(load("scheduler_reconcile")).regions is None
+
+
+def test_given_an_eventbridge_rule_scheduled_event_then_it_is_accepted_too():
+    rule_event = {**load("scheduler_discover"), "source": "aws.events", "detail": {}}
+    assert schedule_input(rule_event).regions is None
+
+
+def test_given_plain_input_with_regions_then_they_are_read():
+    assert schedule_input({"regions": ["eu-west-1"]}).regions == ["eu-west-1"]
+
+
+def test_given_plain_input_with_a_bad_region_then_it_is_refused():
+    with pytest.raises(ValidationError):
+        schedule_input({"regions": ["Mars"]})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ec2_state_change_pending",
+        "ec2_state_change_running",
+        "ec2_state_change_stopping",
+        "ec2_state_change_stopped",
+        "ec2_state_change_shutting_down",
+        "ec2_state_change_terminated",
+    ],
+)
+def test_given_each_state_change_sample_then_it_parses_as_a_state_change(name):
+    parsed = Ec2Event.model_validate(load(name)).root
+    assert isinstance(parsed, Ec2StateChangeEvent)
+    assert parsed.detail.instance_id == "i-0abc1234def567890"
+
+
+def test_given_the_spot_warning_sample_then_it_parses_as_a_spot_warning():
+    parsed = Ec2Event.model_validate(load("ec2_spot_interruption_warning")).root
+    assert isinstance(parsed, Ec2SpotWarningEvent)
+    assert parsed.detail.instance_action == "terminate"
+
+
+def test_given_the_malformed_sample_then_it_does_not_parse():
+    with pytest.raises(ValidationError):
+        Ec2Event.model_validate(load("ec2_malformed"))
