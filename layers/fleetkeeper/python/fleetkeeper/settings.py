@@ -16,6 +16,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     table_name: str = Field(alias="TABLE_NAME", min_length=3)
+    default_region: str = Field(default="us-east-1", alias="AWS_REGION")
     service_name: str = Field(default="fleetkeeper", alias="POWERTOOLS_SERVICE_NAME")
     drain_state_machine_arn: str | None = Field(default=None, alias="DRAIN_STATE_MACHINE_ARN")
     pool_drain_state_machine_arn: str | None = Field(default=None, alias="POOL_DRAIN_STATE_MACHINE_ARN")
