@@ -125,6 +125,8 @@ class LocalStack:
             "AWS_REGION": LOCAL_REGION,
             "AWS_ENDPOINT_URL": self.moto_endpoint,
             "AWS_ENDPOINT_URL_DYNAMODB": self.dynamodb_endpoint,
+            # moto's Step Functions calls Lambda on the moto server at this port.
+            "MOTO_PORT": str(self.moto_port),
         }
 
     def start(self) -> LocalStack:

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate
 from fleetkeeper.services import catalog, workers
+from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import lambdas
+from fleetkeeper_local.controlplane import (
+    DEFAULT_CALLER,
+    LocalResources,
+    api_event,
+    call_api,
+    provision,
+    refresh_process_caches,
+)
+from fleetkeeper_local.lambdas import LambdaDispatcher
+from fleetkeeper_local.stack import LocalStack
 
 pytestmark = pytest.mark.integration
 
@@ -56,5 +75,111 @@ def running_worker(store: FleetStore) -> WorkerFactory:
             changes={"ec2_instance_id": next(_fake_ec2_ids)},
         )
         return store.transition_worker(worker, WorkerStatus.RUNNING, cause=Cause.EC2, actor="test")
+
+    return make
+
+
+# ---- the local control plane: drain state machine, in-process Lambda, API adapter -------------------
+
+
+@dataclass
+class ControlPlane:
+    resources: LocalResources
+    dispatcher: LambdaDispatcher
+
+    @property
+    def ctx(self) -> Context:
+        return default_context()
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: str | None = None,
+        query: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        caller: str = DEFAULT_CALLER,
+    ) -> tuple[int, Any]:
+        text = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        response = call_api(api_event(method, path, body=text, query=query, headers=headers, caller=caller))
+        payload = json.loads(response["body"]) if response.get("body") else None
+        return int(response["statusCode"]), payload
+
+    def execution(self, arn: str) -> dict[str, Any]:
+        return dict(boto3.client("stepfunctions").describe_execution(executionArn=arn))
+
+    def wait_for_execution(self, arn: str, timeout: float = 30) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            execution = self.execution(arn)
+            return execution if execution["status"] != "RUNNING" else None
+
+        return dict(eventually(finished, timeout))
+
+    def states_entered(self, arn: str) -> list[str]:
+        events = boto3.client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)[
+            "events"
+        ]
+        return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
+
+
+def eventually(probe: Callable[[], Any], timeout: float = 15, interval: float = 0.05) -> Any:
+    """Poll until probe returns something truthy; fail with the last value after timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
+
+
+@pytest.fixture
+def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch: pytest.MonkeyPatch):
+    started: list[ControlPlane] = []
+
+    def start(heartbeat_seconds: int = 300) -> ControlPlane:
+        resources = provision(local_stack, table_name)
+        for key, value in resources.environment(heartbeat_seconds).items():
+            monkeypatch.setenv(key, value)
+        refresh_process_caches()
+        plane = ControlPlane(resources, lambdas.dispatcher)
+        started.append(plane)
+        return plane
+
+    yield start
+    sfn = boto3.client("stepfunctions")
+    for plane in started:
+        # Waiting executions would otherwise call into the next test's table; moto may already be reset.
+        with contextlib.suppress(ClientError):
+            running = sfn.list_executions(
+                stateMachineArn=plane.resources.state_machine_arn, statusFilter="RUNNING"
+            )
+            for execution in running["executions"]:
+                sfn.stop_execution(executionArn=execution["executionArn"])
+    refresh_process_caches()
+
+
+@pytest.fixture
+def control_plane(control_plane_factory) -> ControlPlane:
+    plane: ControlPlane = control_plane_factory()
+    return plane
+
+
+@pytest.fixture
+def ec2_worker(store: FleetStore, running_worker: WorkerFactory, ec2: Any) -> WorkerFactory:
+    """A RUNNING worker backed by a real (emulated) EC2 instance."""
+
+    def make(**kwargs: Any) -> Worker:
+        worker = running_worker(**kwargs)
+        image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        launched = ec2.run_instances(ImageId=image, InstanceType="m5.large", MinCount=1, MaxCount=1)[
+            "Instances"
+        ][0]
+        return store.update_worker(
+            worker, {"ec2_instance_id": launched["InstanceId"]}, actor="test", action="Attached"
+        )
 
     return make

@@ -134,10 +134,10 @@ def test_given_pack_strategy_then_the_fullest_worker_with_room_is_filled_first(s
 def test_given_an_ended_instance_then_its_slot_is_freed_once(store, running_worker):
     worker = running_worker(capacity=1)
     instance = placement.place_instance(store, actor="t", worker_id=worker.id)
-    placement.end_instance(store, instance.id, InstanceState.COMPLETED, actor="t")
+    store.end_instance(store.get_instance(instance.id), InstanceState.COMPLETED, actor="t")
     assert store.get_worker(worker.id).active_instances == 0
     with pytest.raises(IllegalTransition):
-        placement.end_instance(store, instance.id, InstanceState.TERMINATED, actor="t")
+        store.end_instance(store.get_instance(instance.id), InstanceState.TERMINATED, actor="t")
     # A stale copy that still looks active is refused by the condition, not double-counted.
     with pytest.raises(Conflict):
         store.end_instance(instance, InstanceState.TERMINATED, actor="t")
@@ -204,7 +204,7 @@ def test_given_instances_then_they_are_found_by_worker_and_state(store, running_
     worker = running_worker(capacity=3)
     first = placement.place_instance(store, actor="t", worker_id=worker.id)
     second = placement.place_instance(store, actor="t", worker_id=worker.id)
-    placement.end_instance(store, first.id, InstanceState.COMPLETED, actor="t")
+    store.end_instance(first, InstanceState.COMPLETED, actor="t")
     assert {i.id for i in store.list_instances(worker_id=worker.id).items} == {first.id, second.id}
     assert [i.id for i in store.active_instances_of(worker.id)] == [second.id]
     assert {i.id for i in store.list_instances(state=InstanceState.COMPLETED).items} == {first.id}

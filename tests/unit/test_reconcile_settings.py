@@ -15,7 +15,7 @@ def test_given_no_reconciler_variables_then_safe_defaults():
     assert settings.scale_down_enabled is False
     assert settings.scale_down_cooldown_seconds == 600
     assert settings.min_workers == 0
-    assert settings.regions == [settings.aws_region]
+    assert settings.regions == [settings.default_region]
 
 
 def test_given_region_configs_as_json_then_each_region_is_parsed():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,8 +11,8 @@ import pytest
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.services import catalog, drain_hooks, workers
-from fleetkeeper.services.context import Context, build_context
-from fleetkeeper.settings import Settings
+from fleetkeeper.services.context import Context, build_context, default_context
+from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch
 
@@ -80,3 +80,13 @@ def drains_started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     monkeypatch.setattr(drain_hooks, "start_drain", record)
     return started
+
+
+@pytest.fixture
+def handler_context(ctx: Context) -> Iterator[None]:
+    """Handlers build their context once per process: start and end each test with none cached."""
+    get_settings.cache_clear()
+    default_context.cache_clear()
+    yield
+    get_settings.cache_clear()
+    default_context.cache_clear()

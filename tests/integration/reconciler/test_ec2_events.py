@@ -12,20 +12,13 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
-from fleetkeeper.services.context import default_context
 from fleetkeeper.services.ec2_events import STATS_SCOPE
 from fleetkeeper_local.invocation import invoke
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("handler_context")]
 
 S = WorkerStatus
 EVENTS = Path(__file__).resolve().parents[3] / "events"
-
-
-@pytest.fixture(autouse=True)
-def fresh_context(ctx: Any) -> None:
-    """The handler builds its context once per process; each test has its own table."""
-    default_context.cache_clear()
 
 
 def sample(name: str, instance_id: str, *, at: datetime | None = None) -> dict[str, Any]:

@@ -10,17 +10,11 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.services import workers
-from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler, Schedule
 from tests.integration.reconciler.support import ensure_template
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def fresh_context(ctx: Any) -> None:
-    default_context.cache_clear()
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("handler_context")]
 
 
 def wait_for(condition: Callable[[], bool], seconds: float) -> float:

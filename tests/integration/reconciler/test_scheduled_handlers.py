@@ -10,18 +10,12 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.services import workers
-from fleetkeeper.services.context import default_context
 from fleetkeeper_local.invocation import invoke
 from tests.integration.reconciler.support import ensure_template
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("handler_context")]
 
 EVENTS = Path(__file__).resolve().parents[3] / "events"
-
-
-@pytest.fixture(autouse=True)
-def fresh_context(ctx: Any) -> None:
-    default_context.cache_clear()
 
 
 def event(name: str) -> dict[str, Any]:

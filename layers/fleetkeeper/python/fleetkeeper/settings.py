@@ -37,6 +37,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     table_name: str = Field(alias="TABLE_NAME", min_length=3)
+    default_region: str = Field(default="us-east-1", alias="AWS_REGION")
     service_name: str = Field(default="fleetkeeper", alias="POWERTOOLS_SERVICE_NAME")
     drain_state_machine_arn: str | None = Field(default=None, alias="DRAIN_STATE_MACHINE_ARN")
     pool_drain_state_machine_arn: str | None = Field(default=None, alias="POOL_DRAIN_STATE_MACHINE_ARN")
@@ -46,7 +47,6 @@ class Settings(BaseModel):
     idempotency_ttl_seconds: int = Field(default=3600, gt=0, alias="IDEMPOTENCY_TTL_SECONDS")
 
     # ---- reconciler, discovery and scale-down (docs/operations.md) ----------------------------
-    aws_region: str = Field(default="us-east-1", alias="AWS_REGION")
     region_configs: dict[str, RegionConfig] = Field(default_factory=dict, alias="REGION_CONFIGS")
     gc_mode: GcMode = Field(default=GcMode.TERMINATE, alias="GC_MODE")
     discovery_ami_pattern: str | None = Field(default=None, alias="DISCOVERY_AMI_PATTERN")
@@ -80,7 +80,7 @@ class Settings(BaseModel):
     @property
     def regions(self) -> list[str]:
         """The regions fleetkeeper manages: the configured ones, else the Lambda's own."""
-        return sorted(self.region_configs) or [self.aws_region]
+        return sorted(self.region_configs) or [self.default_region]
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -74,11 +74,23 @@ class Conflict(FleetkeeperError):
         return {"entity": self.entity, "id": self.key, "current_status": self.current_status}
 
 
+class StaleWrite(Conflict):
+    """A conditional write lost a race: the item changed since it was read. Re-read and try again."""
+
+    code = "CONFLICT"
+
+
 class DrainInProgress(Conflict):
     code = "DRAIN_IN_PROGRESS"
 
     def __init__(self, entity: str, key: str) -> None:
         super().__init__(entity, key, "DRAINING", "Drain already in progress")
+
+
+class WorkflowUnavailable(FleetkeeperError):
+    """The drain workflow could not be started; nothing was left half-done."""
+
+    code = "WORKFLOW_UNAVAILABLE"
 
 
 class CapacityUnavailable(FleetkeeperError):
@@ -89,3 +101,18 @@ class CapacityUnavailable(FleetkeeperError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class DrainCancelled(FleetkeeperError):
+    """Raised inside a drain workflow when the drain it serves was cancelled or superseded.
+
+    The class name is the Step Functions error name the state machine catches.
+    """
+
+    code = "DRAIN_CANCELLED"
+
+
+class DrainNotStartable(FleetkeeperError):
+    """A drain workflow found its worker or pool in a state it cannot drain from."""
+
+    code = "DRAIN_NOT_STARTABLE"

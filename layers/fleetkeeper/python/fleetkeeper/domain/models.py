@@ -77,6 +77,7 @@ class DrainRecord(Record):
     task_token: str | None = None
     outcome: DrainOutcome = DrainOutcome.RUNNING
     forced_instances: int = Field(default=0, ge=0)
+    timed_out_at: datetime | None = None
     finished_at: datetime | None = None
     cancelled_by: str | None = None
     error: str | None = None

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-from fleetkeeper.domain.models import Pool, WorkerTemplate
+import re
+
+from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.lifecycle import PoolStatus
+from fleetkeeper.domain.models import NAME_PATTERN, Pool, WorkerTemplate
+from fleetkeeper.services.retry import retry_conflicts
 from fleetkeeper.store.repository import FleetStore
+
+_NAME = re.compile(NAME_PATTERN)
+
+
+def is_valid_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name))
 
 
 def put_template(store: FleetStore, template: WorkerTemplate, *, actor: str) -> WorkerTemplate:
@@ -19,3 +30,38 @@ def ensure_pool(store: FleetStore, name: str, *, actor: str, description: str | 
     if existing is not None:
         return existing
     return store.create_pool(Pool(name=name, description=description), actor=actor)
+
+
+def put_pool(
+    store: FleetStore,
+    name: str,
+    *,
+    actor: str,
+    description: str | None = None,
+    status: PoolStatus | None = None,
+) -> tuple[Pool, bool]:
+    """Create the pool or update it; returns (pool, created). Draining goes through the drain API only."""
+    existing = store.find_pool(name)
+    if existing is None:
+        pool = Pool(name=name, description=description, status=status or PoolStatus.ACTIVE)
+        return store.create_pool(pool, actor=actor), True
+
+    def update() -> Pool:
+        current = store.get_pool(name)
+        changes: dict[str, object] = {}
+        if description is not None:
+            changes["description"] = description
+        if status is not None and status != current.status:
+            if current.status == PoolStatus.DRAINING:
+                raise Conflict(
+                    "pool",
+                    name,
+                    current.status,
+                    f"pool {name} is draining; cancel the drain to change its status",
+                )
+            changes["status"] = status
+        if not changes:
+            return current
+        return store.save_pool(current, changes, actor=actor, action="PoolUpdated")
+
+    return retry_conflicts(update), False

@@ -1,33 +1,20 @@
-"""The seam between the reconciler side (spot warnings, scale-down, orphan GC) and the drain workflow.
+"""Where the reconciler side (spot warnings, scale-down, orphan GC) meets the drain workflow.
 
-The drain workflow lives in `fleetkeeper.services.drains`. Everything here calls it through these two
-functions, so the call sites do not change when it moves, and a deployment without it degrades to
-"logged and counted" instead of failing the reconcile cycle.
+Starting a drain can be refused (the worker is no longer RUNNING, a drain already runs, the workflow
+cannot start); for these callers a refusal is an outcome to log and count, never a failed cycle.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.errors import FleetkeeperError
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 from fleetkeeper.observability import logger
+from fleetkeeper.services import drains
 
 if TYPE_CHECKING:
     from fleetkeeper.services.context import Context
-
-DRAINS_MODULE = "fleetkeeper.services.drains"
-
-
-def _drains() -> ModuleType | None:
-    try:
-        return importlib.import_module(DRAINS_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != DRAINS_MODULE:
-            raise
-        return None
 
 
 def start_drain(
@@ -39,17 +26,13 @@ def start_drain(
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
 ) -> bool:
-    """Start a drain of the worker; False when none was started (already draining, or no workflow)."""
-    drains = _drains()
-    if drains is None:
-        logger.warning("drain workflow unavailable; drain not started", worker_id=worker_id, reason=reason)
-        return False
+    """Start a drain of the worker; False (logged) when it was refused."""
     try:
         drains.start_worker_drain(
             ctx, worker_id, actor=actor, reason=reason, timeout_seconds=timeout_seconds, then=then
         )
-    except Conflict as refusal:
-        logger.info("drain not started", worker_id=worker_id, refusal=refusal.message)
+    except FleetkeeperError as refusal:
+        logger.info("drain not started", extra={"worker_id": worker_id, "refusal": refusal.message})
         return False
     return True
 
@@ -57,10 +40,6 @@ def start_drain(
 def close_drain(ctx: Context, worker: Worker, *, outcome: DrainOutcome, reason: str, actor: str) -> bool:
     """End the worker's open drain because the worker is gone; False when there was none to end."""
     if worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING:
-        return False
-    drains = _drains()
-    if drains is None:
-        logger.warning("drain workflow unavailable; open drain left for its own timeout", worker_id=worker.id)
         return False
     drains.close_drain(ctx, worker, outcome=outcome, reason=reason, actor=actor)
     return True

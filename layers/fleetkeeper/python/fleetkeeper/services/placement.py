@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
-from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
+from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Instance, new_id
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates, refusal_reason
 from fleetkeeper.store.repository import FleetStore
@@ -74,11 +74,3 @@ def place_instance(
         f"no worker accepted the instance after {min(len(ranked), MAX_PLACEMENT_TRIES)} tries"
         + (f"; last refusal: {last_refusal.message}" if last_refusal else "")
     )
-
-
-def end_instance(
-    store: FleetStore, instance_id: str, state: InstanceState, *, actor: str, reason: str | None = None
-) -> Instance:
-    """End an active instance (COMPLETED, FAILED or TERMINATED) and free its slot."""
-    instance = store.get_instance(instance_id)
-    return store.end_instance(instance, state, actor=actor, reason=reason)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from fleetkeeper.domain.errors import InvalidInput
-from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Worker, new_id
+from fleetkeeper.domain.errors import Conflict, IllegalTransition, InvalidInput, StaleWrite
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.models import DrainOutcome, Worker, new_id
+from fleetkeeper.services import drains
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.retry import retry_conflicts
 from fleetkeeper.store.repository import FleetStore
 
 
@@ -32,3 +35,67 @@ def create_worker(
         capacity=known_template.capacity,
     )
     return store.create_worker(worker, actor=actor)
+
+
+def set_desired_status(store: FleetStore, worker_id: str, desired: WorkerStatus, *, actor: str) -> Worker:
+    """Record what the operator wants; the reconciler moves the worker there."""
+
+    def update() -> Worker:
+        worker = store.get_worker(worker_id)
+        if worker.status == WorkerStatus.TERMINATED:
+            raise Conflict(
+                "worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED; it has no future"
+            )
+        return store.update_worker(
+            worker,
+            {"desired_status": desired},
+            actor=actor,
+            action="WorkerDesiredStatusSet",
+            reason=f"desired {desired}",
+        )
+
+    return retry_conflicts(update)
+
+
+def record_observed_status(
+    ctx: Context,
+    worker_id: str,
+    status: WorkerStatus,
+    *,
+    actor: str,
+    reason: str | None = None,
+) -> Worker:
+    """Apply a status that EC2 (or tooling reading EC2) observed, e.g. an orphan found terminated.
+
+    A TERMINATED worker keeps its record (soft delete) with who and why; its active instances end with
+    reason worker_lost and an open drain is closed, so nothing waits on a machine that is gone.
+    """
+
+    def apply() -> Worker:
+        worker = ctx.store.get_worker(worker_id)
+        if worker.status == status:
+            return worker
+        changes: dict[str, object] = {"status_reason": reason}
+        if status == WorkerStatus.TERMINATED:
+            changes.update(terminated_by=actor, terminated_reason=reason)
+        return ctx.store.transition_worker(
+            worker, status, cause=Cause.EC2, actor=actor, reason=reason, changes=changes
+        )
+
+    worker = retry_conflicts(apply)
+    if status == WorkerStatus.TERMINATED:
+        release_lost_worker(ctx, worker, actor=actor, reason=reason or "worker terminated")
+    return worker
+
+
+def release_lost_worker(ctx: Context, worker: Worker, *, actor: str, reason: str) -> None:
+    """End what still counts on a worker that no longer exists, and close its open drain."""
+    for instance in ctx.store.active_instances_of(worker.id):
+        try:
+            ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason="worker_lost")
+        except (StaleWrite, IllegalTransition):
+            continue  # it ended by itself meanwhile
+    if worker.drain is not None and worker.drain.outcome == DrainOutcome.RUNNING:
+        drains.close_drain(
+            ctx, worker, outcome=DrainOutcome.ERROR, reason=f"worker lost: {reason}", actor=actor
+        )

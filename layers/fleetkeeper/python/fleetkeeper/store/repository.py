@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
-from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound
+from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, StaleWrite
 from fleetkeeper.domain.lifecycle import (
     ACCEPTS_INSTANCES,
     ACTIVE_INSTANCE_STATES,
@@ -183,7 +183,7 @@ class FleetStore:
         try:
             self._transact([put, self._audit_put(audit)])
         except TransactionFailed as failure:
-            raise Conflict(
+            raise StaleWrite(
                 "template",
                 template.name,
                 None,
@@ -273,7 +273,7 @@ class FleetStore:
             old = failure.old_item(0)
             if old is None:
                 raise NotFound("pool", pool.name) from failure
-            raise Conflict("pool", pool.name, load_record(Pool, old).status) from failure
+            raise StaleWrite("pool", pool.name, load_record(Pool, old).status) from failure
         return updated
 
     def workers_in_pool(self, pool: str) -> Iterator[Worker]:
@@ -285,7 +285,34 @@ class FleetStore:
         for item in items:
             yield load_record(Worker, item)
 
+    def pool_active_instances(self, pool: str) -> int:
+        """Active instances across the pool's workers, each worker read consistently.
+
+        The index only says which workers belong to the pool; counts come from the items themselves,
+        because a lagging index could hide the last instance ending and stall a pool drain.
+        """
+        worker_ids = [w.id for w in self.workers_in_pool(pool)]
+        return sum(w.active_instances for w in self.get_workers(worker_ids))
+
     # ---- workers -----------------------------------------------------------------------------
+
+    def get_workers(self, worker_ids: Sequence[str]) -> list[Worker]:
+        """Consistent reads of many workers, 100 per BatchGetItem; unknown ids are skipped."""
+        found: list[Worker] = []
+        for start in range(0, len(worker_ids), 100):
+            pending: dict[str, Any] = {
+                self.table_name: {
+                    "Keys": [serialize(keys.worker_key(i)) for i in worker_ids[start : start + 100]],
+                    "ConsistentRead": True,
+                }
+            }
+            while pending:
+                response = self._client.batch_get_item(RequestItems=pending)
+                found.extend(
+                    load_record(Worker, item) for item in response["Responses"].get(self.table_name, [])
+                )
+                pending = dict(response.get("UnprocessedKeys") or {})
+        return found
 
     def _worker_item(self, worker: Worker) -> dict[str, Any]:
         return {
@@ -353,7 +380,7 @@ class FleetStore:
             old = failure.old_item(0)
             if old is None:
                 raise NotFound("worker", current.id) from failure
-            raise Conflict("worker", current.id, load_record(Worker, old).status) from failure
+            raise StaleWrite("worker", current.id, load_record(Worker, old).status) from failure
         return updated
 
     def transition_worker(
@@ -628,7 +655,7 @@ class FleetStore:
             self._transact([put, self._audit_put(audit)])
         except TransactionFailed as failure:
             old = failure.old_item(0)
-            raise Conflict(
+            raise StaleWrite(
                 "instance", instance.id, str(load_record(Instance, old).state) if old else None
             ) from failure
         return updated
@@ -684,7 +711,7 @@ class FleetStore:
             if failure.failed_condition(0):
                 old = failure.old_item(0)
                 state = str(load_record(Instance, old).state) if old else None
-                raise Conflict("instance", instance.id, state) from failure
+                raise StaleWrite("instance", instance.id, state) from failure
             if not failure.failed_condition(1):
                 raise
             # The worker's counter is already at zero (or the worker is gone): end the instance anyway

@@ -1,0 +1,1 @@
+"""The admin API: Powertools REST resolver, pydantic request/response models, error mapping."""

@@ -1,0 +1,135 @@
+"""In-process Lambda: moto's Step Functions invokes our real handlers.
+
+moto's Step Functions interpreter calls Lambda over HTTP on the moto server. With `use_docker` off, moto
+answers with its simple backend, which only echoes the payload. This module replaces that answer with a
+call to the handler registered for the function name, in the moto server's own thread, with a Lambda
+context object and the Lambda error contract (`x-amz-function-error` plus `errorType`/`errorMessage`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from moto.awslambda_simple.models import LambdaSimpleBackend
+
+from fleetkeeper.observability import logger
+
+Handler = Callable[[dict[str, Any], Any], Any]
+
+
+@dataclass
+class LocalLambdaContext:
+    """The attributes of the Lambda context object that handlers and Powertools read."""
+
+    function_name: str
+    memory_limit_in_mb: int = 512
+    function_version: str = "$LATEST"
+    timeout_seconds: int = 60
+    aws_request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def invoked_function_arn(self) -> str:
+        return f"arn:aws:lambda:us-east-1:123456789012:function:{self.function_name}"
+
+    @property
+    def log_group_name(self) -> str:
+        return f"/aws/lambda/{self.function_name}"
+
+    @property
+    def log_stream_name(self) -> str:
+        return self.aws_request_id
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(int((self.timeout_seconds - (time.monotonic() - self.started)) * 1000), 0)
+
+
+class InjectedFault(RuntimeError):
+    """A crash injected by a test, to prove that Step Functions retries recover from it."""
+
+
+@dataclass
+class _Fault:
+    step: str | None
+    remaining: int
+
+
+class LambdaDispatcher:
+    """Registry of function name -> handler, answering moto's Lambda invocations."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._faults: dict[str, list[_Fault]] = {}
+        self._lock = threading.Lock()
+        self.invocations: list[tuple[str, str | None]] = []
+
+    def register(self, function_name: str, handler: Handler) -> None:
+        self._handlers[function_name] = handler
+
+    def inject_failure(self, function_name: str, *, step: str | None = None, times: int = 1) -> None:
+        """Make the next `times` invocations (of one step, if given) crash before the handler runs."""
+        with self._lock:
+            self._faults.setdefault(function_name, []).append(_Fault(step, times))
+
+    def _take_fault(self, function_name: str, step: str | None) -> bool:
+        with self._lock:
+            for fault in self._faults.get(function_name, []):
+                if fault.remaining > 0 and fault.step in (None, step):
+                    fault.remaining -= 1
+                    return True
+        return False
+
+    def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
+        name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
+        handler = self._handlers.get(name)
+        payload = json.loads(body) if body else {}
+        step = payload.get("step") if isinstance(payload, dict) else None
+        self.invocations.append((name, step))
+        if handler is None:
+            return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
+        try:
+            if self._take_fault(name, step):
+                raise InjectedFault(f"injected crash of {name} ({step})")
+            result = handler(payload, LocalLambdaContext(function_name=name))
+        except Exception as exc:
+            if not type(exc).__name__.startswith("Drain"):
+                logger.warning(
+                    "local lambda failed", extra={"function": name, "step": step, "error": repr(exc)}
+                )
+            return self._error(response_headers, type(exc).__name__, str(exc))
+        return json.dumps(result if result is not None else {}, default=str).encode()
+
+    @staticmethod
+    def _error(response_headers: dict[str, Any], error_type: str, message: str) -> bytes:
+        response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps({"errorType": error_type, "errorMessage": message}).encode()
+
+
+dispatcher = LambdaDispatcher()
+_installed = False
+
+
+def install() -> LambdaDispatcher:
+    """Route moto's simple Lambda backend to the dispatcher (once per process)."""
+    global _installed  # noqa: PLW0603 - one patch per process, by design
+    if not _installed:
+
+        def invoke(  # noqa: PLR0917 - moto's signature
+            self: LambdaSimpleBackend,
+            function_name: str,
+            qualifier: str | None,
+            body: Any,
+            headers: Any,
+            response_headers: Any,
+        ) -> bytes:
+            return dispatcher.invoke(function_name, body, response_headers)
+
+        LambdaSimpleBackend.invoke = invoke  # type: ignore[method-assign]
+        _installed = True
+    return dispatcher
