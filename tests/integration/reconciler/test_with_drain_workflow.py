@@ -77,3 +77,19 @@ def test_given_a_draining_worker_whose_machine_vanished_then_gc_ends_it_and_clos
     assert status.execution_arn is not None
     finished: Any = control_plane.wait_for_execution(status.execution_arn, timeout=30)
     assert finished["status"] != "RUNNING"
+
+
+def test_given_a_reconcile_and_a_discovery_then_get_stats_serves_their_counters(
+    control_plane, store, live_worker
+):
+    live_worker()
+    reconcile_fleet(control_plane.ctx)
+    discover_and_collect(control_plane.ctx)
+
+    status, body = control_plane.api("GET", "/api/v1/stats")
+
+    assert status == 200
+    assert body["counters"]["reconcile"]["outcome_success"] == 1
+    assert body["counters"]["reconcile"]["running_worker_count"] == 1
+    assert body["counters"]["discovery"]["discovered"] == 1
+    assert "last_run_at" in body["counters"]["discovery"]

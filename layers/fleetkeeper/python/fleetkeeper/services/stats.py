@@ -24,4 +24,6 @@ def fleet_stats(ctx: Context) -> dict[str, object]:
         "workers_by_status": workers_by_status,
         "active_instances": active_instances,
         "pools_by_status": pools_by_status,
+        # reconcile, discovery, ec2-events and scale-down counters (store/stats.py)
+        "counters": ctx.stats.counters_by_scope(),
     }

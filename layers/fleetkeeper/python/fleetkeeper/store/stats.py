@@ -130,6 +130,14 @@ class StatsStore:
             if not start:
                 return found
 
+    def counters_by_scope(self) -> dict[str, dict[str, int | float | str]]:
+        """Every scope's figures flattened for GET /api/v1/stats: counters and gauges by name,
+        timestamps as ISO strings; e.g. {"reconcile": {"provisioned_count": 3, "last_run_at": "..."}}."""
+        flat: dict[str, dict[str, int | float | str]] = {}
+        for scope, stats in sorted(self.read_all().items()):
+            flat[scope] = {**stats.counters, **stats.gauges, **stats.timestamps}
+        return flat
+
     # ---- lease -------------------------------------------------------------------------------
 
     def acquire_lease(self, name: str, owner: str, *, now: datetime, until: datetime) -> bool:
