@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.services import workers
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler, Schedule
 from tests.integration.reconciler.support import ensure_template
 
@@ -73,3 +75,19 @@ def test_given_a_state_change_then_the_pump_delivers_one_event_of_the_real_shape
     assert events[0]["resources"] == [f"arn:aws:ec2:us-east-1:123456789012:instance/{instance_id}"]
     assert delivered == events
     assert again == []
+
+
+def test_given_templates_then_each_name_filter_gets_one_owned_image(ec2):
+    templates = [
+        WorkerTemplate(name="a", instance_type="m5.large", ami_name_filter="fleet-lab-*", capacity=1),
+        WorkerTemplate(name="b", instance_type="m5.large", ami_name_filter="fleet-lab-*", capacity=1),
+        WorkerTemplate(name="c", instance_type="m5.large", ami_name_filter="fleet-batch-*", capacity=1),
+    ]
+
+    first = register_template_images(ec2, templates)
+    again = register_template_images(ec2, templates)
+
+    assert sorted(first) == ["fleet-batch-*", "fleet-lab-*"]
+    assert again == first
+    owned = ec2.describe_images(Owners=["self"])["Images"]
+    assert sorted(i["Name"] for i in owned) == ["fleet-batch-2026.01", "fleet-lab-2026.01"]
