@@ -302,7 +302,8 @@ def test_given_a_transient_launch_error_then_retry_backoff_is_persisted_and_hono
 
     first = reconcile_fleet(ctx)
     waiting = store.get_worker(worker.id)
-    second = reconcile_fleet(ctx)
+    assert waiting.next_reconcile_at is not None
+    second = reconcile_fleet(ctx, now=waiting.next_reconcile_at - timedelta(milliseconds=500))
 
     assert first.counters["outcome_retry"] == 1
     assert waiting.status == S.PENDING
@@ -358,3 +359,13 @@ def test_given_a_launch_claim_left_by_a_dead_reconciler_then_its_instance_is_ado
 
     assert store.get_worker(worker.id).ec2_instance_id == instance_id
     assert instances_tagged(ec2, worker.id) == [instance_id]
+
+
+def test_given_too_little_time_left_then_work_is_deferred_to_the_next_cycle(ctx, store, lab_image):
+    worker = pending_worker(store)
+
+    report = reconcile_fleet(ctx, time_left=lambda: 5.0)
+
+    assert report.counters["deferred"] == 1
+    assert report.counters["outcome_requeue"] == 1
+    assert store.get_worker(worker.id).status == S.PENDING

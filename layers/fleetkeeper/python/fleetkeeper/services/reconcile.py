@@ -120,8 +120,10 @@ def reconcile_fleet(
     owner = owner or uuid.uuid4().hex
     report = CycleReport()
     stats = ctx.stats
-    lease_until = now + timedelta(seconds=max(remaining(), 1.0) + SAFETY_MARGIN_SECONDS)
-    if not stats.acquire_lease(LEASE_NAME, owner, now=now, until=lease_until):
+    # The lease runs on the wall clock, whatever `now` the cycle decides with.
+    wall = utcnow()
+    lease_until = wall + timedelta(seconds=max(remaining(), 1.0) + SAFETY_MARGIN_SECONDS)
+    if not stats.acquire_lease(LEASE_NAME, owner, now=wall, until=lease_until):
         report.lease_acquired = False
         report.counters["lease_busy"] += 1
         logger.info("another reconcile cycle holds the lease; skipping this one")
@@ -178,17 +180,15 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         if not needs_io(item):
             report.counters[f"outcome_{item.step.outcome.lower()}"] += 1
     busy = [item for item in work if needs_io(item)]
+
+    def act_in_time(item: _Work) -> tuple[Outcome, Counter[str]]:
+        if remaining() < SAFETY_MARGIN_SECONDS:
+            # Out of time: what is left waits for the next cycle rather than being cut off mid-step.
+            return Outcome.REQUEUE, Counter(deferred=1)
+        return _act(ctx, item, now)
+
     with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
-        futures = []
-        for item in busy:
-            if remaining() < SAFETY_MARGIN_SECONDS:
-                # Out of time: what is left waits for the next cycle rather than being cut off mid-step.
-                report.counters["deferred"] += 1
-                report.counters["outcome_requeue"] += 1
-                continue
-            futures.append(pool.submit(_act, ctx, item, now))
-        for future in futures:
-            outcome, counters = future.result()
+        for outcome, counters in pool.map(act_in_time, busy):
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
