@@ -1,0 +1,78 @@
+"""Counters and the run lease on DynamoDB Local."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleetkeeper.store.stats import StatsStore
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def stats(dynamodb, table_name) -> StatsStore:
+    return StatsStore(dynamodb, table_name)
+
+
+def test_given_counters_from_concurrent_writers_then_none_is_lost(stats):
+    def add() -> None:
+        for _ in range(20):
+            stats.record("reconcile", counters={"provisioned_count": 1, "drift_corrections": 2})
+
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    counters = stats.read("reconcile").counters
+    assert counters == {"provisioned_count": 80, "drift_corrections": 160}
+
+
+def test_given_gauges_and_timestamps_then_the_latest_value_wins(stats):
+    stats.record("reconcile", gauges={"running_worker_count": 7}, timestamps={"last_run_at": T0})
+    stats.record(
+        "reconcile", gauges={"running_worker_count": 5}, timestamps={"last_run_at": T0 + timedelta(minutes=1)}
+    )
+
+    read = stats.read("reconcile")
+    assert read.gauges == {"running_worker_count": 5}
+    assert read.timestamps == {"last_run_at": (T0 + timedelta(minutes=1)).isoformat()}
+
+
+def test_given_several_scopes_then_the_stats_view_lists_each_flat(stats):
+    stats.record("reconcile", counters={"provisioned_count": 2})
+    stats.record("discovery", counters={"orphans_terminated": 10}, gauges={"discovered": 3})
+
+    flat = stats.counters_by_scope()
+
+    assert flat == {
+        "discovery": {"orphans_terminated": 10, "discovered": 3},
+        "reconcile": {"provisioned_count": 2},
+    }
+    assert stats.read("never-recorded").counters == {}
+
+
+def test_given_a_held_lease_then_others_wait_until_it_expires_or_is_released(stats):
+    assert stats.acquire_lease("reconcile", "a", now=T0, until=T0 + timedelta(minutes=5))
+    assert not stats.acquire_lease(
+        "reconcile", "b", now=T0 + timedelta(minutes=1), until=T0 + timedelta(minutes=6)
+    )
+    assert stats.acquire_lease(
+        "reconcile", "b", now=T0 + timedelta(minutes=6), until=T0 + timedelta(minutes=11)
+    )
+
+    stats.release_lease("reconcile", "a", now=T0 + timedelta(minutes=7))  # no longer a's: a no-op
+    assert not stats.acquire_lease(
+        "reconcile", "c", now=T0 + timedelta(minutes=8), until=T0 + timedelta(minutes=9)
+    )
+
+    stats.release_lease("reconcile", "b", now=T0 + timedelta(minutes=8))
+    assert stats.acquire_lease(
+        "reconcile", "c", now=T0 + timedelta(minutes=8, seconds=1), until=T0 + timedelta(minutes=9)
+    )
