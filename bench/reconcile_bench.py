@@ -1,0 +1,444 @@
+"""Reconcile and discovery cost at fleet scale, against seed 003's per-worker design.
+
+Figures: AWS API calls per reconcile cycle (by service and operation, counted with botocore's
+before-call hooks) at 100 / 1,000 / 10,000 steady RUNNING workers, worker writes per cycle, cycle wall
+time, discovery + GC at 10,000, and orphan detection latency by event vs by sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import boto3
+
+from fleetkeeper.cloud.clients import client, reset_clients
+from fleetkeeper.cloud.ec2 import DESCRIBE_PAGE_SIZE
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG
+from fleetkeeper.services import catalog
+from fleetkeeper.services.context import Context, build_context, default_context
+from fleetkeeper.services.discovery import discover_and_collect
+from fleetkeeper.services.reconcile import reconcile_fleet
+from fleetkeeper.settings import Settings, get_settings
+from fleetkeeper.store import keys
+from fleetkeeper.store.codec import record_attributes, serialize
+from fleetkeeper_local.scheduler import Ec2EventPump
+from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, free_port
+
+SIZES = (100, 1_000, 10_000)
+PER_WORKER_SIZES = (100, 1_000)
+ORPHANS_AT_SCALE = 10
+LATENCY_SAMPLES = 5
+DISCOVERY_INTERVAL_SECONDS = 300  # seed 001
+
+
+class CallCounter:
+    """Counts every AWS API call made through the clients it is attached to."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.aws_describe_pages = 0
+
+    def attach(self, *clients: Any) -> None:
+        for attached in clients:
+            events = attached.meta.events
+            events.register("before-call.*.*", self._count, unique_id="bench-call-counter")
+            events.register(
+                "after-call.ec2.DescribeInstances", self._describe_pages, unique_id="bench-describe-pages"
+            )
+
+    def _count(self, model: Any, **_: Any) -> None:
+        self.calls[f"{model.service_model.service_name}:{model.name}"] += 1
+
+    def _describe_pages(self, parsed: Any, **_: Any) -> None:
+        # moto pages DescribeInstances by reservation (a 1,000-instance launch is one reservation);
+        # AWS pages by instance, at most 1,000 a page. Count the pages AWS would have served.
+        returned = sum(len(r.get("Instances", [])) for r in parsed.get("Reservations", []))
+        self.aws_describe_pages += max(1, math.ceil(returned / DESCRIBE_PAGE_SIZE))
+
+    def take(self) -> Counter[str]:
+        taken, self.calls = self.calls, Counter()
+        if self.aws_describe_pages:
+            taken["ec2:DescribeInstances (AWS pages)"] = self.aws_describe_pages
+        self.aws_describe_pages = 0
+        return taken
+
+
+def speed_up_moto_tag_lookup() -> None:
+    """Make moto's per-resource tag lookup a dict lookup (same result, in this process's moto server).
+
+    moto answers a tag filter by scanning every tag of every resource for each instance, so one
+    DescribeInstances page over 10,000 tagged instances costs 10,000 x 20,000 regex matches, and a
+    10,000-worker cycle would measure that emulator artefact for half an hour. AWS filters by tag
+    server-side; the call count, which is what this benchmark is about, does not change.
+    """
+    from moto.ec2.models.core import TaggedEC2Resource
+    from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
+
+    def get_tags(self: Any) -> list[dict[str, str]]:
+        if not self.id:
+            return []
+        kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(self.id), "")
+        return [
+            {"resource_id": self.id, "key": key, "value": value, "resource_type": kind}
+            for key, value in self.ec2_backend.tags.get(self.id, {}).items()
+        ]
+
+    TaggedEC2Resource.get_tags = get_tags  # type: ignore[method-assign]
+
+
+def use_table(stack: LocalStack, name: str) -> None:
+    stack.create_table(name)
+    os.environ["TABLE_NAME"] = name
+    get_settings.cache_clear()
+    default_context.cache_clear()
+
+
+def context(**overrides: str) -> Context:
+    return build_context(Settings.from_environ({**os.environ, **overrides}))
+
+
+def build_fleet(stack: LocalStack, size: int) -> tuple[Context, list[Worker]]:
+    """`size` RUNNING workers, each on its own emulated EC2 instance, written straight to the table."""
+    stack.reset_moto()
+    use_table(stack, f"bench-{size}-{uuid.uuid4().hex[:6]}")
+    ctx = context()
+    ec2 = boto3.client("ec2")
+    image = ec2.register_image(Name="bench-2026.01", RootDeviceName="/dev/sda1")["ImageId"]
+    catalog.put_template(
+        ctx.store,
+        WorkerTemplate(name="bench", instance_type="m5.large", ami_name_filter="bench-*", capacity=4),
+        actor="bench",
+    )
+    instances: list[Any] = []
+    while len(instances) < size:
+        count = min(1000, size - len(instances))
+        instances += ec2.run_instances(
+            ImageId=image,
+            InstanceType="m5.large",
+            MinCount=count,
+            MaxCount=count,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
+                        {"Key": TEMPLATE_TAG, "Value": "bench"},
+                    ],
+                }
+            ],
+        )["Instances"]
+    now = utcnow()
+    fleet = [
+        Worker(
+            id=f"w-{n:016x}",
+            template="bench",
+            region=LOCAL_REGION,
+            status=WorkerStatus.RUNNING,
+            ec2_instance_id=raw["InstanceId"],
+            private_ip=raw.get("PrivateIpAddress"),
+            capacity=4,
+            ec2_state="running",
+            ec2_observed_at=now,
+            version=3,
+        )
+        for n, raw in enumerate(instances)
+    ]
+    dynamodb = ctx.store._client
+    for start in range(0, len(fleet), 25):
+        requests = [
+            {
+                "PutRequest": {
+                    "Item": serialize(
+                        {
+                            **keys.worker_key(w.id),
+                            **keys.worker_index_attributes(w),
+                            **record_attributes(w),
+                        }
+                    )
+                }
+            }
+            for w in fleet[start : start + 25]
+        ]
+        pending: dict[str, Any] = {ctx.settings.table_name: requests}
+        while pending:
+            pending = dynamodb.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+    return ctx, fleet
+
+
+def counted_clients() -> list[Any]:
+    return [
+        client("dynamodb"),
+        client("ec2", LOCAL_REGION),
+        client("cloudwatch", LOCAL_REGION),
+        client("events"),
+    ]
+
+
+def worker_versions(ctx: Context) -> dict[str, int]:
+    return {w.id: w.version for w in ctx.store.iter_workers_by_status([WorkerStatus.RUNNING])}
+
+
+def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    result = call()
+    return result, time.perf_counter() - started
+
+
+def per_worker_cycle(ctx: Context, fleet: list[Worker]) -> None:
+    """Seed 003's shape: per RUNNING worker, read its EC2 state, read its metrics, report them."""
+    ec2 = ctx.ec2(LOCAL_REGION)
+    cloudwatch = client("cloudwatch", LOCAL_REGION)
+    now = utcnow()
+    for worker in fleet:
+        ec2.describe([worker.ec2_instance_id or ""])
+        cloudwatch.get_metric_data(
+            MetricDataQueries=[
+                {
+                    "Id": f"m{n}",
+                    "MetricStat": {
+                        "Metric": {
+                            "Namespace": namespace,
+                            "MetricName": metric,
+                            "Dimensions": [{"Name": "InstanceId", "Value": worker.ec2_instance_id}],
+                        },
+                        "Period": 60,
+                        "Stat": "Maximum",
+                    },
+                }
+                for n, (namespace, metric) in enumerate(
+                    [
+                        ("AWS/EC2", "CPUUtilization"),
+                        ("CWAgent", "mem_used_percent"),
+                        ("CWAgent", "disk_used_percent"),
+                    ]
+                )
+            ],
+            StartTime=now - timedelta(minutes=5),
+            EndTime=now,
+        )
+        current = ctx.store.get_worker(worker.id)
+        ctx.store.update_worker(
+            current, {"private_ip": current.private_ip}, actor="seed-003", action="MetricsReported"
+        )
+
+
+def fmt_calls(calls: Counter[str]) -> str:
+    return ", ".join(f"{name} {count}" for name, count in sorted(calls.items()))
+
+
+def aws_calls(calls: Counter[str]) -> int:
+    """Calls as AWS would count them: DescribeInstances by its AWS pages, everything else as made."""
+    made = sum(count for name, count in calls.items() if name != "ec2:DescribeInstances (AWS pages)")
+    if "ec2:DescribeInstances (AWS pages)" in calls:
+        made += calls["ec2:DescribeInstances (AWS pages)"] - calls["ec2:DescribeInstances"]
+    return made
+
+
+def service_total(calls: Counter[str], service: str) -> int:
+    return sum(count for name, count in calls.items() if name.startswith(f"{service}:"))
+
+
+def worker_writes(before: dict[str, int], after: dict[str, int]) -> int:
+    return sum(1 for worker_id, version in after.items() if before.get(worker_id) != version)
+
+
+def measure_reconcile(
+    stack: LocalStack, counter: CallCounter
+) -> tuple[list[dict[str, Any]], tuple[Context, list[Worker]]]:
+    rows: list[dict[str, Any]] = []
+    ctx, fleet = build_fleet(stack, 0)
+    for size in SIZES:
+        ctx, fleet = build_fleet(stack, size)
+        counter.attach(*counted_clients())
+        reconcile_fleet(ctx)  # warm-up: first touches, cold client pools
+        counter.take()
+        before = worker_versions(ctx)
+        report, seconds = timed(lambda ctx=ctx: reconcile_fleet(ctx))  # type: ignore[misc]
+        calls = counter.take()
+        after = worker_versions(ctx)
+        row: dict[str, Any] = {
+            "size": size,
+            "calls": calls,
+            "seconds": seconds,
+            "writes": worker_writes(before, after),
+            "outcomes": report.counters["outcome_success"],
+        }
+        if size in PER_WORKER_SIZES:
+            _, per_worker_seconds = timed(lambda ctx=ctx, fleet=fleet: per_worker_cycle(ctx, fleet))  # type: ignore[misc]
+            row["per_worker_calls"] = counter.take()
+            row["per_worker_seconds"] = per_worker_seconds
+        rows.append(row)
+        print(
+            f"reconcile {size:>6} workers: {seconds:6.2f}s, {aws_calls(calls)} calls on AWS "
+            f"({fmt_calls(calls)}), "
+            f"{row['writes']} worker writes",
+            flush=True,
+        )
+    return rows, (ctx, fleet)
+
+
+def measure_discovery(ctx: Context, fleet: list[Worker], counter: CallCounter) -> dict[str, Any]:
+    """Discovery + GC over the largest steady fleet, with a few of its machines gone."""
+    ec2 = boto3.client("ec2")
+    ec2.terminate_instances(InstanceIds=[w.ec2_instance_id or "" for w in fleet[:ORPHANS_AT_SCALE]])
+    counter.take()
+    report, seconds = timed(lambda: discover_and_collect(ctx))
+    calls = counter.take()
+    print(f"discovery {len(fleet)} workers: {seconds:.2f}s, {fmt_calls(calls)}", flush=True)
+    return {
+        "size": len(fleet),
+        "seconds": seconds,
+        "calls": calls,
+        "orphans": report.counters["orphans_terminated"],
+    }
+
+
+def measure_event_latency(stack: LocalStack) -> list[float]:
+    """Seconds from TerminateInstances to a TERMINATED worker, through the EC2 event pump."""
+    ctx, fleet = build_fleet(stack, 20)
+    get_settings.cache_clear()
+    default_context.cache_clear()
+    reset_clients()
+    pump = Ec2EventPump(boto3.client("ec2"))
+    pump.poll_once()  # baseline
+    pump.start()
+    ec2 = boto3.client("ec2")
+    samples: list[float] = []
+    try:
+        for worker in fleet[:LATENCY_SAMPLES]:
+            started = time.perf_counter()
+            ec2.terminate_instances(InstanceIds=[worker.ec2_instance_id or ""])
+            while ctx.store.get_worker(worker.id).status != WorkerStatus.TERMINATED:
+                if time.perf_counter() - started > 30:
+                    raise RuntimeError(f"worker {worker.id} not TERMINATED within 30s")
+                time.sleep(0.02)
+            samples.append(time.perf_counter() - started)
+    finally:
+        pump.stop()
+    print(f"event path latency: {', '.join(f'{s:.2f}s' for s in samples)}", flush=True)
+    return samples
+
+
+def section(rows: list[dict[str, Any]], discovery: dict[str, Any], latency: list[float]) -> str:
+    lines = [
+        "## Reconcile and discovery (bench/reconcile_bench.py)",
+        "",
+        "Steady fleet: every worker RUNNING on a running instance, nothing to change. Metrics are read for",
+        "each worker once per `METRICS_INTERVAL_SECONDS` (300 s, spread over the five 1-minute cycles), so a",
+        "cycle reads a fifth of the fleet's metrics. Calls are counted with botocore `before-call` hooks on",
+        "the clients the services use; the cycle also takes and releases its lease and stores its counters",
+        "(1 PutItem + 2 UpdateItem, whatever the fleet size). moto's tag filter is quadratic in the number",
+        "of tagged resources; the benchmark swaps its tag lookup for a dict lookup (same answers) so that",
+        "wall times show fleetkeeper's cost, not the emulator's.",
+        "",
+        "### AWS API calls per reconcile cycle",
+        "",
+        "| workers | EC2 DescribeInstances on AWS (moto) | goal ceil(N/1000)+1 | CloudWatch GetMetricData "
+        "| DynamoDB | worker writes | wall time |",
+        "|--------:|------------------:|------:|------:|------:|------:|------:|",
+    ]
+    for row in rows:
+        calls = row["calls"]
+        lines.append(
+            f"| {row['size']:,} | {calls['ec2:DescribeInstances (AWS pages)']} "
+            f"({calls['ec2:DescribeInstances']}) | {math.ceil(row['size'] / 1000) + 1} | "
+            f"{service_total(calls, 'cloudwatch')} | {service_total(calls, 'dynamodb')} | {row['writes']} | "
+            f"{row['seconds']:.2f} s |"
+        )
+    lines += [
+        "",
+        "By operation (`ec2:DescribeInstances` is what moto answered; `(AWS pages)` what AWS would serve at",
+        "1,000 instances a page, which is the figure in the table):",
+        "",
+    ]
+    for row in rows:
+        lines.append(f"- {row['size']:,} workers: {fmt_calls(row['calls'])}")
+    lines += [
+        "",
+        "### Beside seed 003's per-worker design",
+        "",
+        "Seed 003 reconciles one worker at a time: per RUNNING worker one DescribeInstances, one metrics",
+        "read and one metrics report (a read and a conditional write), every cycle. The same loop, run",
+        "here on the same fleet (calls counted as AWS would serve them):",
+        "",
+        "| workers | per-worker calls | per-worker wall time | fleetkeeper calls | fleetkeeper wall time |",
+        "|--------:|-----------------:|---------------------:|------------------:|----------------------:|",
+    ]
+    for row in rows:
+        ours = aws_calls(row["calls"])
+        if "per_worker_calls" in row:
+            theirs = f"{aws_calls(row['per_worker_calls']):,}"
+            theirs_time = f"{row['per_worker_seconds']:.2f} s"
+        else:
+            theirs = f"{4 * row['size']:,} (4 per worker as measured, not run)"
+            theirs_time = "not run (linear: ~10x the 1,000 row)"
+        lines.append(f"| {row['size']:,} | {theirs} | {theirs_time} | {ours:,} | {row['seconds']:.2f} s |")
+    discovery_calls = discovery["calls"]
+    median = statistics.median(latency)
+    lines += [
+        "",
+        "### Discovery + orphan GC",
+        "",
+        f"{discovery['size']:,} workers, {ORPHANS_AT_SCALE} of their machines terminated: "
+        f"{discovery['orphans']} orphans terminated in {discovery['seconds']:.2f} s with "
+        f"{fmt_calls(discovery_calls)}.",
+        "",
+        "### Orphan detection latency",
+        "",
+        "| path | latency |",
+        "|------|---------|",
+        f"| EC2 state-change event (local pump polls every 1 s) | median {median:.2f} s, "
+        f"max {max(latency):.2f} s "
+        f"over {len(latency)} terminations |",
+        f"| discovery sweep (seed 001, every {DISCOVERY_INTERVAL_SECONDS // 60} min) | up to "
+        f"{DISCOVERY_INTERVAL_SECONDS} s + {discovery['seconds']:.0f} s run, "
+        f"{DISCOVERY_INTERVAL_SECONDS // 2} s on "
+        "average |",
+        "",
+        "On AWS the event path has no poll: EventBridge delivers the state change to the ec2_events",
+        "function, typically within seconds. The sweep stays as the safety net for lost events.",
+        "",
+        "### Reading the figures",
+        "",
+        "- EC2: up to 200 ids are read with one instance-id filter; beyond that the managed-by tag lists",
+        "  1,000 instances a page, and only ids it missed are read by id. Seed 003 makes one call per",
+        "  worker.",
+        "- DynamoDB reads are Query pages of the status index (one per status, ~1 MB a page); a steady",
+        "  worker costs no write. Seed 003 reports metrics with a write per worker per cycle.",
+        "- One invocation handles 10,000 workers inside the 1-minute rate, so the reconciler does not fan",
+        "  out; the lease makes an overrunning cycle skip the next tick instead of running twice. Work that",
+        "  changes workers runs on 16 threads and stops 10 s before the invocation's deadline (the rest is",
+        "  requeued), so a burst of launches degrades into more cycles, never into a timeout.",
+    ]
+    return "\n".join(lines)
+
+
+def run() -> str:
+    speed_up_moto_tag_lookup()
+    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
+    saved = dict(os.environ)
+    try:
+        os.environ.update(stack.environment())
+        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+        reset_clients()
+        counter = CallCounter()
+        rows, (largest_ctx, largest_fleet) = measure_reconcile(stack, counter)
+        discovery = measure_discovery(largest_ctx, largest_fleet, counter)
+        latency = measure_event_latency(stack)
+    finally:
+        stack.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+        reset_clients()
+    return section(rows, discovery, latency)
