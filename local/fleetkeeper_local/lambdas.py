@@ -72,6 +72,12 @@ class LambdaDispatcher:
     def register(self, function_name: str, handler: Handler) -> None:
         self._handlers[function_name] = handler
 
+    def unregister(self, function_name: str) -> None:
+        """Stop answering for a function; later invocations fail as if it had been deleted."""
+        self._handlers.pop(function_name, None)
+        with self._lock:
+            self._faults.pop(function_name, None)
+
     def inject_failure(self, function_name: str, *, step: str | None = None, times: int = 1) -> None:
         """Make the next `times` invocations (of one step, if given) crash before the handler runs."""
         with self._lock:
