@@ -176,3 +176,14 @@ def test_given_the_api_then_openapi_describes_every_route(control_plane):
     ):
         assert path in paths, path
     assert "DrainRequest" in schema["components"]["schemas"]
+
+
+def test_given_a_form_body_then_415_says_to_send_json(control_plane):
+    status, body = control_plane.api(
+        "POST",
+        "/api/v1/workers",
+        raw="template=lab",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert status == 415
+    assert "application/json" in body["message"]
