@@ -16,8 +16,10 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from fleetkeeper.cloud.ec2 import is_missing_instance
 from fleetkeeper.domain.drain_policy import (
     deadline_passed,
     drain_deadline,
@@ -592,10 +594,19 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         # If this call fails the step is retried; if it never succeeds the reconciler's STOPPING and
         # TERMINATING handlers repeat it, so the worker cannot stay half-stopped.
         gateway = ctx.ec2(worker.region)
-        if record.then == DrainThen.TERMINATE:
-            gateway.terminate(worker.ec2_instance_id)
-        else:
-            gateway.stop(worker.ec2_instance_id)
+        try:
+            if record.then == DrainThen.TERMINATE:
+                gateway.terminate(worker.ec2_instance_id)
+            else:
+                gateway.stop(worker.ec2_instance_id)
+        except ClientError as exc:
+            if not is_missing_instance(exc):
+                raise
+            # The machine is already gone: the drain still succeeded; discovery records the orphan.
+            logger.warning(
+                "drained worker has no EC2 instance any more",
+                extra={"worker_id": worker.id, "ec2_instance_id": worker.ec2_instance_id},
+            )
     duration = (record.finished_at or utcnow()) - record.started_at
     metrics.add_metric(name="DrainDurationSeconds", unit="Seconds", value=duration.total_seconds())
     _emit(
