@@ -51,8 +51,9 @@ infra: install
 synth: install
 	$(CDK_ENV) $(CDK) synth -c stage=$(STAGE) --quiet
 
+# loadgroup keeps each xdist_group on one worker: the infra tests share one CDK synthesis.
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 run: install
 	$(PY) -m fleetkeeper_local run

@@ -105,3 +105,10 @@ def prod(synthesized: Synthesized) -> Template:
 @pytest.fixture(scope="session")
 def pinned(synthesized: Synthesized) -> Template:
     return synthesized.template("pinned")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep the infra tests on one xdist worker (with --dist loadgroup), so only one process synthesizes."""
+    for item in items:
+        if item.path.is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.xdist_group("cdk-synth"))
