@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper_local.controlplane import call_api
 
 pytestmark = pytest.mark.integration
 
@@ -187,3 +191,16 @@ def test_given_a_form_body_then_415_says_to_send_json(control_plane):
     )
     assert status == 415
     assert "application/json" in body["message"]
+
+
+def test_given_the_sample_drain_event_then_the_api_handler_answers_it(control_plane, running_worker):
+    worker = running_worker()
+    event = json.loads((Path(__file__).parents[2] / "events" / "api_drain_worker.json").read_text())
+    event["path"] = event["path"].replace("w-0123456789abcdef", worker.id)
+    response = call_api(event)
+    assert response["statusCode"] == 202
+    body = json.loads(response["body"])
+    assert (body["requested_by"], body["timeout_seconds"]) == (
+        "arn:aws:iam::123456789012:user/ops-alice",
+        1800,
+    )
