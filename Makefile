@@ -5,13 +5,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
+STAGE ?= dev
+CDK := node_modules/.bin/cdk
+# The CLI's own network calls (version check, telemetry) have no place in an offline synth.
+CDK_ENV := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: help install test lint typecheck unit integration run bench clean
+.PHONY: help install test lint typecheck unit integration infra synth run bench clean
 
 help:
-	@echo "make test   - ruff, mypy and pytest (unit + integration on the local AWS stack)"
+	@echo "make test   - ruff, mypy and pytest (unit, integration on the local AWS stack, infra)"
 	@echo "make run    - start the local control plane and seed a demo fleet"
 	@echo "make bench  - run the benchmarks and write bench/results.md"
+	@echo "make synth  - synthesize the CDK app into cdk.out/ (STAGE=dev|prod, default dev)"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fleetkeeper needs Python 3.11 or newer"'
@@ -40,8 +45,15 @@ unit: install
 integration: install
 	$(VENV)/bin/pytest tests/integration $(PYTEST_ARGS)
 
+infra: install
+	$(VENV)/bin/pytest tests/infra $(PYTEST_ARGS)
+
+synth: install
+	$(CDK_ENV) $(CDK) synth -c stage=$(STAGE) --quiet
+
+# loadgroup keeps each xdist_group on one worker: the infra tests share one CDK synthesis.
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 run: install
 	$(PY) -m fleetkeeper_local run

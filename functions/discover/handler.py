@@ -18,4 +18,4 @@ from fleetkeeper.triggers import schedule_input
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = schedule_input(event)
-    return discover_and_collect(default_context(), regions=request.regions).as_dict()
+    return discover_and_collect(default_context(), regions=request.target_regions).as_dict()

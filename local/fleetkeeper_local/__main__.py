@@ -7,37 +7,75 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import boto3
 
-from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.observability import logger
+from fleetkeeper.services.context import default_context
+from fleetkeeper_local.controlplane import ApiServer, activate, provision
 from fleetkeeper_local.seed import describe_fleet, seed_demo_fleet
-from fleetkeeper_local.stack import LocalStack, LocalStackError
+from fleetkeeper_local.stack import LocalStack, LocalStackError, ensure_port_free
 
 DEFAULT_TABLE = "fleetkeeper-local"
+DEFAULT_API_PORT = 8080
+# Console defaults: warnings only, and no EMF metric blobs between the lines people read.
+QUIET_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISABLED": "true"}
+
+
+def _examples(api: str, worker_id: str) -> str:
+    post = "curl -s -H 'Content-Type: application/json' -X POST"
+    return "\n".join(
+        [
+            "Try it:",
+            f"  curl -s {api}/api/v1/workers | python3 -m json.tool",
+            f'  {post} {api}/api/v1/workers/{worker_id}/drain -d \'{{"reason": "maintenance"}}\'',
+            f"  curl -s {api}/api/v1/workers/{worker_id}/drain",
+            f"  {post} {api}/api/v1/workers/{worker_id}/cancel-drain",
+            f'  {post} {api}/api/v1/instances -d \'{{"template": "lab-small"}}\'',
+            f"  {post} {api}/api/v1/pools/batch/drain -d '{{\"timeout_seconds\": 60}}'",
+            f"  curl -s {api}/openapi.json",
+        ]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    warnings.filterwarnings("ignore", message="No application metrics to publish")
+    for key, value in QUIET_POWERTOOLS.items():
+        os.environ.setdefault(key, value)
+    # The shared logger was built at import, before the line above could reach it.
+    logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])
+    api_port = int(os.environ.get("FLEETKEEPER_API_PORT", DEFAULT_API_PORT))
     stack = LocalStack.from_environ()
     try:
+        ensure_port_free(api_port, "the admin API", "FLEETKEEPER_API_PORT")
         stack.start()
     except LocalStackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    api: ApiServer | None = None
     try:
         os.environ.update(stack.environment())
-        table_name = os.environ.setdefault("TABLE_NAME", DEFAULT_TABLE)
-        stack.create_table(table_name)
-
-        store = FleetStore(boto3.client("dynamodb"), table_name)
+        table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
+        resources = provision(stack, table_name, suffix="local")
+        activate(resources, heartbeat_seconds=int(os.environ.get("DRAIN_HEARTBEAT_SECONDS", "300")))
+        store = default_context().store
         if not args.no_seed:
             seed_demo_fleet(store, boto3.client("ec2"), stack.environment()["AWS_REGION"])
+        api = ApiServer(port=api_port).start()
+
+        print(f"admin API       {api.url}  (OpenAPI: {api.url}/openapi.json)")
         print(f"DynamoDB Local  {stack.dynamodb_endpoint}  table {table_name}")
         print(f"moto server     {stack.moto_endpoint}  (EC2, Step Functions, EventBridge, SNS, CloudWatch)")
+        print(f"drain workflow  {resources.state_machine_arn}")
         print()
         print(describe_fleet(store))
         print()
-        print("The local stack is up. Press Ctrl-C to stop it.", flush=True)
+        running = store.list_workers(limit=1000).items
+        example = next((w.id for w in running if w.status == "RUNNING" and w.active_instances), "<worker-id>")
+        print(_examples(api.url, example))
+        print()
+        print("The local control plane is up. Press Ctrl-C to stop it.", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
@@ -48,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # A second Ctrl-C while the servers shut down would leave DynamoDB Local running.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if api is not None:
+            api.stop()
         stack.stop()
     print("stopped")
     return 0
@@ -56,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetkeeper_local", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run_parser = commands.add_parser("run", help="start the local stack, seed a demo fleet and keep serving")
+    run_parser = commands.add_parser(
+        "run", help="start the local control plane, seed a demo fleet, serve the API"
+    )
     run_parser.add_argument("--no-seed", action="store_true", help="start with an empty table")
     run_parser.set_defaults(handler=run)
     args = parser.parse_args(argv)

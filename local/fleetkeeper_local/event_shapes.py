@@ -6,6 +6,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+from fleetkeeper.triggers import SCHEDULE_SOURCE
+
 LOCAL_ACCOUNT = "123456789012"
 
 
@@ -13,8 +15,16 @@ def _time(at: datetime | None) -> str:
     return (at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def schedule_input(task: str, *, region: str | None = None) -> dict[str, str]:
+    """What our EventBridge Scheduler schedules send their target (infra/triggers.py sets the same)."""
+    payload = {"source": SCHEDULE_SOURCE, "task": task}
+    if region is not None:
+        payload["region"] = region
+    return payload
+
+
 def scheduled_event(schedule: str, *, region: str, at: datetime | None = None) -> dict[str, Any]:
-    """What EventBridge Scheduler delivers to a Lambda target that was given no input of its own."""
+    """What EventBridge delivers for a schedule without input of its own (a 'Scheduled Event')."""
     return {
         "version": "0",
         "id": str(uuid.uuid4()),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_callback
 
 from fleetkeeper.observability import logger
 
@@ -71,6 +72,12 @@ class LambdaDispatcher:
 
     def register(self, function_name: str, handler: Handler) -> None:
         self._handlers[function_name] = handler
+
+    def unregister(self, function_name: str) -> None:
+        """Stop answering for a function; later invocations fail as if it had been deleted."""
+        self._handlers.pop(function_name, None)
+        with self._lock:
+            self._faults.pop(function_name, None)
 
     def inject_failure(self, function_name: str, *, step: str | None = None, times: int = 1) -> None:
         """Make the next `times` invocations (of one step, if given) crash before the handler runs."""
@@ -131,5 +138,26 @@ def install() -> LambdaDispatcher:
             return dispatcher.invoke(function_name, body, response_headers)
 
         LambdaSimpleBackend.invoke = invoke  # type: ignore[method-assign]
+        _answer_early_callbacks()
         _installed = True
     return dispatcher
+
+
+def _answer_early_callbacks() -> None:
+    """Make moto honour a task token answered while the task's own Lambda call is still running.
+
+    On AWS the token is live from the moment the task starts, so a function that finds the work already
+    done may answer its own token. moto sets up the heartbeat wait only after the invocation returns and
+    then waits for the next heartbeat before it looks at the answer; with no heartbeat coming, the drain
+    would sit until the heartbeat timeout. Checking for an answer first restores AWS's behaviour.
+    """
+    callback_state = state_task_service_callback.StateTaskServiceCallback
+    original = callback_state._wait_for_task_token_heartbeat
+
+    def wait(self: Any, env: Any, callback_endpoint: Any, heartbeat_endpoint: Any) -> Any:
+        early = callback_endpoint.get_outcome()
+        if early is not None:
+            return early
+        return original(self, env, callback_endpoint, heartbeat_endpoint)
+
+    callback_state._wait_for_task_token_heartbeat = wait  # type: ignore[method-assign]

@@ -11,12 +11,12 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
 
-from fleetkeeper_local.event_shapes import scheduled_event, state_change_event
+from fleetkeeper_local.event_shapes import schedule_input, state_change_event
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.stack import LOCAL_REGION
 
@@ -33,20 +33,26 @@ class Schedule:
     name: str
     function: str
     every_seconds: float
+    payload: dict[str, str] = field(default_factory=dict)
 
 
-def default_schedules() -> list[Schedule]:
-    """The reconcile and discover schedules, their intervals overridable by environment variables."""
+def default_schedules(region: str = LOCAL_REGION) -> list[Schedule]:
+    """The reconcile schedule and the region's discovery schedule, with the stack's inputs.
+
+    Intervals come from FLEETKEEPER_LOCAL_RECONCILE_SECONDS and FLEETKEEPER_LOCAL_DISCOVER_SECONDS.
+    """
     return [
         Schedule(
             "fleetkeeper-reconcile",
             "reconcile",
             float(os.environ.get("FLEETKEEPER_LOCAL_RECONCILE_SECONDS", DEFAULT_RECONCILE_SECONDS)),
+            schedule_input("reconcile"),
         ),
         Schedule(
-            "fleetkeeper-discover",
+            f"fleetkeeper-discover-{region}",
             "discover",
             float(os.environ.get("FLEETKEEPER_LOCAL_DISCOVER_SECONDS", DEFAULT_DISCOVER_SECONDS)),
+            schedule_input("discover", region=region),
         ),
     ]
 
@@ -84,16 +90,15 @@ class _Loop:
 
 
 class LocalScheduler:
-    """Invokes the reconcile and discover handlers on short intervals with Scheduler-shaped events."""
+    """Invokes the reconcile and discover handlers on short intervals with the schedules' inputs."""
 
     def __init__(self, schedules: list[Schedule] | None = None, *, region: str = LOCAL_REGION) -> None:
-        self.schedules = schedules if schedules is not None else default_schedules()
-        self._region = region
+        self.schedules = schedules if schedules is not None else default_schedules(region)
         self._loops = [_Loop(s.name, s.every_seconds, self._invoker(s)) for s in self.schedules]
 
     def _invoker(self, schedule: Schedule) -> Callable[[], Any]:
         def fire() -> Any:
-            return invoke(schedule.function, scheduled_event(schedule.name, region=self._region))
+            return invoke(schedule.function, dict(schedule.payload))
 
         return fire
 

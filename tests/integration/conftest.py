@@ -152,6 +152,7 @@ def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch:
     yield start
     sfn = boto3.client("stepfunctions")
     for plane in started:
+        plane.dispatcher.unregister(plane.resources.drain_function_arn.split(":")[-1])
         # Waiting executions would otherwise call into the next test's table; moto may already be reset.
         with contextlib.suppress(ClientError):
             running = sfn.list_executions(

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from typing import Any
+
+import boto3
 import pytest
 
-from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.services import drains
 from tests.integration.conftest import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -82,3 +88,269 @@ def test_given_a_stuck_instance_when_the_deadline_passes_then_it_is_forced(contr
     assert body["forced_instances"] == 1
     assert store.get_worker(worker.id).status is WorkerStatus.STOPPING
     assert "Force" in control_plane.states_entered(drain["execution_arn"])
+
+
+def drain(plane, worker_id, **body):
+    status, payload = plane.api("POST", f"/api/v1/workers/{worker_id}/drain", body)
+    assert status == 202, payload
+    return payload
+
+
+def token_stored(plane, worker_id):
+    return lambda: (
+        (plane.ctx.store.get_worker(worker_id).drain or None)
+        and plane.ctx.store.get_worker(worker_id).drain.task_token
+    )
+
+
+def test_given_a_waiting_drain_when_an_admin_cancels_then_the_worker_runs_again(control_plane, ec2_worker):
+    worker = ec2_worker()
+    place(control_plane, worker.id)
+    started = drain(control_plane, worker.id)
+    eventually(token_stored(control_plane, worker.id))
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/cancel-drain", caller="arn:aws:iam::123456789012:user/alice"
+    )
+    assert status == 200
+    assert body["status"] == "RUNNING"
+    assert control_plane.wait_for_execution(started["execution_arn"])["status"] == "SUCCEEDED"
+    assert control_plane.states_entered(started["execution_arn"])[-1] == "Cancelled"
+    _, drain_status = control_plane.api("GET", f"/api/v1/workers/{worker.id}/drain")
+    assert drain_status["status"] == "CANCELLED"
+    assert drain_status["cancelled_by"] == "arn:aws:iam::123456789012:user/alice"
+    # Back in service: placements land again.
+    assert place(control_plane, worker.id)["worker_id"] == worker.id
+
+
+def test_given_a_cancel_before_the_token_is_stored_then_the_cancel_still_wins(control_plane, ec2_worker):
+    worker = ec2_worker()
+    place(control_plane, worker.id)
+    fn = control_plane.resources.drain_function_arn.split(":")[-1]
+    # await-empty crashes once, so the cancel lands while no token is stored; its retry then finds the
+    # drain cancelled and fails its own token.
+    control_plane.dispatcher.inject_failure(fn, step="await_empty", times=1)
+    started = drain(control_plane, worker.id)
+    eventually(lambda: (fn, "await_empty") in control_plane.dispatcher.invocations)
+    assert control_plane.ctx.store.get_worker(worker.id).drain.task_token is None
+
+    status, _ = control_plane.api("POST", f"/api/v1/workers/{worker.id}/cancel-drain")
+    assert status == 200
+    assert control_plane.wait_for_execution(started["execution_arn"])["status"] == "SUCCEEDED"
+    assert control_plane.states_entered(started["execution_arn"])[-1] == "Cancelled"
+    final = control_plane.ctx.store.get_worker(worker.id)
+    assert final.status is WorkerStatus.RUNNING
+    assert final.drain.outcome.value == "CANCELLED"
+
+
+def test_given_a_draining_worker_then_a_second_drain_is_409(control_plane, ec2_worker):
+    worker = ec2_worker()
+    place(control_plane, worker.id)
+    drain(control_plane, worker.id)
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", {})
+    assert status == 409
+    assert body["message"] == "Drain already in progress"
+    assert body["error"] == "DRAIN_IN_PROGRESS"
+
+
+def test_given_a_worker_that_is_not_running_then_drain_is_409_naming_its_status(
+    control_plane, store, running_worker
+):
+    worker = running_worker()
+    store.transition_worker(
+        store.get_worker(worker.id), WorkerStatus.STOPPING, cause=Cause.CONTROL, actor="t"
+    )
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", {})
+    assert status == 409
+    assert body["details"]["current_status"] == "STOPPING"
+    assert "STOPPING" in body["message"]
+    status, body = control_plane.api("POST", "/api/v1/workers/w-nope/drain", {})
+    assert status == 404
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/cancel-drain")
+    assert status == 409
+
+
+def test_given_a_draining_worker_then_no_placement_lands_on_it(control_plane, ec2_worker):
+    worker = ec2_worker(template="solo")
+    place(control_plane, worker.id)
+    drain(control_plane, worker.id)
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id})
+    assert status == 409
+    assert "DRAINING" in body["message"]
+    status, body = control_plane.api("POST", "/api/v1/instances", {"template": "solo"})
+    assert status == 503
+    assert "no RUNNING worker" in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).active_instances == 1
+
+
+def test_given_a_dry_run_then_nothing_starts(control_plane, ec2_worker):
+    worker = ec2_worker()
+    place(control_plane, worker.id, timeslot_end="2099-01-01T00:00:00Z")
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/drain", {"dry_run": True, "timeout_seconds": 600}
+    )
+    assert status == 200
+    assert body["dry_run"] is True
+    assert body["may_start"] is True
+    assert body["active_instances"] == 1
+    assert body["estimated_completion"] == body["deadline"]
+    assert control_plane.ctx.store.get_worker(worker.id).status is WorkerStatus.RUNNING
+
+
+def test_given_failures_on_a_draining_worker_then_retried_three_times_then_terminated(
+    control_plane, ec2_worker
+):
+    worker = ec2_worker()
+    instance = place(control_plane, worker.id)
+    drain(control_plane, worker.id)
+    eventually(token_stored(control_plane, worker.id))
+    path = f"/api/v1/instances/{instance['id']}/state"
+    for attempt in (1, 2, 3):
+        status, body = control_plane.api("POST", path, {"state": "FAILED", "reason": "boot error"})
+        assert status == 200
+        assert (body["state"], body["retry_count"]) == ("INSTANTIATING", attempt)
+    status, body = control_plane.api("POST", path, {"state": "FAILED"})
+    assert (body["state"], body["reason"]) == ("TERMINATED", "max_retries_exceeded")
+    # The worker is now empty, so its drain completes.
+    eventually(lambda: control_plane.ctx.store.get_worker(worker.id).status is WorkerStatus.STOPPING)
+
+
+def test_given_a_failure_when_the_worker_left_draining_then_terminated_worker_stopped(
+    control_plane, ec2_worker, store
+):
+    worker = ec2_worker()
+    instance = place(control_plane, worker.id)
+    store.transition_worker(
+        store.get_worker(worker.id), WorkerStatus.STOPPING, cause=Cause.CONTROL, actor="t"
+    )
+    _, body = control_plane.api("POST", f"/api/v1/instances/{instance['id']}/state", {"state": "FAILED"})
+    assert (body["state"], body["reason"]) == ("TERMINATED", "worker_stopped_during_retry")
+    other = ec2_worker()
+    plain = place(control_plane, other.id)
+    _, body = control_plane.api("POST", f"/api/v1/instances/{plain['id']}/state", {"state": "FAILED"})
+    assert body["state"] == "FAILED"
+
+
+def test_given_a_task_lambda_crash_mid_drain_then_retry_recovers(control_plane, ec2_worker):
+    worker = ec2_worker()
+    fn = control_plane.resources.drain_function_arn.split(":")[-1]
+    control_plane.dispatcher.inject_failure(fn, step="finish", times=2)
+    started = drain(control_plane, worker.id)
+    assert control_plane.wait_for_execution(started["execution_arn"], timeout=30)["status"] == "SUCCEEDED"
+    assert control_plane.ctx.store.get_worker(worker.id).status is WorkerStatus.STOPPING
+    assert [s for f, s in control_plane.dispatcher.invocations if f == fn].count("finish") == 3
+
+
+def test_given_a_lost_signal_then_the_heartbeat_recheck_completes_the_drain(
+    control_plane_factory, ec2_worker
+):
+    plane = control_plane_factory(heartbeat_seconds=2)
+    worker = ec2_worker()
+    instance = place(plane, worker.id)
+    started = drain(plane, worker.id)
+    eventually(token_stored(plane, worker.id))
+    # End the instance behind the service's back: nobody sends the token.
+    store = plane.ctx.store
+    store.end_instance(store.get_instance(instance["id"]), InstanceState.COMPLETED, actor="test")
+    assert plane.wait_for_execution(started["execution_arn"], timeout=20)["status"] == "SUCCEEDED"
+    entered = plane.states_entered(started["execution_arn"])
+    assert "Recheck" in entered
+    assert "Force" not in entered
+    assert store.get_worker(worker.id).status is WorkerStatus.STOPPING
+    assert store.get_worker(worker.id).drain.outcome.value == "SUCCESS"
+
+
+def test_given_a_lost_signal_then_the_sweep_completes_the_drain(control_plane, ec2_worker):
+    worker = ec2_worker()
+    instance = place(control_plane, worker.id)
+    started = drain(control_plane, worker.id)
+    eventually(token_stored(control_plane, worker.id))
+    store = control_plane.ctx.store
+    store.end_instance(store.get_instance(instance["id"]), InstanceState.COMPLETED, actor="test")
+    assert drains.sweep_waiting_drains(control_plane.ctx) == {"completed": 1, "heartbeats": 0}
+    assert control_plane.wait_for_execution(started["execution_arn"])["status"] == "SUCCEEDED"
+    assert "Recheck" not in control_plane.states_entered(started["execution_arn"])
+
+
+def test_given_a_step_that_keeps_failing_then_the_drain_ends_in_error_not_silence(control_plane, ec2_worker):
+    worker = ec2_worker()
+    fn = control_plane.resources.drain_function_arn.split(":")[-1]
+    control_plane.dispatcher.inject_failure(fn, step="finish", times=10)
+    started = drain(control_plane, worker.id)
+    execution = control_plane.wait_for_execution(started["execution_arn"], timeout=60)
+    assert execution["status"] == "FAILED"
+    _, body = control_plane.api("GET", f"/api/v1/workers/{worker.id}/drain")
+    assert body["status"] == "ERROR"
+    assert "InjectedFault" in body["error"]
+    # Not stuck: the admin can cancel the failed drain, and the worker is back in service.
+    status, after = control_plane.api("POST", f"/api/v1/workers/{worker.id}/cancel-drain")
+    assert (status, after["status"]) == (200, "RUNNING")
+
+
+@pytest.fixture
+def audit_feed(control_plane):
+    """Every audit event on the bus, delivered to an SQS queue by an EventBridge rule."""
+    sqs, events = boto3.client("sqs"), boto3.client("events")
+    queue_url = sqs.create_queue(QueueName=f"audit-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    bus = control_plane.resources.audit_bus_name
+    events.put_rule(Name="all-audit", EventBusName=bus, EventPattern=json.dumps({"source": ["fleetkeeper"]}))
+    events.put_targets(Rule="all-audit", EventBusName=bus, Targets=[{"Id": "queue", "Arn": queue_arn}])
+    received: list[dict[str, Any]] = []
+
+    def read() -> list[str]:
+        while True:
+            messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+            if not messages:
+                return [e["detail-type"] for e in received]
+            received.extend(json.loads(m["Body"]) for m in messages)
+
+    return read
+
+
+@pytest.fixture
+def alert_feed(control_plane):
+    """Messages published to the operators' SNS topic, via an SQS subscription."""
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName=f"alerts-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    boto3.client("sns").subscribe(
+        TopicArn=control_plane.resources.topic_arn, Protocol="sqs", Endpoint=queue_arn
+    )
+    return lambda: [
+        json.loads(m["Body"])
+        for m in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    ]
+
+
+def test_given_drains_then_every_transition_is_on_the_audit_bus(
+    control_plane, ec2_worker, audit_feed, alert_feed
+):
+    cancelled, forced = ec2_worker(), ec2_worker()
+    place(control_plane, cancelled.id)
+    stuck = place(control_plane, forced.id)
+    drain(control_plane, cancelled.id)
+    eventually(token_stored(control_plane, cancelled.id))
+    control_plane.api("POST", f"/api/v1/workers/{cancelled.id}/cancel-drain")
+    timed_out = drain(control_plane, forced.id, timeout_seconds=2)
+    control_plane.wait_for_execution(timed_out["execution_arn"], timeout=20)
+
+    seen = audit_feed()
+    for detail_type in (
+        "WorkerDrainStarted",
+        "WorkerDrainCancelled",
+        "WorkerDrainTimedOut",
+        "InstanceForceTerminated",
+        "WorkerDrainCompleted",
+    ):
+        assert detail_type in seen, (detail_type, seen)
+    alerts = alert_feed()
+    assert len(alerts) == 1
+    assert forced.id in alerts[0]["Subject"]
+    assert stuck["id"] in alerts[0]["Message"]
+    trail = [e.action for e in control_plane.ctx.store.audit_trail("worker", forced.id)]
+    assert {"WorkerDrainStarted", "WorkerDrainTimedOut", "WorkerDrainCompleted"} <= set(trail)

@@ -18,22 +18,28 @@ def load(name: str) -> dict[str, object]:
     return loaded
 
 
-def test_given_the_scheduler_event_then_it_asks_for_the_configured_regions():
-    assert schedule_input(load("scheduler_reconcile")).regions is None
+def test_given_the_reconcile_schedule_input_then_it_names_its_task():
+    request = schedule_input(load("scheduler_reconcile"))
+    assert (request.task, request.target_regions) == ("reconcile", None)
 
 
-def test_given_an_eventbridge_rule_scheduled_event_then_it_is_accepted_too():
-    rule_event = {**load("scheduler_discover"), "source": "aws.events", "detail": {}}
-    assert schedule_input(rule_event).regions is None
+def test_given_a_discovery_schedule_input_then_it_sweeps_its_region():
+    assert schedule_input(load("scheduler_discover")).target_regions == ["us-east-1"]
+
+
+def test_given_a_scheduled_event_without_input_then_it_means_the_configured_regions():
+    assert schedule_input(load("scheduler_default_scheduled_event")).target_regions is None
+    rule_event = {**load("scheduler_default_scheduled_event"), "source": "aws.events", "detail": {}}
+    assert schedule_input(rule_event).target_regions is None
 
 
 def test_given_plain_input_with_regions_then_they_are_read():
-    assert schedule_input({"regions": ["eu-west-1"]}).regions == ["eu-west-1"]
+    assert schedule_input({"regions": ["eu-west-1"]}).target_regions == ["eu-west-1"]
 
 
 def test_given_plain_input_with_a_bad_region_then_it_is_refused():
     with pytest.raises(ValidationError):
-        schedule_input({"regions": ["Mars"]})
+        schedule_input({"region": "Mars"})
 
 
 @pytest.mark.parametrize(

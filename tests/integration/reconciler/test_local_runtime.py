@@ -12,6 +12,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.services import workers
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.event_shapes import schedule_input
 from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler, Schedule
 from tests.integration.reconciler.support import ensure_template
@@ -38,7 +39,9 @@ def test_given_the_local_schedules_then_a_new_worker_runs_and_a_terminated_machi
 ):
     ensure_template(store)
     worker = workers.create_worker(store, template="lab", region="us-east-1", actor="api")
-    scheduler = LocalScheduler([Schedule("fleetkeeper-reconcile", "reconcile", 0.5)])
+    scheduler = LocalScheduler(
+        [Schedule("fleetkeeper-reconcile", "reconcile", 0.5, schedule_input("reconcile"))]
+    )
     pump = Ec2EventPump(ec2, interval_seconds=0.2)
     scheduler.start()
     try:

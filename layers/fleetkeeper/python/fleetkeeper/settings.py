@@ -40,7 +40,6 @@ class Settings(BaseModel):
     default_region: str = Field(default="us-east-1", alias="AWS_REGION")
     service_name: str = Field(default="fleetkeeper", alias="POWERTOOLS_SERVICE_NAME")
     drain_state_machine_arn: str | None = Field(default=None, alias="DRAIN_STATE_MACHINE_ARN")
-    pool_drain_state_machine_arn: str | None = Field(default=None, alias="POOL_DRAIN_STATE_MACHINE_ARN")
     audit_bus_name: str = Field(default="default", alias="AUDIT_BUS_NAME")
     notification_topic_arn: str | None = Field(default=None, alias="NOTIFICATION_TOPIC_ARN")
     drain_heartbeat_seconds: int = Field(default=300, gt=0, alias="DRAIN_HEARTBEAT_SECONDS")

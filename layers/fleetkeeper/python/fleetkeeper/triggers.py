@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from fleetkeeper.domain.models import Region
 
@@ -45,25 +45,41 @@ class Ec2Event(
     """Either EC2 event the ec2_events function is subscribed to, told apart by detail-type."""
 
 
+SCHEDULE_SOURCE = "fleetkeeper.schedule"
+
+
 class ScheduleInput(BaseModel):
-    """What a schedule may ask for; EventBridge Scheduler's own event shape carries nothing of it."""
+    """What a schedule gives its target: `{"source": "fleetkeeper.schedule", "task": ..., "region": ...}`.
+
+    Discovery has one schedule per worker region, each naming its region; without one, every
+    configured region is swept.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
+    source: str | None = None
+    task: Literal["reconcile", "discover"] | None = None
+    region: Region | None = None
     regions: list[Region] | None = None
+
+    @property
+    def target_regions(self) -> list[str] | None:
+        if self.regions:
+            return list(self.regions)
+        return [self.region] if self.region else None
 
 
 def schedule_input(event: Any) -> ScheduleInput:
-    """The request of a scheduled invocation: a Scheduler/EventBridge 'Scheduled Event' or plain input.
+    """The request of a scheduled invocation: our schedule input, or an EventBridge 'Scheduled Event'.
 
-    EventBridge Scheduler sends the target input it was given; with none, an EventBridge-shaped
-    'Scheduled Event' whose detail is empty. Both mean "the configured regions".
+    EventBridge Scheduler sends the target input it was given (the stack gives the shape above). A
+    schedule without input, or an EventBridge rule, sends a 'Scheduled Event' instead, which carries no
+    request: it means "the configured regions".
     """
     if not isinstance(event, dict):
         return ScheduleInput()
-    try:
+    if event.get("detail-type") == "Scheduled Event":
         scheduled = EventBridgeModel.model_validate(event)
-    except ValidationError:
-        return ScheduleInput.model_validate(event)
-    detail = scheduled.detail if isinstance(scheduled.detail, dict) else {}
-    return ScheduleInput.model_validate(detail)
+        detail = scheduled.detail if isinstance(scheduled.detail, dict) else {}
+        return ScheduleInput.model_validate(detail)
+    return ScheduleInput.model_validate(event)

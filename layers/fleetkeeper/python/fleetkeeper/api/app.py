@@ -104,7 +104,25 @@ def handle_domain_error(exc: FleetkeeperError) -> Response[Any]:
     return _error(status, ErrorBody(error=exc.code, message=exc.message, details=details or None))
 
 
+def _foreign_content_type() -> str | None:
+    """The body's content type when it is not JSON (a form body would be read as form fields)."""
+    event = app.current_event
+    content_type = (event.headers.get("Content-Type") or event.headers.get("content-type") or "").lower()
+    if event.body and content_type and not content_type.startswith("application/json"):
+        return content_type
+    return None
+
+
 def handle_validation_error(exc: RequestValidationError) -> Response[Any]:
+    foreign = _foreign_content_type()
+    if foreign:
+        return _error(
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            ErrorBody(
+                error="UNSUPPORTED_MEDIA_TYPE",
+                message=f"send the body as Content-Type: application/json, not {foreign}",
+            ),
+        )
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return _error(
@@ -127,12 +145,18 @@ def handle_validation_error(exc: RequestValidationError) -> Response[Any]:
 # ---- idempotency: a repeated Idempotency-Key gets the first response -------------------------------
 
 
-@cache
 def _persistence() -> DynamoDBPersistenceLayer:
     settings = ctx().settings
     idempotency_config.expires_after_seconds = settings.idempotency_ttl_seconds
+    return _persistence_for(settings.table_name)
+
+
+@cache
+def _persistence_for(table_name: str) -> DynamoDBPersistenceLayer:
+    # Keyed by table, so a process whose settings are refreshed (tests, the local runtime) never
+    # keeps writing idempotency records to the table it saw first.
     return DynamoDBPersistenceLayer(
-        table_name=settings.table_name,
+        table_name=table_name,
         key_attr="PK",
         sort_key_attr="SK",
         static_pk_value="IDEMPOTENCY",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
@@ -33,9 +34,17 @@ def drain_deadline(started_at: datetime, timeout_seconds: int) -> datetime:
     return started_at + timedelta(seconds=timeout_seconds)
 
 
+# A deadline less than this far away is due: timers fire on whole seconds and steps take time.
+DEADLINE_TOLERANCE = timedelta(seconds=1)
+
+
 def seconds_left(deadline: datetime, now: datetime) -> int:
-    """Whole seconds until the deadline, never less than 1 (a Step Functions timeout must be positive)."""
-    return max(int((deadline - now).total_seconds()), 1)
+    """Whole seconds until the deadline, rounded up so a timer never fires before it; at least 1."""
+    return max(math.ceil((deadline - now).total_seconds()), 1)
+
+
+def deadline_passed(deadline: datetime, now: datetime) -> bool:
+    return now >= deadline - DEADLINE_TOLERANCE
 
 
 def estimated_completion(active: Iterable[Instance], deadline: datetime, now: datetime) -> datetime:

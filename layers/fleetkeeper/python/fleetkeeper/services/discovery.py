@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
@@ -26,7 +27,7 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
-from fleetkeeper.observability import logger
+from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import retire_worker
@@ -36,6 +37,9 @@ ACTOR = "discovery-gc"
 STATS_SCOPE = "discovery"
 REASON_MISSING = "EC2 instance not found during discovery"
 REASON_TERMINATED = "EC2 reports the instance terminated"
+
+# The metric the stack's dashboard reads (infra/metrics.py).
+METRIC_ORPHANS_TERMINATED = "OrphansTerminated"
 
 GC_STATUSES = tuple(s for s in WorkerStatus if s not in (WorkerStatus.TERMINATED, WorkerStatus.PENDING))
 # States in which an instance is worth a worker record.
@@ -124,6 +128,9 @@ def discover_and_collect(
     )
     report.counters["discovered"] = discovered
     emit_counters("Discovery", report.counters)
+    metrics.add_metric(
+        name=METRIC_ORPHANS_TERMINATED, unit=MetricUnit.Count, value=report.counters["orphans_terminated"]
+    )
     return report
 
 

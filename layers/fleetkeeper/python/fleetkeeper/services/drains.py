@@ -16,9 +16,12 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from fleetkeeper.cloud.ec2 import is_missing_instance
 from fleetkeeper.domain.drain_policy import (
+    deadline_passed,
     drain_deadline,
     estimated_completion,
     pool_drain_timeout,
@@ -129,7 +132,7 @@ def wait_plan(ctx: Context, deadline: datetime, now: datetime | None = None) -> 
     now = now or utcnow()
     left = max(seconds_left(deadline, now), _MINIMUM_WAIT_SECONDS)
     heartbeat = max(1, min(ctx.settings.drain_heartbeat_seconds, left - 1))
-    return {"seconds_left": left, "heartbeat_seconds": heartbeat, "expired": now >= deadline}
+    return {"seconds_left": left, "heartbeat_seconds": heartbeat, "expired": deadline_passed(deadline, now)}
 
 
 def _emit(ctx: Context, detail_type: str, detail: dict[str, Any], metric: str | None = None) -> None:
@@ -486,17 +489,13 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
 def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
     """Store the callback token on the worker; answer it at once if the worker is already empty."""
 
-    def register() -> Worker | None:
+    def register() -> Worker:
         worker = ctx.store.get_worker(drain.target)
-        try:
-            record = _current_drain(worker, drain.generation)
-        except DrainCancelled as cancelled:
-            # The cancel came before the token was stored: this is where it wins.
-            ctx.workflows.fail(task_token, "DrainCancelled", cancelled.message)
-            return None
+        # A cancel that came before the token was stored wins here: raising fails the waiting task with
+        # DrainCancelled at once, without the token.
+        record = _current_drain(worker, drain.generation)
         if worker.status != WorkerStatus.DRAINING:
-            ctx.workflows.fail(task_token, "DrainNotStartable", f"worker {worker.id} is {worker.status}")
-            return None
+            raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
         return ctx.store.update_worker(
             worker,
             {"drain": record.model_copy(update={"task_token": task_token})},
@@ -507,7 +506,7 @@ def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
     worker = retry_conflicts(register)
     # The write above succeeded against this very count (its version matched), so if it is zero no
     # instance is left to send the token later: send it now.
-    if worker is not None and worker.active_instances == 0:
+    if worker.active_instances == 0:
         ctx.workflows.succeed(task_token, {"worker_id": worker.id, "empty": True})
 
 
@@ -595,10 +594,19 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         # If this call fails the step is retried; if it never succeeds the reconciler's STOPPING and
         # TERMINATING handlers repeat it, so the worker cannot stay half-stopped.
         gateway = ctx.ec2(worker.region)
-        if record.then == DrainThen.TERMINATE:
-            gateway.terminate(worker.ec2_instance_id)
-        else:
-            gateway.stop(worker.ec2_instance_id)
+        try:
+            if record.then == DrainThen.TERMINATE:
+                gateway.terminate(worker.ec2_instance_id)
+            else:
+                gateway.stop(worker.ec2_instance_id)
+        except ClientError as exc:
+            if not is_missing_instance(exc):
+                raise
+            # The machine is already gone: the drain still succeeded; discovery records the orphan.
+            logger.warning(
+                "drained worker has no EC2 instance any more",
+                extra={"worker_id": worker.id, "ec2_instance_id": worker.ec2_instance_id},
+            )
     duration = (record.finished_at or utcnow()) - record.started_at
     metrics.add_metric(name="DrainDurationSeconds", unit="Seconds", value=duration.total_seconds())
     _emit(
@@ -879,19 +887,15 @@ def pool_begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
 def pool_await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
     """Store the pool's callback token, then count: whoever comes second sees the other's write."""
 
-    def register() -> Pool | None:
+    def register() -> Pool:
         pool = ctx.store.get_pool(drain.target)
-        try:
-            _current_pool_drain(pool, drain.generation)
-        except DrainCancelled as cancelled:
-            ctx.workflows.fail(task_token, "DrainCancelled", cancelled.message)
-            return None
+        _current_pool_drain(pool, drain.generation)
         return ctx.store.save_pool(
             pool, {"drain_task_token": task_token}, actor=WORKFLOW_ACTOR, action="PoolDrainAwaitingEmpty"
         )
 
     pool = retry_conflicts(register)
-    if pool is not None and ctx.store.pool_active_instances(pool.name) == 0:
+    if ctx.store.pool_active_instances(pool.name) == 0:
         ctx.workflows.succeed(task_token, {"pool": pool.name, "empty": True})
 
 

@@ -67,13 +67,25 @@ NOMINAL_CYCLE_SECONDS = 60
 
 _TRANSIENT = (ClientError, BotoCoreError)
 
+# Metric names the stack's dashboard and alarms read (infra/metrics.py holds the same list).
+METRIC_DURATION_MS = "ReconcileDurationMs"
+METRIC_ERRORS = "ReconcileErrors"
+METRIC_HEARTBEAT = "ReconcileHeartbeat"
+
+
+def workers_metric(status: WorkerStatus) -> str:
+    """The gauge of workers in one status, e.g. WorkersRunning."""
+    return "Workers" + status.value.capitalize()
+
 
 @dataclass
 class CycleReport:
     """What one cycle did; counters carry the names served by GET /api/v1/stats."""
 
     lease_acquired: bool = True
+    completed: bool = False
     workers: int = 0
+    by_status: Counter[WorkerStatus] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
     duration_seconds: float = 0.0
 
@@ -141,6 +153,7 @@ def reconcile_fleet(
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
     workers = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
     report.workers = len(workers)
+    report.by_status = Counter(w.status for w in workers)
     due = [w for w in workers if is_due(w, now)]
     report.counters["outcome_skip"] += len(workers) - len(due)
     report.counters["backoff_waiting"] += len(workers) - len(due)
@@ -192,8 +205,8 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
-    running = sum(1 for w in workers if w.status == WorkerStatus.RUNNING)
-    report.counters["running_worker_count"] = running
+    report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
+    report.completed = True
 
 
 # ---- reading EC2 and CloudWatch in batches --------------------------------------------------------
@@ -647,6 +660,19 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
     )
     report.counters["running_worker_count"] = gauges["running_worker_count"]
     emit_counters("Reconcile", report.counters)
+    if report.lease_acquired:
+        metrics.add_metric(
+            name=METRIC_DURATION_MS, unit=MetricUnit.Milliseconds, value=report.duration_seconds * 1000
+        )
+        metrics.add_metric(
+            name=METRIC_ERRORS, unit=MetricUnit.Count, value=report.counters["reconcile_errors"]
+        )
+    if report.completed:
+        for status in RECONCILE_STATUSES:
+            metrics.add_metric(
+                name=workers_metric(status), unit=MetricUnit.Count, value=report.by_status[status]
+            )
+        metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
 
 
 def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:

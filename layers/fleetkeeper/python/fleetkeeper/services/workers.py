@@ -85,6 +85,7 @@ def record_observed_status(
     worker = retry_conflicts(apply)
     if status == WorkerStatus.TERMINATED:
         release_lost_worker(ctx, worker, actor=actor, reason=reason or "worker terminated")
+        return ctx.store.get_worker(worker.id)
     return worker
 
 

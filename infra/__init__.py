@@ -1,0 +1,1 @@
+"""The fleetkeeper CDK app: one stack per stage, one construct per concern."""

@@ -1,0 +1,44 @@
+"""CDK entry point: `cdk synth|deploy -c stage=<dev|prod>` builds that stage's stack.
+
+Everything comes from the CDK context (cdk.json plus `-c`): no AWS call, no git call at synth.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from aws_cdk import App, Validations
+from cdk_nag import AwsSolutionsChecks
+
+from infra.config import ConfigError, StageConfig, load_stage_config
+from infra.stack import FleetkeeperStack
+
+
+def add_stage(app: App, config: StageConfig) -> FleetkeeperStack:
+    """The stage's stack, checked by the cdk-nag AwsSolutions pack when the app synthesizes."""
+    stack = FleetkeeperStack(app, config=config)
+    Validations.of(stack).add_plugins(AwsSolutionsChecks())
+    return stack
+
+
+def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = None) -> App:
+    """The app holding the stack of the stage selected with `-c stage=...`."""
+    app = App(context=dict(context) if context is not None else None, outdir=outdir)
+    add_stage(app, load_stage_config(app.node.try_get_context))
+    return app
+
+
+def main() -> int:
+    try:
+        app = build_app()
+    except ConfigError as exc:
+        print(f"fleetkeeper: {exc}", file=sys.stderr)
+        return 2
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Stage settings, read from the CDK context (cdk.json or `-c`) and validated once.
+
+Every error names the context key that is wrong, e.g. `fleetkeeper:stages.prod.scale_down.min_workers`,
+so a bad cdk.json fails the synth with a message an operator can act on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Final, Literal
+
+from aws_cdk import aws_logs as logs
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+STAGE_KEY: Final = "stage"
+STAGES_KEY: Final = "fleetkeeper:stages"
+
+# CloudWatch Logs accepts only these retention periods; the CDK enum names them, CloudFormation counts days.
+RETENTION_DAYS: Final[dict[int, logs.RetentionDays]] = {
+    1: logs.RetentionDays.ONE_DAY,
+    3: logs.RetentionDays.THREE_DAYS,
+    5: logs.RetentionDays.FIVE_DAYS,
+    7: logs.RetentionDays.ONE_WEEK,
+    14: logs.RetentionDays.TWO_WEEKS,
+    30: logs.RetentionDays.ONE_MONTH,
+    60: logs.RetentionDays.TWO_MONTHS,
+    90: logs.RetentionDays.THREE_MONTHS,
+    120: logs.RetentionDays.FOUR_MONTHS,
+    150: logs.RetentionDays.FIVE_MONTHS,
+    180: logs.RetentionDays.SIX_MONTHS,
+    365: logs.RetentionDays.ONE_YEAR,
+    400: logs.RetentionDays.THIRTEEN_MONTHS,
+    545: logs.RetentionDays.EIGHTEEN_MONTHS,
+    731: logs.RetentionDays.TWO_YEARS,
+    1096: logs.RetentionDays.THREE_YEARS,
+    1827: logs.RetentionDays.FIVE_YEARS,
+    3653: logs.RetentionDays.TEN_YEARS,
+}
+
+RegionName = Annotated[str, Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")]
+ResourceId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:/-]+$")]
+
+
+class ConfigError(ValueError):
+    """The CDK context does not describe a valid stage; the message names the bad key."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos until proven otherwise: a silently ignored setting is worse than a failed synth.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RegionConfig(_Section):
+    """Where and how the reconciler launches workers in one region."""
+
+    subnet_id: ResourceId | None = None
+    security_group_ids: tuple[ResourceId, ...] = ()
+    key_name: ResourceId | None = None
+    default_tags: dict[str, str] = Field(default_factory=dict)
+
+
+class ScheduleConfig(_Section):
+    reconcile_rate_minutes: int = Field(default=1, ge=1, le=60)
+    discovery_rate_minutes: int = Field(default=5, ge=1, le=1440)
+
+
+class ScaleDownConfig(_Section):
+    enabled: bool = False
+    min_workers: int = Field(default=0, ge=0)
+    cooldown_seconds: int = Field(default=900, gt=0)
+    idle_window_seconds: int = Field(default=1800, gt=0)
+    idle_cpu_threshold: float = Field(default=5.0, ge=0, le=100)
+    lookahead_seconds: int = Field(default=900, ge=0)
+    max_concurrent_drains: int = Field(default=2, ge=1)
+
+
+class ApiConfig(_Section):
+    throttling_rate_limit: float = Field(default=20, gt=0)
+    throttling_burst_limit: int = Field(default=40, gt=0)
+    # API Gateway logs to CloudWatch through ONE role per account and region. A stack that manages it
+    # overwrites whatever another stack set; turn this off where another stage already owns that setting.
+    manage_account_logging_role: bool = True
+
+
+class StageConfig(_Section):
+    """One deployment of fleetkeeper: an account/region pair and its tuning."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]{1,15}$")
+    account: str | None = Field(default=None, pattern=r"^\d{12}$")
+    region: RegionName
+    regions: dict[RegionName, RegionConfig] = Field(min_length=1)
+    powertools_layer_version: int = Field(ge=1)
+    schedules: ScheduleConfig = ScheduleConfig()
+    scale_down: ScaleDownConfig = ScaleDownConfig()
+    gc_mode: Literal["terminate", "report-only"] = "report-only"
+    alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_retention_days: int = 30
+    removal_policy: Literal["retain", "destroy"] = "retain"
+    drain_heartbeat_seconds: int = Field(default=300, gt=0)
+    idempotency_ttl_seconds: int = Field(default=3600, gt=0)
+    api: ApiConfig = ApiConfig()
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _known_retention(cls, value: int) -> int:
+        if value not in RETENTION_DAYS:
+            allowed = ", ".join(str(days) for days in RETENTION_DAYS)
+            raise ValueError(f"{value} is not a CloudWatch Logs retention period; use one of {allowed}")
+        return value
+
+    @property
+    def retain(self) -> bool:
+        return self.removal_policy == "retain"
+
+    @property
+    def log_retention(self) -> logs.RetentionDays:
+        return RETENTION_DAYS[self.log_retention_days]
+
+    def region_configs_json(self) -> str:
+        """REGION_CONFIGS as the reconciler and discovery read it; sorted, so the template is stable."""
+        payload = {region: config.model_dump(mode="json") for region, config in self.regions.items()}
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+ContextLookup = Callable[[str], Any]
+
+
+def load_stage_config(try_get_context: ContextLookup) -> StageConfig:
+    """The stage selected with `-c stage=<name>`, validated against its entry in `fleetkeeper:stages`."""
+    stages = try_get_context(STAGES_KEY)
+    if not isinstance(stages, dict) or not stages:
+        raise ConfigError(f"cdk.json context '{STAGES_KEY}' is missing or not an object of stage settings")
+    stage = try_get_context(STAGE_KEY)
+    known = ", ".join(sorted(stages))
+    if not stage:
+        raise ConfigError(
+            f"context '{STAGE_KEY}' is not set: pass -c {STAGE_KEY}=<{known.replace(', ', '|')}>"
+        )
+    if stage not in stages:
+        raise ConfigError(f"context '{STAGE_KEY}': unknown stage '{stage}'; cdk.json defines {known}")
+    settings = stages[stage]
+    if not isinstance(settings, dict):
+        raise ConfigError(f"cdk.json context '{STAGES_KEY}.{stage}' must be an object")
+    try:
+        return StageConfig.model_validate({**settings, "name": stage})
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in (STAGES_KEY, stage, *error["loc"]))
+            problems.append(f"'{where}': {error['msg']}")
+        raise ConfigError("bad cdk.json context " + "; ".join(problems)) from exc

@@ -1,0 +1,134 @@
+"""EC2 permissions, confined to fleetkeeper's machines by the managed-by tag and to the stage's regions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from aws_cdk import Stack
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
+from infra.config import StageConfig
+from infra.permissions import allow
+
+MANAGED_RESOURCE: Final = {"StringEquals": {f"aws:ResourceTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
+MANAGED_REQUEST: Final = {"StringEquals": {f"aws:RequestTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
+TAG_ON_LAUNCH_ONLY: Final = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+
+LIFECYCLE_ACTIONS: Final = frozenset({"ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"})
+DESCRIBE_ACTIONS: Final = frozenset({"ec2:DescribeInstances", "ec2:DescribeImages"})
+
+_TAGGED_INSTANCES: Final = (
+    "Instance ids are not known before launch; the statement is limited to instances carrying the "
+    f"{MANAGED_BY_TAG}={MANAGED_BY_VALUE} tag in the stage's worker regions."
+)
+
+
+class Ec2Access(Construct):
+    """Grants on the EC2 APIs the reconciler, discovery and drains call, in the worker regions."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: StageConfig) -> None:
+        super().__init__(scope, construct_id)
+        self._config = config
+        self.regions = sorted(config.regions)
+
+    def _arn(self, region: str, resource: str, name: str, *, account: bool = True) -> str:
+        return Stack.of(self).format_arn(
+            service="ec2",
+            region=region,
+            account=None if account else "",
+            resource=resource,
+            resource_name=name,
+        )
+
+    def instance_arns(self) -> list[str]:
+        return [self._arn(region, "instance", "*") for region in self.regions]
+
+    def grant_describe(self, role: iam.IRole, actions: Sequence[str]) -> None:
+        """Read-only Describe calls, which IAM only grants on '*': limited to the worker regions."""
+        unknown = set(actions) - DESCRIBE_ACTIONS
+        if unknown:
+            raise ValueError(f"not a describe action fleetkeeper uses: {sorted(unknown)}")
+        allow(
+            role,
+            actions=sorted(actions),
+            resources=["*"],
+            conditions={"StringEquals": {"aws:RequestedRegion": self.regions}},
+            wildcard_reason=(
+                "EC2 Describe calls support no resource-level permissions; the statement is limited to "
+                "the stage's worker regions."
+            ),
+        )
+
+    def grant_lifecycle(self, role: iam.IRole, actions: Sequence[str]) -> None:
+        """Start/stop/terminate, only on instances tagged as fleetkeeper's."""
+        unknown = set(actions) - LIFECYCLE_ACTIONS
+        if unknown:
+            raise ValueError(f"not a lifecycle action: {sorted(unknown)}")
+        allow(
+            role,
+            actions=sorted(actions),
+            resources=self.instance_arns(),
+            conditions=MANAGED_RESOURCE,
+            wildcard_reason=_TAGGED_INSTANCES,
+        )
+
+    def grant_launch(self, role: iam.IRole) -> None:
+        """RunInstances only when the request tags the instance as fleetkeeper's, and that tagging."""
+        allow(
+            role,
+            actions=["ec2:RunInstances"],
+            resources=self.instance_arns(),
+            conditions=MANAGED_REQUEST,
+            wildcard_reason=_TAGGED_INSTANCES,
+        )
+        # The other resources a launch reads or creates. Their ids are decided by the launch itself
+        # (volumes, network interfaces) or by the template at run time (AMIs), unless cdk.json pins them.
+        launch_resources: list[str] = []
+        for region in self.regions:
+            settings = self._config.regions[region]
+            launch_resources += [
+                self._arn(region, "image", "*", account=False),
+                self._arn(region, "volume", "*"),
+                self._arn(region, "network-interface", "*"),
+                self._arn(region, "subnet", settings.subnet_id or "*"),
+            ]
+            launch_resources += [
+                self._arn(region, "security-group", group) for group in settings.security_group_ids or ("*",)
+            ]
+            if settings.key_name:
+                launch_resources.append(self._arn(region, "key-pair", settings.key_name))
+        allow(
+            role,
+            actions=["ec2:RunInstances"],
+            resources=launch_resources,
+            wildcard_reason=(
+                "A launch creates its volume and network interface and reads an AMI picked at run time by "
+                "the template's name filter, so their ids are unknown here; subnet and security groups "
+                "are pinned whenever cdk.json names them."
+            ),
+        )
+        allow(
+            role,
+            actions=["ec2:CreateTags"],
+            resources=self.instance_arns(),
+            conditions=TAG_ON_LAUNCH_ONLY,
+            wildcard_reason=(
+                "Tagging is allowed only as part of RunInstances, on the instance that launch creates."
+            ),
+        )
+
+    def grant_metric_reads(self, role: iam.IRole) -> None:
+        """CloudWatch metric reads (instance CPU for idle detection) in the worker regions."""
+        allow(
+            role,
+            actions=["cloudwatch:GetMetricData"],
+            resources=["*"],
+            conditions={"StringEquals": {"aws:RequestedRegion": self.regions}},
+            wildcard_reason=(
+                "cloudwatch:GetMetricData supports no resource-level permissions; the statement is limited "
+                "to the stage's worker regions."
+            ),
+        )

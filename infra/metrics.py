@@ -1,0 +1,50 @@
+"""The custom metrics the dashboard and alarms read: the one list to align with the handlers.
+
+The functions emit them as CloudWatch EMF through Powertools Metrics, in namespace `fleetkeeper` with
+the Powertools default dimension `service=fleetkeeper`. docs/operations.md documents the same list.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fleetkeeper.domain.lifecycle import WorkerStatus
+
+NAMESPACE: Final = "fleetkeeper"
+SERVICE: Final = "fleetkeeper"
+DIMENSIONS: Final = {"service": SERVICE}
+
+DRAIN_STARTED: Final = "DrainStarted"
+DRAIN_COMPLETED: Final = "DrainCompleted"
+DRAIN_TIMED_OUT: Final = "DrainTimedOut"
+DRAIN_CANCELLED: Final = "DrainCancelled"
+DRAIN_FAILED: Final = "DrainFailed"
+DRAIN_DURATION_SECONDS: Final = "DrainDurationSeconds"
+INSTANCE_FORCE_TERMINATED: Final = "InstanceForceTerminated"
+ORPHANS_TERMINATED: Final = "OrphansTerminated"
+RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
+RECONCILE_ERRORS: Final = "ReconcileErrors"
+# 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.
+RECONCILE_HEARTBEAT: Final = "ReconcileHeartbeat"
+
+DRAIN_OUTCOMES: Final = (DRAIN_STARTED, DRAIN_COMPLETED, DRAIN_TIMED_OUT, DRAIN_CANCELLED, DRAIN_FAILED)
+
+# TERMINATED is history that only grows; the reconciler never counts it.
+REPORTED_STATUSES: Final = tuple(status for status in WorkerStatus if status is not WorkerStatus.TERMINATED)
+
+
+def workers_metric(status: WorkerStatus) -> str:
+    """The gauge of workers in one status, e.g. WorkersRunning for RUNNING."""
+    return "Workers" + status.value.capitalize()
+
+
+ALL_METRICS: Final = (
+    *(workers_metric(status) for status in REPORTED_STATUSES),
+    *DRAIN_OUTCOMES,
+    DRAIN_DURATION_SECONDS,
+    INSTANCE_FORCE_TERMINATED,
+    ORPHANS_TERMINATED,
+    RECONCILE_DURATION_MS,
+    RECONCILE_ERRORS,
+    RECONCILE_HEARTBEAT,
+)

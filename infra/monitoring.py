@@ -1,0 +1,269 @@
+"""The CloudWatch dashboard operators watch and the alarms that page them (through the SNS topic)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from aws_cdk import Duration
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from constructs import Construct
+
+from infra import metrics
+from infra.config import StageConfig
+
+FIVE_MINUTES: Final = Duration.minutes(5)
+# Share of API requests answered 5xx, in percent, that pages someone.
+API_5XX_RATE_PERCENT: Final = 5
+# Reconcile counts as stopped after this many schedule periods without a heartbeat.
+RECONCILE_MISSED_PERIODS: Final = 3
+
+
+def fleet_metric(name: str, *, statistic: str = "Sum", period: Duration = FIVE_MINUTES) -> cw.Metric:
+    """One of the handlers' EMF metrics (infra/metrics.py)."""
+    return cw.Metric(
+        namespace=metrics.NAMESPACE,
+        metric_name=name,
+        dimensions_map=dict(metrics.DIMENSIONS),
+        statistic=statistic,
+        period=period,
+    )
+
+
+class Monitoring(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: StageConfig,
+        functions: Mapping[str, lambda_.IFunction],
+        state_machine: sfn.IStateMachine,
+        api_stage: apigw.Stage,
+        dead_letter_queues: Mapping[str, sqs.IQueue],
+        topic: sns.ITopic,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._prefix = f"fleetkeeper-{config.name}"
+        self._action = cw_actions.SnsAction(topic)
+        self.alarms: dict[str, cw.Alarm] = {}
+
+        reconcile_period = Duration.minutes(config.schedules.reconcile_rate_minutes)
+        heartbeat = fleet_metric(metrics.RECONCILE_HEARTBEAT, period=reconcile_period)
+        api_errors = api_stage.metric_server_error(statistic="Sum", period=FIVE_MINUTES)
+        api_requests = api_stage.metric_count(statistic="Sum", period=FIVE_MINUTES)
+        api_5xx_rate = cw.MathExpression(
+            expression="IF(requests > 0, 100 * errors / requests, 0)",
+            using_metrics={"errors": api_errors, "requests": api_requests},
+            label="5xx rate (%)",
+            period=FIVE_MINUTES,
+        )
+
+        self._any(
+            "drain-timed-out",
+            fleet_metric(metrics.DRAIN_TIMED_OUT),
+            "A drain hit its deadline and was forced.",
+        )
+        self._any("drain-failed", fleet_metric(metrics.DRAIN_FAILED), "A drain ended in ERROR.")
+        self._any(
+            "state-machine-failed",
+            state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),
+            "A drain state machine execution failed.",
+        )
+        for name, function in sorted(functions.items()):
+            slug = name.replace("_", "-")
+            self._any(
+                f"{slug}-errors",
+                function.metric_errors(statistic="Sum", period=FIVE_MINUTES),
+                f"The {name} function raised errors.",
+            )
+            self._any(
+                f"{slug}-throttles",
+                function.metric_throttles(statistic="Sum", period=FIVE_MINUTES),
+                f"The {name} function was throttled.",
+            )
+        for name, queue in sorted(dead_letter_queues.items()):
+            self._any(
+                f"dlq-{name}-not-empty",
+                queue.metric_approximate_number_of_messages_visible(statistic="Maximum", period=FIVE_MINUTES),
+                f"The {name} dead-letter queue holds messages: something was dropped. Inspect and redrive.",
+            )
+        self._alarm(
+            "api-5xx-rate",
+            api_5xx_rate,
+            description=f"More than {API_5XX_RATE_PERCENT}% of admin API requests failed with 5xx.",
+            threshold=API_5XX_RATE_PERCENT,
+            comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=3,
+            datapoints_to_alarm=2,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+        )
+        # No heartbeat at all is the failure here, so missing data breaches.
+        self._alarm(
+            "reconcile-not-running",
+            heartbeat,
+            description=f"No successful reconcile run for {RECONCILE_MISSED_PERIODS} schedule periods.",
+            threshold=1,
+            comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=RECONCILE_MISSED_PERIODS,
+            datapoints_to_alarm=RECONCILE_MISSED_PERIODS,
+            missing=cw.TreatMissingData.BREACHING,
+        )
+
+        self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=self._prefix)
+        self.dashboard.add_widgets(
+            cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms.values()), width=24, height=4)
+        )
+        self.dashboard.add_widgets(
+            _graph(
+                "Workers by status",
+                [
+                    fleet_metric(
+                        metrics.workers_metric(status), statistic="Maximum", period=Duration.minutes(1)
+                    ).with_(label=status.value)
+                    for status in metrics.REPORTED_STATUSES
+                ],
+                stacked=True,
+            ),
+            _graph("Drains", [fleet_metric(name).with_(label=name) for name in metrics.DRAIN_OUTCOMES]),
+            _graph(
+                "Drain duration (s)",
+                [
+                    fleet_metric(metrics.DRAIN_DURATION_SECONDS, statistic=stat).with_(label=stat)
+                    for stat in ("p50", "p90", "Maximum")
+                ],
+            ),
+        )
+        self.dashboard.add_widgets(
+            _graph(
+                "Forced terminations and orphans",
+                [
+                    fleet_metric(metrics.INSTANCE_FORCE_TERMINATED).with_(label="instances force-terminated"),
+                    fleet_metric(metrics.ORPHANS_TERMINATED).with_(label="orphans terminated"),
+                ],
+            ),
+            cw.GraphWidget(
+                title="Reconcile duration (ms) and errors",
+                left=[
+                    fleet_metric(metrics.RECONCILE_DURATION_MS, statistic=stat).with_(label=stat)
+                    for stat in ("Average", "Maximum")
+                ],
+                right=[fleet_metric(metrics.RECONCILE_ERRORS).with_(label="errors")],
+                width=8,
+            ),
+            cw.SingleValueWidget(
+                title="Reconcile: successful runs in the last period",
+                metrics=[heartbeat.with_(label="runs")],
+                sparkline=True,
+                width=8,
+            ),
+        )
+        self.dashboard.add_widgets(
+            _graph(
+                "API 4xx / 5xx",
+                [
+                    api_stage.metric_client_error(statistic="Sum", period=FIVE_MINUTES).with_(label="4xx"),
+                    api_errors.with_(label="5xx"),
+                    api_requests.with_(label="requests"),
+                ],
+            ),
+            _graph(
+                "API latency (ms)",
+                [
+                    api_stage.metric_latency(statistic=stat, period=FIVE_MINUTES).with_(label=stat)
+                    for stat in ("p50", "p90", "p99")
+                ],
+            ),
+            _graph("API 5xx rate (%)", [api_5xx_rate]),
+        )
+        self.dashboard.add_widgets(
+            _graph(
+                "Drain executions",
+                [
+                    state_machine.metric_started(statistic="Sum", period=FIVE_MINUTES).with_(label="started"),
+                    state_machine.metric_succeeded(statistic="Sum", period=FIVE_MINUTES).with_(
+                        label="succeeded"
+                    ),
+                    state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES).with_(label="failed"),
+                    state_machine.metric_timed_out(statistic="Sum", period=FIVE_MINUTES).with_(
+                        label="timed out"
+                    ),
+                    state_machine.metric_aborted(statistic="Sum", period=FIVE_MINUTES).with_(label="aborted"),
+                ],
+            ),
+            _graph(
+                "Lambda errors and throttles",
+                [
+                    metric
+                    for name, function in sorted(functions.items())
+                    for metric in (
+                        function.metric_errors(statistic="Sum", period=FIVE_MINUTES).with_(
+                            label=f"{name} errors"
+                        ),
+                        function.metric_throttles(statistic="Sum", period=FIVE_MINUTES).with_(
+                            label=f"{name} throttles"
+                        ),
+                    )
+                ],
+            ),
+            _graph(
+                "Dead-letter queues",
+                [
+                    queue.metric_approximate_number_of_messages_visible(
+                        statistic="Maximum", period=FIVE_MINUTES
+                    ).with_(label=name)
+                    for name, queue in sorted(dead_letter_queues.items())
+                ],
+            ),
+        )
+
+    def _any(self, slug: str, metric: cw.IMetric, description: str) -> None:
+        """Alarm on the first occurrence of a count within five minutes."""
+        self._alarm(
+            slug,
+            metric,
+            description=description,
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+        )
+
+    def _alarm(
+        self,
+        slug: str,
+        metric: cw.IMetric,
+        *,
+        description: str,
+        threshold: float,
+        comparison: cw.ComparisonOperator,
+        evaluation_periods: int,
+        datapoints_to_alarm: int,
+        missing: cw.TreatMissingData,
+    ) -> None:
+        alarm = cw.Alarm(
+            self,
+            "".join(part.title() for part in slug.split("-")) + "Alarm",
+            alarm_name=f"{self._prefix}-{slug}",
+            alarm_description=description,
+            metric=metric,
+            threshold=threshold,
+            comparison_operator=comparison,
+            evaluation_periods=evaluation_periods,
+            datapoints_to_alarm=datapoints_to_alarm,
+            treat_missing_data=missing,
+        )
+        alarm.add_alarm_action(self._action)
+        alarm.add_ok_action(self._action)
+        self.alarms[slug] = alarm
+
+
+def _graph(title: str, left: Sequence[cw.IMetric], *, stacked: bool = False) -> cw.GraphWidget:
+    return cw.GraphWidget(title=title, left=list(left), stacked=stacked, width=8)

@@ -1,0 +1,76 @@
+"""Schedules drive reconcile and discovery; EventBridge rules deliver EC2 events; all with a DLQ."""
+
+from __future__ import annotations
+
+import json
+
+from infra.triggers import EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from tests.infra.helpers import function_logical_id, properties, resources
+
+
+def schedules(template):
+    return {
+        json.loads(schedule["Target"]["Input"])["task"]
+        + ":"
+        + json.loads(schedule["Target"]["Input"]).get("region", ""): schedule
+        for schedule in properties(template, "AWS::Scheduler::Schedule")
+    }
+
+
+def undelivered_queue(template):
+    queues = [
+        logical
+        for logical in resources(template, "AWS::SQS::Queue")
+        if logical.startswith("MessagingUndeliveredEvents")
+    ]
+    assert len(queues) == 1
+    return queues[0]
+
+
+def test_given_dev_then_reconcile_runs_every_minute_and_discovery_every_five(dev):
+    found = schedules(dev)
+    assert set(found) == {"reconcile:", "discover:eu-west-1"}
+    assert found["reconcile:"]["ScheduleExpression"] == "rate(1 minute)"
+    assert found["discover:eu-west-1"]["ScheduleExpression"] == "rate(5 minutes)"
+
+
+def test_given_two_worker_regions_then_each_has_its_discovery_schedule_at_the_stage_rate(pinned):
+    found = schedules(pinned)
+    assert set(found) == {"reconcile:", "discover:eu-west-1", "discover:us-east-1"}
+    assert found["reconcile:"]["ScheduleExpression"] == "rate(2 minutes)"
+    assert {found[key]["ScheduleExpression"] for key in found if key.startswith("discover")} == {
+        "rate(10 minutes)"
+    }
+
+
+def test_given_the_schedules_then_each_targets_its_function_with_retries_and_the_dlq(dev):
+    found = schedules(dev)
+    dlq = undelivered_queue(dev)
+    targets = {"reconcile:": "fleetkeeper-dev-reconcile", "discover:eu-west-1": "fleetkeeper-dev-discover"}
+    for key, function in targets.items():
+        target = found[key]["Target"]
+        assert target["Arn"] == {"Fn::GetAtt": [function_logical_id(dev, function), "Arn"]}
+        assert target["DeadLetterConfig"]["Arn"] == {"Fn::GetAtt": [dlq, "Arn"]}
+        assert target["RetryPolicy"]["MaximumRetryAttempts"] >= 1
+        assert target["RetryPolicy"]["MaximumEventAgeInSeconds"] >= 60
+    assert found["reconcile:"]["Target"]["RetryPolicy"]["MaximumEventAgeInSeconds"] == 60
+
+
+def test_given_the_ec2_rules_then_state_changes_and_spot_warnings_reach_ec2_events(dev):
+    rules = properties(dev, "AWS::Events::Rule")
+    detail_types = sorted(rule["EventPattern"]["detail-type"][0] for rule in rules)
+    assert detail_types == sorted([EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION])
+    ec2_events = function_logical_id(dev, "fleetkeeper-dev-ec2-events")
+    dlq = undelivered_queue(dev)
+    for rule in rules:
+        assert rule["EventPattern"]["source"] == ["aws.ec2"]
+        assert "EventBusName" not in rule, "EC2 publishes on the default bus"
+        (target,) = rule["Targets"]
+        assert target["Arn"] == {"Fn::GetAtt": [ec2_events, "Arn"]}
+        assert target["DeadLetterConfig"]["Arn"] == {"Fn::GetAtt": [dlq, "Arn"]}
+        assert target["RetryPolicy"]["MaximumRetryAttempts"] > 0
+
+
+def test_given_a_stage_then_its_audit_events_have_their_own_bus(dev, prod):
+    assert [bus["Name"] for bus in properties(dev, "AWS::Events::EventBus")] == ["fleetkeeper-dev-audit"]
+    assert [bus["Name"] for bus in properties(prod, "AWS::Events::EventBus")] == ["fleetkeeper-prod-audit"]

@@ -1,0 +1,21 @@
+"""The metrics the reconciler and discovery emit are the ones the stack's dashboard and alarms read."""
+
+from __future__ import annotations
+
+from fleetkeeper.services import discovery, reconcile
+from infra import metrics as dashboard
+
+
+def test_given_the_reconcile_metrics_then_the_dashboard_knows_each_name():
+    names = {
+        reconcile.METRIC_DURATION_MS,
+        reconcile.METRIC_ERRORS,
+        reconcile.METRIC_HEARTBEAT,
+        *(reconcile.workers_metric(status) for status in reconcile.RECONCILE_STATUSES),
+    }
+    assert names <= set(dashboard.ALL_METRICS)
+    assert {reconcile.workers_metric(s) for s in dashboard.REPORTED_STATUSES} <= names
+
+
+def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
+    assert discovery.METRIC_ORPHANS_TERMINATED == dashboard.ORPHANS_TERMINATED
