@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
+from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, utcnow
 from fleetkeeper.services import workers
@@ -153,3 +155,20 @@ def test_given_a_worker_launched_seconds_ago_then_it_is_not_suspected_yet(ctx, s
 
     assert store.get_worker(worker.id).status == S.PROVISIONING
     assert report.counters["orphans_terminated"] == 0
+
+
+def test_given_tagging_is_denied_then_the_machine_is_still_imported_and_counted(
+    make_ctx, store, ec2, lab_image, monkeypatch
+):
+    def denied(*_args: Any, **_kwargs: Any) -> None:
+        raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "denied"}}, "CreateTags")
+
+    ctx = make_ctx(DISCOVERY_AMI_PATTERN="lab-*")
+    ensure_template(store)
+    instance_id = launch(ec2, "ignored", lab_image, tagged=False)
+    monkeypatch.setattr(Ec2Gateway, "tag", denied)
+
+    report = discover_and_collect(ctx)
+
+    assert store.find_worker_by_ec2_instance(instance_id) is not None
+    assert report.counters["imported_untagged"] == 1

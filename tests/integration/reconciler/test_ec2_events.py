@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
+from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
 from fleetkeeper.services.ec2_events import STATS_SCOPE
@@ -172,3 +174,21 @@ def test_given_a_spot_warning_for_a_worker_not_running_then_no_drain(store, live
 
     assert result["outcome"] == "unchanged"
     assert drains_started == []
+
+
+def denied(*_args: Any, **_kwargs: Any) -> Any:
+    raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "denied"}}, "DescribeInstances")
+
+
+def test_given_running_reported_but_no_address_readable_then_provisioning_waits_in_starting(
+    store, live_worker, monkeypatch
+):
+    worker = live_worker()
+    stopped = store.transition_worker(worker, S.STOPPED, cause=Cause.EC2, actor="test")
+    provisioning = store.transition_worker(stopped, S.PROVISIONING, cause=Cause.EC2, actor="test")
+    monkeypatch.setattr(Ec2Gateway, "describe", denied)
+
+    result = deliver(state_event(provisioning, "running"))
+
+    assert result["outcome"] == "applied"
+    assert store.get_worker(worker.id).status == S.STARTING

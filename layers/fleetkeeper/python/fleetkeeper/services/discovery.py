@@ -60,6 +60,7 @@ class RegionFindings:
     orphans: list[str] = field(default_factory=list)
     orphans_terminated: list[str] = field(default_factory=list)
     unimportable: list[str] = field(default_factory=list)
+    untagged: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +100,7 @@ def discover_and_collect(
         report.regions.append(findings)
         report.counters["discovered"] += findings.discovered
         report.counters["unimportable"] += len(findings.unimportable)
+        report.counters["imported_untagged"] += len(findings.untagged)
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -217,7 +219,12 @@ def _adopt(
     missing_tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: template.name}
     if any(instance.tags.get(k) != v for k, v in missing_tags.items()):
         # Tagged from now on, so the reconciler's tag listing covers it like any launched worker.
-        gateway.tag(instance.instance_id, missing_tags)
+        try:
+            gateway.tag(instance.instance_id, missing_tags)
+        except (ClientError, BotoCoreError) as error:
+            # The worker exists either way; without the tags the reconciler reads it by id instead.
+            findings.untagged.append(worker.id)
+            logger.warning("imported instance not tagged", instance_id=instance.instance_id, error=str(error))
 
 
 def _template_for(
@@ -232,9 +239,13 @@ def _template_for(
     if not instance.image_id:
         return None
     if instance.image_id not in image_names:
-        image_names.update(gateway.image_names([instance.image_id]))
+        try:
+            image_names.update(gateway.image_names([instance.image_id]))
+        except (ClientError, BotoCoreError) as error:
+            logger.warning("AMI name unavailable", image_id=instance.image_id, error=str(error))
+            image_names[instance.image_id] = ""
     name = image_names.get(instance.image_id)
-    if name is None:
+    if not name:
         return None
     matching = sorted(t.name for t in templates.values() if fnmatch.fnmatchcase(name, t.ami_name_filter))
     return templates[matching[0]] if matching else None

@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
@@ -70,13 +72,18 @@ def apply_state_change(
             outcome = EventOutcome.UNCHANGED if agrees else EventOutcome.NOT_APPLICABLE
             return _done(ctx, EventResult(outcome, worker.id, f"{worker.status} with EC2 {state}"))
         changes = dict(step.changes)
+        target = step.target
+        if target == WorkerStatus.RUNNING:
+            addresses = _addresses(ctx, region, instance_id)
+            if addresses is not None:
+                changes.update(addresses)
+            elif worker.status == WorkerStatus.PROVISIONING:
+                # Running, but placement needs an address: STARTING until the reconciler reads one.
+                target = WorkerStatus.STARTING
+            else:
+                return _done(ctx, EventResult(EventOutcome.NOT_APPLICABLE, worker.id, "no address yet"))
         try:
-            if step.target == WorkerStatus.RUNNING:
-                # The event carries no addresses; placement needs them, so ask EC2 once.
-                found = ctx.ec2(region).describe([instance_id]).get(instance_id)
-                if found is not None:
-                    changes.update({"private_ip": found.private_ip, "public_ip": found.public_ip})
-            _move(ctx, worker, step.target, changes, reason=step.reason)
+            _move(ctx, worker, target, changes, reason=step.reason)
         except Conflict:
             result = EventResult(EventOutcome.CONFLICT, worker.id, "worker changed concurrently")
             continue
@@ -84,11 +91,23 @@ def apply_state_change(
             "EC2 event applied",
             worker_id=worker.id,
             from_status=str(worker.status),
-            to_status=str(step.target),
+            to_status=str(target),
             ec2_state=state,
         )
-        return _done(ctx, EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {step.target}"))
+        return _done(ctx, EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {target}"))
     return _done(ctx, result)
+
+
+def _addresses(ctx: Context, region: str, instance_id: str) -> dict[str, Any] | None:
+    """The instance's IPs (the event carries none), or None when EC2 cannot tell us right now."""
+    try:
+        found = ctx.ec2(region).describe([instance_id]).get(instance_id)
+    except (ClientError, BotoCoreError) as error:
+        logger.warning("instance addresses unavailable", instance_id=instance_id, error=str(error))
+        return None
+    if found is None or not (found.private_ip or found.public_ip):
+        return None
+    return {"private_ip": found.private_ip, "public_ip": found.public_ip}
 
 
 def _move(
