@@ -1,8 +1,9 @@
 """`python -m bench [name ...]`: run the benchmarks, print their figures and write bench/results.md.
 
-Each benchmark is a module bench/<name>_bench.py with `run() -> str` returning its Markdown section.
-The section is kept in bench/results/<name>.md, and bench/results.md is all sections in name order,
-so benchmarks run separately still end up in one report.
+Each benchmark is a module bench/<name>_bench.py that leaves its Markdown section in
+bench/results/<name>.md: either `run() -> str` returns the section and this runner writes it, or
+`main(argv) -> int` writes it itself. bench/results.md is all sections in name order, so benchmarks
+run separately (`python -m bench reconcile`) still end up in one report.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"== {name}", flush=True)
         module = importlib.import_module(f"bench.{name}_bench")
-        section: str = module.run()
-        (SECTIONS / f"{name}.md").write_text(section.rstrip() + "\n")
-        print(section, flush=True)
+        if hasattr(module, "run"):
+            section: str = module.run()
+            (SECTIONS / f"{name}.md").write_text(section.rstrip() + "\n")
+            print(section, flush=True)
+        elif int(module.main([])) != 0:
+            print(f"benchmark {name} failed")
+            return 1
     parts = [HEADER] + [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
     REPORT.write_text("\n".join(parts))
     print(f"wrote {REPORT.relative_to(HERE.parent)}")
