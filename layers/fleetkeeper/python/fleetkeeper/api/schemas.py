@@ -9,17 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
-    DEFAULT_DRAIN_TIMEOUT_HOURS,
-    MAX_DRAIN_TIMEOUT_SECONDS,
-    MIN_DRAIN_TIMEOUT_HOURS,
     DrainOutcome,
     DrainThen,
-    Ec2Tags,
     Instance,
     Name,
     Pool,
     PoolDrainThen,
     Region,
+    TemplateSpec,
     Worker,
     WorkerTemplate,
 )
@@ -55,14 +52,7 @@ class InternalStatusRequest(Request):
     terminated_reason: str | None = Field(default=None, max_length=500)
 
 
-class TemplateRequest(Request):
-    instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
-    ami_name_filter: str = Field(min_length=1, max_length=128)
-    capacity: int = Field(ge=1, le=10_000)
-    drain_timeout_hours: float = Field(
-        default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
-    )
-    tags: Ec2Tags = Field(default_factory=dict)
+TemplateRequest = TemplateSpec
 
 
 class PlaceInstanceRequest(Request):

@@ -144,8 +144,9 @@ class Worker(Record):
         return (self.drain.generation if self.drain else 0) + 1
 
 
-class WorkerTemplate(Record):
-    name: Name
+class TemplateSpec(Record):
+    """What a template says about its workers; the API's PUT body is exactly this."""
+
     instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
     ami_name_filter: str = Field(min_length=1, max_length=128)
     capacity: int = Field(ge=1, le=10_000)
@@ -153,6 +154,10 @@ class WorkerTemplate(Record):
         default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
     tags: Ec2Tags = Field(default_factory=dict)
+
+
+class WorkerTemplate(TemplateSpec):
+    name: Name
     version: int = Field(default=0, ge=0)
 
     @property
