@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import boto3
 
@@ -175,10 +175,11 @@ class _ApiRequestHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         url = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length).decode() if length else None
+        # API Gateway hands text bodies over as they came; undecodable bytes must not crash the adapter.
+        body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
         event = api_event(
             self.command,
-            url.path,
+            unquote(url.path),
             body=body,
             query=dict(parse_qsl(url.query)) or None,
             headers={k: v for k, v in self.headers.items()},
@@ -197,7 +198,12 @@ class _ApiRequestHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
+    def __getattr__(self, name: str) -> Any:
+        # Every method goes to the resolver, which answers 404 for what it does not route, as API Gateway
+        # answers a 4xx for a method it has no integration for.
+        if name.startswith("do_"):
+            return self._serve
+        raise AttributeError(name)
 
     def log_message(self, format: str, *args: Any) -> None:
         if os.environ.get("FLEETKEEPER_LOCAL_ACCESS_LOG"):

@@ -145,16 +145,9 @@ def handle_validation_error(exc: RequestValidationError) -> Response[Any]:
 # ---- idempotency: a repeated Idempotency-Key gets the first response -------------------------------
 
 
-def _persistence() -> DynamoDBPersistenceLayer:
-    settings = ctx().settings
-    idempotency_config.expires_after_seconds = settings.idempotency_ttl_seconds
-    return _persistence_for(settings.table_name)
-
-
 @cache
-def _persistence_for(table_name: str) -> DynamoDBPersistenceLayer:
-    # Keyed by table, so a process whose settings are refreshed (tests, the local runtime) never
-    # keeps writing idempotency records to the table it saw first.
+def _persistence(table_name: str) -> DynamoDBPersistenceLayer:
+    """One persistence layer per table: the table is fixed in Lambda, but not across local test runs."""
     return DynamoDBPersistenceLayer(
         table_name=table_name,
         key_attr="PK",
@@ -166,8 +159,12 @@ def _persistence_for(table_name: str) -> DynamoDBPersistenceLayer:
 
 def _replay_or_run(request: dict[str, str], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Decorated per call so the persistence layer is built from settings only when first needed."""
+    settings = ctx().settings
+    idempotency_config.expires_after_seconds = settings.idempotency_ttl_seconds
     replayable = idempotent_function(
-        data_keyword_argument="request", config=idempotency_config, persistence_store=_persistence()
+        data_keyword_argument="request",
+        config=idempotency_config,
+        persistence_store=_persistence(settings.table_name),
     )(_run_request)
     return dict(replayable(request=request, run=run))
 
@@ -328,6 +325,8 @@ def get_template(name: str) -> TemplateView:
 
 @app.put("/api/v1/templates/<name>")
 def put_template(name: str, body: TemplateRequest) -> Response[TemplateView]:
+    if not catalog.is_valid_name(name):
+        raise InvalidInput("name", "letters, digits, '.', '_' or '-'; 1-64 characters")
     store = ctx().store
     existed = store.find_template(name) is not None
     template = WorkerTemplate.model_validate({"name": name, **body.model_dump()})

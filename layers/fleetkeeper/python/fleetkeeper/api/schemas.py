@@ -16,6 +16,7 @@ from fleetkeeper.domain.models import (
     Pool,
     PoolDrainThen,
     Region,
+    TemplateSpec,
     Worker,
     WorkerTemplate,
 )
@@ -51,12 +52,7 @@ class InternalStatusRequest(Request):
     terminated_reason: str | None = Field(default=None, max_length=500)
 
 
-class TemplateRequest(Request):
-    instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
-    ami_name_filter: str = Field(min_length=1, max_length=128)
-    capacity: int = Field(ge=1, le=10_000)
-    drain_timeout_hours: float = Field(default=4.0, gt=0, le=8760)
-    tags: dict[str, str] = Field(default_factory=dict)
+TemplateRequest = TemplateSpec
 
 
 class PlaceInstanceRequest(Request):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
@@ -19,10 +19,30 @@ from fleetkeeper.domain.lifecycle import (
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
 
+
+def _valid_ec2_tags(tags: dict[str, str]) -> dict[str, str]:
+    """EC2's own tag rules, so a template can never ask for a launch that EC2 would refuse."""
+    if len(tags) > MAX_EC2_TAGS:
+        raise ValueError(f"at most {MAX_EC2_TAGS} tags")
+    for key, value in tags.items():
+        if not 1 <= len(key) <= 128:
+            raise ValueError("tag keys must have 1 to 128 characters")
+        if key.lower().startswith("aws:"):
+            raise ValueError(f"tag key '{key}' uses the reserved prefix 'aws:'")
+        if len(value) > 256:
+            raise ValueError(f"tag '{key}' has a value longer than 256 characters")
+    return tags
+
+
+MAX_EC2_TAGS = 50
+Ec2Tags = Annotated[dict[str, str], AfterValidator(_valid_ec2_tags)]
+
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="letters, digits, '.', '_' or '-'; 1-64")]
 Region = Annotated[str, Field(pattern=REGION_PATTERN, examples=["eu-west-1"])]
 
 DEFAULT_DRAIN_TIMEOUT_HOURS = 4.0
+# A drain shorter than a minute cannot let anything finish; it is a typo, not a policy.
+MIN_DRAIN_TIMEOUT_HOURS = 1 / 60
 DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS = 300
 # Step Functions caps a task timeout at one year; a drain deadline beyond that could never fire.
 MAX_DRAIN_TIMEOUT_SECONDS = 365 * 24 * 3600
@@ -145,15 +165,20 @@ class Worker(Record):
         return (self.drain.generation if self.drain else 0) + 1
 
 
-class WorkerTemplate(Record):
-    name: Name
+class TemplateSpec(Record):
+    """What a template says about its workers; the API's PUT body is exactly this."""
+
     instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
     ami_name_filter: str = Field(min_length=1, max_length=128)
     capacity: int = Field(ge=1, le=10_000)
     drain_timeout_hours: float = Field(
-        default=DEFAULT_DRAIN_TIMEOUT_HOURS, gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
+        default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: Ec2Tags = Field(default_factory=dict)
+
+
+class WorkerTemplate(TemplateSpec):
+    name: Name
     version: int = Field(default=0, ge=0)
 
     @property

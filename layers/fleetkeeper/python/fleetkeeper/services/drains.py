@@ -112,6 +112,19 @@ class DrainInput(BaseModel):
             )
         return self
 
+    def record(self, **overrides: Any) -> DrainRecord:
+        """The drain record this execution stands for, as the request wrote it."""
+        fields: dict[str, Any] = {
+            "generation": self.generation,
+            "started_at": self.started_at,
+            "deadline": self.deadline,
+            "timeout_seconds": self.timeout_seconds,
+            "reason": self.reason,
+            "requested_by": self.requested_by,
+            "then": DrainThen(self.then),
+        }
+        return DrainRecord(**{**fields, **overrides})
+
     @property
     def target(self) -> str:
         """The worker id or pool name this drain serves."""
@@ -462,15 +475,7 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             raise DrainNotStartable(
                 f"worker {worker.id} is {worker.status}; only a RUNNING worker can be drained"
             )
-        started = DrainRecord(
-            generation=drain.generation,
-            started_at=drain.started_at,
-            deadline=drain.deadline,
-            timeout_seconds=drain.timeout_seconds,
-            reason=drain.reason,
-            requested_by=drain.requested_by,
-            then=DrainThen(drain.then),
-        )
+        started = drain.record()
         return ctx.store.transition_worker(
             worker,
             WorkerStatus.DRAINING,
@@ -639,18 +644,7 @@ def record_error(ctx: Context, drain: DrainInput, error: dict[str, Any] | None) 
                 }
             )
         else:
-            failed = DrainRecord(
-                generation=drain.generation,
-                started_at=drain.started_at,
-                deadline=drain.deadline,
-                timeout_seconds=drain.timeout_seconds,
-                reason=drain.reason,
-                requested_by=drain.requested_by,
-                then=DrainThen(drain.then),
-                outcome=DrainOutcome.ERROR,
-                error=text,
-                finished_at=utcnow(),
-            )
+            failed = drain.record(outcome=DrainOutcome.ERROR, error=text, finished_at=utcnow())
         return ctx.store.update_worker(
             worker, {"drain": failed}, actor=WORKFLOW_ACTOR, action="WorkerDrainFailed", reason=text
         )

@@ -45,8 +45,12 @@ def place_instance(
 
     if template is None and pool is None:
         raise InvalidInput("template", "give a template, a pool or a worker_id")
+    if template is not None and store.find_template(template) is None:
+        raise InvalidInput("template", f"unknown template '{template}'")
     if pool is not None:
-        pool_record = store.get_pool(pool)
+        pool_record = store.find_pool(pool)
+        if pool_record is None:
+            raise InvalidInput("pool", f"unknown pool '{pool}'")
         if pool_record.status != PoolStatus.ACTIVE:
             raise CapacityUnavailable(f"pool {pool} is {pool_record.status} and accepts no instances")
         candidates = [
