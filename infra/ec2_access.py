@@ -120,6 +120,22 @@ class Ec2Access(Construct):
             ),
         )
 
+    def grant_import_tagging(self, role: iam.IRole) -> None:
+        """Discovery tags an imported machine as fleetkeeper's: only fleetkeeper's own tag keys."""
+        allow(
+            role,
+            actions=["ec2:CreateTags"],
+            resources=self.instance_arns(),
+            conditions={
+                **MANAGED_REQUEST,
+                "ForAllValues:StringLike": {"aws:TagKeys": ["fleetkeeper:*"]},
+            },
+            wildcard_reason=(
+                "Discovery imports machines it did not launch, so their ids are unknown here; it may only "
+                "write fleetkeeper's own tag keys, and only while marking the machine as fleetkeeper's."
+            ),
+        )
+
     def grant_metric_reads(self, role: iam.IRole) -> None:
         """CloudWatch metric reads (instance CPU for idle detection) in the worker regions."""
         allow(

@@ -13,8 +13,11 @@ import boto3
 
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
-from fleetkeeper_local.controlplane import ApiServer, activate, provision
-from fleetkeeper_local.seed import describe_fleet, seed_demo_fleet
+from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.controlplane import ApiServer, LocalResources, activate, provision
+from fleetkeeper_local.images import register_template_images
+from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler
+from fleetkeeper_local.seed import TEMPLATES, describe_fleet, seed_demo_fleet
 from fleetkeeper_local.stack import LocalStack, LocalStackError, ensure_port_free
 
 DEFAULT_TABLE = "fleetkeeper-local"
@@ -39,6 +42,25 @@ def _examples(api: str, worker_id: str) -> str:
     )
 
 
+def _print_banner(api: ApiServer, stack: LocalStack, resources: LocalResources, store: FleetStore) -> None:
+    table_name = resources.table_name
+    print(f"admin API       {api.url}  (OpenAPI: {api.url}/openapi.json)")
+    print(f"DynamoDB Local  {stack.dynamodb_endpoint}  table {table_name}")
+    print(f"moto server     {stack.moto_endpoint}  (EC2, Step Functions, EventBridge, SNS, CloudWatch)")
+    print(f"drain workflow  {resources.state_machine_arn}")
+    print(
+        "schedules       reconcile every 5 s, discovery every 30 s, EC2 state changes every 1 s "
+        "(FLEETKEEPER_LOCAL_*_SECONDS)"
+    )
+    print()
+    print(describe_fleet(store))
+    print()
+    running = store.list_workers(limit=1000).items
+    example = next((w.id for w in running if w.status == "RUNNING" and w.active_instances), "<worker-id>")
+    print(_examples(api.url, example))
+    print()
+
+
 def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", message="No application metrics to publish")
     for key, value in QUIET_POWERTOOLS.items():
@@ -54,27 +76,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     api: ApiServer | None = None
+    background: list[LocalScheduler | Ec2EventPump] = []
     try:
         os.environ.update(stack.environment())
         table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
         resources = provision(stack, table_name, suffix="local")
         activate(resources, heartbeat_seconds=int(os.environ.get("DRAIN_HEARTBEAT_SECONDS", "300")))
         store = default_context().store
+        ec2 = boto3.client("ec2")
+        # The reconciler launches PENDING workers from the newest AMI matching their template.
+        register_template_images(ec2, TEMPLATES)
         if not args.no_seed:
-            seed_demo_fleet(store, boto3.client("ec2"), stack.environment()["AWS_REGION"])
+            seed_demo_fleet(store, ec2, stack.environment()["AWS_REGION"])
         api = ApiServer(port=api_port).start()
+        # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
+        background = [LocalScheduler(), Ec2EventPump()]
+        for runner in background:
+            runner.start()
 
-        print(f"admin API       {api.url}  (OpenAPI: {api.url}/openapi.json)")
-        print(f"DynamoDB Local  {stack.dynamodb_endpoint}  table {table_name}")
-        print(f"moto server     {stack.moto_endpoint}  (EC2, Step Functions, EventBridge, SNS, CloudWatch)")
-        print(f"drain workflow  {resources.state_machine_arn}")
-        print()
-        print(describe_fleet(store))
-        print()
-        running = store.list_workers(limit=1000).items
-        example = next((w.id for w in running if w.status == "RUNNING" and w.active_instances), "<worker-id>")
-        print(_examples(api.url, example))
-        print()
+        _print_banner(api, stack, resources, store)
         print("The local control plane is up. Press Ctrl-C to stop it.", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -86,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         # A second Ctrl-C while the servers shut down would leave DynamoDB Local running.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for runner in background:
+            runner.stop()
         if api is not None:
             api.stop()
         stack.stop()

@@ -59,12 +59,19 @@ EXPECTED_ACTIONS = {
     "discover": LOGS_AND_TRACES
     | TABLE
     | ASYNC_DLQ
-    | {"ec2:DescribeInstances", "events:PutEvents", "states:StopExecution", "states:SendTaskFailure"},
+    | {
+        "ec2:DescribeInstances",
+        "ec2:DescribeImages",
+        "ec2:CreateTags",
+        "events:PutEvents",
+        "states:StopExecution",
+        "states:SendTaskFailure",
+    },
     "ec2-events": LOGS_AND_TRACES
     | TABLE
     | ASYNC_DLQ
     | TASK_RESPONSE
-    | {"states:StartExecution", "states:StopExecution", "events:PutEvents"},
+    | {"ec2:DescribeInstances", "states:StartExecution", "states:StopExecution", "events:PutEvents"},
 }
 MANAGED = {"StringEquals": {f"aws:ResourceTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
 
@@ -207,3 +214,11 @@ def test_given_the_scheduler_role_then_only_this_accounts_scheduler_may_assume_i
     (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert statement["Principal"] == {"Service": "scheduler.amazonaws.com"}
     assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+
+
+def test_given_discovery_then_it_may_only_tag_with_fleetkeepers_own_keys(dev):
+    (tagging,) = [g for g in grants_of_function(dev, fn("dev", "discover")) if g.action == "ec2:CreateTags"]
+    assert tagging.conditions == {
+        "StringEquals": {f"aws:RequestTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE},
+        "ForAllValues:StringLike": {"aws:TagKeys": ["fleetkeeper:*"]},
+    }

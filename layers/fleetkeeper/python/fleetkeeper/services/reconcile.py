@@ -43,7 +43,7 @@ from fleetkeeper.domain.scale_down import (
 )
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger, metrics
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import drain_hooks, drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.settings import Settings
@@ -143,11 +143,25 @@ def reconcile_fleet(
         return report
     try:
         _run_cycle(ctx, report, now, remaining)
+        _sweep_drains(ctx, report)
     finally:
         stats.release_lease(LEASE_NAME, owner, now=utcnow())
         report.duration_seconds = time.monotonic() - started
         _publish(ctx, report, now)
     return report
+
+
+def _sweep_drains(ctx: Context, report: CycleReport) -> None:
+    """Keep waiting drains alive and complete those whose last signal was lost (see services/drains)."""
+    try:
+        swept = drains.sweep_waiting_drains(ctx)
+    except Exception:
+        # A sweep that fails this cycle runs again next cycle; the drains' own heartbeat re-check remains.
+        logger.exception("sweep of waiting drains failed")
+        report.counters["drain_sweep_errors"] += 1
+        return
+    report.counters["drain_signals_recovered"] += swept["completed"]
+    report.counters["drain_heartbeats"] += swept["heartbeats"]
 
 
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fleetkeeper.domain.errors import Conflict, IllegalTransition, InvalidInput, StaleWrite
-from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, Worker, new_id
-from fleetkeeper.services import drains
+from fleetkeeper.domain.errors import Conflict, InvalidInput
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import Worker, new_id
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.retry import retry_conflicts
+from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.store.repository import FleetStore
 
 
@@ -75,28 +75,13 @@ def record_observed_status(
         worker = ctx.store.get_worker(worker_id)
         if worker.status == status:
             return worker
-        changes: dict[str, object] = {"status_reason": reason}
         if status == WorkerStatus.TERMINATED:
-            changes.update(terminated_by=actor, terminated_reason=reason)
+            return retire_worker(
+                ctx, worker, cause=Cause.EC2, actor=actor, reason=reason or "worker terminated"
+            )
         return ctx.store.transition_worker(
-            worker, status, cause=Cause.EC2, actor=actor, reason=reason, changes=changes
+            worker, status, cause=Cause.EC2, actor=actor, reason=reason, changes={"status_reason": reason}
         )
 
-    worker = retry_conflicts(apply)
-    if status == WorkerStatus.TERMINATED:
-        release_lost_worker(ctx, worker, actor=actor, reason=reason or "worker terminated")
-        return ctx.store.get_worker(worker.id)
-    return worker
-
-
-def release_lost_worker(ctx: Context, worker: Worker, *, actor: str, reason: str) -> None:
-    """End what still counts on a worker that no longer exists, and close its open drain."""
-    for instance in ctx.store.active_instances_of(worker.id):
-        try:
-            ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason="worker_lost")
-        except (StaleWrite, IllegalTransition):
-            continue  # it ended by itself meanwhile
-    if worker.drain is not None and worker.drain.outcome == DrainOutcome.RUNNING:
-        drains.close_drain(
-            ctx, worker, outcome=DrainOutcome.ERROR, reason=f"worker lost: {reason}", actor=actor
-        )
+    retry_conflicts(apply)
+    return ctx.store.get_worker(worker_id)
