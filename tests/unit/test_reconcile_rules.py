@@ -269,3 +269,11 @@ def test_given_an_observation_with_microseconds_then_an_event_of_the_same_second
     w = worker(S.RUNNING, ec2_state="running", ec2_observed_at=NOW + timedelta(milliseconds=400))
     assert not is_stale_evidence(w, "terminated", NOW)
     assert is_stale_evidence(w, "pending", NOW)
+
+
+@pytest.mark.parametrize(
+    ("desired", "then"), [(S.STOPPED, DrainThen.STOP), (S.TERMINATED, DrainThen.TERMINATE)]
+)
+def test_given_a_busy_running_worker_with_a_desired_status_then_it_is_drained_first(desired, then):
+    step = step_for(worker(S.RUNNING, desired_status=desired, active_instances=2), seen("running"))
+    assert (step.drain_then, step.target, step.call) == (then, None, None)

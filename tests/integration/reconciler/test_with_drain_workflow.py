@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, utcnow
-from fleetkeeper.services import drains
+from fleetkeeper.services import drains, instances
 from fleetkeeper.services.context import build_context
 from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.settings import Settings
 from fleetkeeper_local.event_shapes import spot_warning_event
 from fleetkeeper_local.invocation import invoke
+from tests.integration.conftest import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -93,3 +94,23 @@ def test_given_a_reconcile_and_a_discovery_then_get_stats_serves_their_counters(
     assert body["counters"]["reconcile"]["running_worker_count"] == 1
     assert body["counters"]["discovery"]["discovered"] == 1
     assert "last_run_at" in body["counters"]["discovery"]
+
+
+def test_given_a_busy_worker_desired_stopped_then_it_drains_and_stops_after_its_work(
+    control_plane, store, live_worker
+):
+    worker = live_worker()
+    placed = store.place_instance(Instance(id="i-busy", worker_id=""), worker, actor="test")
+    worker = store.get_worker(worker.id)
+    store.update_worker(
+        worker, {"desired_status": WorkerStatus.STOPPED}, actor="test", action="DesiredStatusSet"
+    )
+
+    report = reconcile_fleet(control_plane.ctx)
+
+    assert report.counters["desired_status_drains"] == 1
+    draining = store.get_worker(worker.id)
+    assert (draining.status, draining.drain.then) == (WorkerStatus.DRAINING, DrainThen.STOP)
+    eventually(lambda: store.get_worker(worker.id).drain.task_token or None)
+    instances.change_instance_state(control_plane.ctx, placed.id, InstanceState.COMPLETED, actor="test")
+    eventually(lambda: store.get_worker(worker.id).status is WorkerStatus.STOPPING)

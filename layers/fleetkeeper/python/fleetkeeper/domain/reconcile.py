@@ -83,6 +83,8 @@ class Step:
     # Seed 003 counter to bump once the step has landed, e.g. "started_count".
     counter: str | None = None
     drift: bool = False
+    # Set when the step is to start a drain (then stop or terminate) rather than act on EC2 at once.
+    drain_then: DrainThen | None = None
 
 
 def _ips(obs: Observation) -> dict[str, Any]:
@@ -177,6 +179,10 @@ def _provisioning(worker: Worker, obs: Observation | None, now: datetime, timeou
 
 
 def _running(worker: Worker, obs: Observation | None, now: datetime, timeout: timedelta) -> Step:
+    if worker.desired_status in (_S.STOPPED, _S.TERMINATED) and worker.active_instances > 0:
+        # Work is still running on it: drain first, so a desired status never cuts a session short.
+        then = DrainThen.STOP if worker.desired_status == _S.STOPPED else DrainThen.TERMINATE
+        return Step(Outcome.REQUEUE, f"desired {worker.desired_status}: draining first", drain_then=then)
     if worker.desired_status == _S.STOPPED:
         return Step(Outcome.REQUEUE, "desired STOPPED", target=_S.STOPPING, call=Ec2Call.STOP)
     if worker.desired_status == _S.TERMINATED:

@@ -197,6 +197,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         return (
             item.step.target is not None
             or item.step.call is not None
+            or item.step.drain_then is not None
             or item.step.outcome == Outcome.RETRY
             or item.scale_down is not None
             or "idle_since" in item.step.changes
@@ -329,7 +330,10 @@ def _plan_steady_running(
     steady = [
         item
         for item in work
-        if item.worker.status == WorkerStatus.RUNNING and item.step.target is None and item.step.call is None
+        if item.worker.status == WorkerStatus.RUNNING
+        and item.step.target is None
+        and item.step.call is None
+        and item.step.drain_then is None
     ]
     running_in_scope: Counter[str] = Counter(
         scope_of(item.worker) for item in work if item.worker.status == WorkerStatus.RUNNING
@@ -406,6 +410,12 @@ def _act(ctx: Context, item: _Work, now: datetime) -> tuple[Outcome, Counter[str
             return _launch(ctx, worker, now, counters), counters
         if item.scale_down is not None:
             return _scale_down(ctx, worker, item.scale_down, step, counters), counters
+        if step.drain_then is not None:
+            started = drain_hooks.start_drain(
+                ctx, worker.id, actor=ACTOR, reason=step.reason, then=step.drain_then
+            )
+            counters["desired_status_drains" if started else "desired_status_drain_refused"] += 1
+            return step.outcome, counters
         if step.outcome == Outcome.RETRY:
             _back_off(ctx, worker, now, step.reason, counters)
             return Outcome.RETRY, counters
