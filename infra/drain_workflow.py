@@ -43,26 +43,9 @@ class DrainWorkflowRef:
             resource_name=self.state_machine_name,
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        self.executions_arn = stack.format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{self.state_machine_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
 
     def grant_start(self, role: iam.IRole) -> None:
         allow(role, actions=["states:StartExecution"], resources=[self.state_machine_arn])
-
-    def grant_stop(self, role: iam.IRole) -> None:
-        allow(
-            role,
-            actions=["states:StopExecution"],
-            resources=[self.executions_arn],
-            wildcard_reason=(
-                "Drain executions get a new name per worker and drain generation; the grant covers only "
-                "executions of this stage's drain state machine."
-            ),
-        )
 
     def grant_task_response(self, role: iam.IRole, *, success: bool = True, heartbeat: bool = False) -> None:
         """Answer drain callback tokens; `success=False` for callers that only ever fail a task,

@@ -98,13 +98,12 @@ class FleetkeeperStack(Stack):
         ec2.grant_describe(roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
         ec2.grant_import_tagging(roles["discover"])
         messaging.grant_audit(roles["discover"])
-        drain.grant_stop(roles["discover"])
-        drain.grant_task_response(roles["discover"], success=False)  # an orphaned worker fails its drain
+        # An orphan's drain is failed; its lost instances may complete a waiting pool drain.
+        drain.grant_task_response(roles["discover"])
 
         table.grant_data(roles["ec2_events"])
         ec2.grant_describe(roles["ec2_events"], ["ec2:DescribeInstances"])  # addresses of a running machine
-        drain.grant_start(roles["ec2_events"])
-        drain.grant_stop(roles["ec2_events"])
+        drain.grant_start(roles["ec2_events"])  # a spot warning starts a drain
         drain.grant_task_response(roles["ec2_events"])
         messaging.grant_audit(roles["ec2_events"])
 

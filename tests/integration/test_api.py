@@ -204,3 +204,18 @@ def test_given_the_sample_drain_event_then_the_api_handler_answers_it(control_pl
         "arn:aws:iam::123456789012:user/ops-alice",
         1800,
     )
+
+
+def test_given_an_internal_status_call_then_the_audit_names_the_authenticated_caller(
+    control_plane, running_worker
+):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST",
+        f"/api/internal/workers/{worker.id}/status",
+        {"status": "TERMINATED", "terminated_by": "discovery-gc", "terminated_reason": "gone"},
+        caller="arn:aws:iam::123456789012:role/gc-tool",
+    )
+    assert (status, body["terminated_by"]) == (200, "discovery-gc")
+    last = control_plane.ctx.store.audit_trail("worker", worker.id)[-1]
+    assert last.actor == "arn:aws:iam::123456789012:role/gc-tool"

@@ -277,3 +277,16 @@ def test_given_an_observation_with_microseconds_then_an_event_of_the_same_second
 def test_given_a_busy_running_worker_with_a_desired_status_then_it_is_drained_first(desired, then):
     step = step_for(worker(S.RUNNING, desired_status=desired, active_instances=2), seen("running"))
     assert (step.drain_then, step.target, step.call) == (then, None, None)
+
+
+def test_given_a_failed_drain_with_instances_still_running_then_the_reconciler_does_not_stop_it():
+    failed = DrainRecord(
+        generation=1,
+        started_at=NOW - timedelta(hours=1),
+        deadline=NOW + timedelta(hours=1),
+        timeout_seconds=7200,
+        requested_by="ops",
+        outcome=DrainOutcome.ERROR,
+    )
+    step = step_for(worker(S.DRAINING, drain=failed, active_instances=2), seen("running"))
+    assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)

@@ -17,6 +17,7 @@ from aws_lambda_powertools.utilities.idempotency import (
     IdempotencyConfig,
     idempotent_function,
 )
+from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
 
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
@@ -303,9 +304,14 @@ def cancel_drain(worker_id: str) -> WorkerView:
 
 @app.post("/api/internal/workers/<worker_id>/status")
 def set_observed_status(worker_id: str, body: InternalStatusRequest) -> WorkerView:
-    actor = body.terminated_by or caller()
+    # The audit names the authenticated caller; `terminated_by` is only what the record says ended it.
     worker = workers.record_observed_status(
-        ctx(), worker_id, body.status, actor=actor, reason=body.terminated_reason
+        ctx(),
+        worker_id,
+        body.status,
+        actor=caller(),
+        reason=body.terminated_reason,
+        terminated_by=body.terminated_by,
     )
     return WorkerView.of(worker)
 
@@ -449,7 +455,18 @@ def log_unexpected(exc: Exception) -> Response[Any]:
     return _error(HTTPStatus.INTERNAL_SERVER_ERROR, ErrorBody(error="INTERNAL", message="internal error"))
 
 
+def handle_request_in_progress(exc: IdempotencyAlreadyInProgressError) -> Response[Any]:
+    return _error(
+        HTTPStatus.CONFLICT,
+        ErrorBody(
+            error="REQUEST_IN_PROGRESS",
+            message="a request with this Idempotency-Key is still running; retry in a few seconds",
+        ),
+    )
+
+
 # Registered by call rather than as decorators: the resolver's decorator is untyped.
 app.exception_handler(FleetkeeperError)(handle_domain_error)
 app.exception_handler(RequestValidationError)(handle_validation_error)
+app.exception_handler(IdempotencyAlreadyInProgressError)(handle_request_in_progress)
 app.exception_handler(Exception)(log_unexpected)

@@ -229,6 +229,10 @@ def _draining(worker: Worker, obs: Observation | None, now: datetime, timeout: t
             return drift
     if not drain_is_finished(worker, now):
         return Step(Outcome.SKIP, "the drain workflow owns this worker")
+    if worker.active_instances > 0:
+        # The drain ended in ERROR with work still running (and DrainFailed raised the alarm): stopping
+        # now would cut sessions short. It stays out of placement until an operator cancels or re-drains.
+        return Step(Outcome.SKIP, "drain failed with instances still running; waiting for an operator")
     then = worker.drain.then if worker.drain is not None else DrainThen.STOP
     if then == DrainThen.TERMINATE:
         return Step(Outcome.REQUEUE, "drain finished", target=_S.TERMINATING, call=Ec2Call.TERMINATE)

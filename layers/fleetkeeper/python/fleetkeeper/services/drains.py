@@ -529,11 +529,12 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     forced: list[str] = []
     for instance in ctx.store.active_instances_of(worker.id):
         try:
-            ctx.store.end_instance(
+            ended = ctx.store.end_instance(
                 instance, InstanceState.TERMINATED, actor=WORKFLOW_ACTOR, reason="drain_timeout"
             )
         except (StaleWrite, IllegalTransition):
             continue  # it ended on its own meanwhile
+        signal_if_drained(ctx, ended)  # it may have been its pool's last instance
         forced.append(instance.id)
         _emit(
             ctx,
@@ -632,6 +633,8 @@ def record_error(ctx: Context, drain: DrainInput, error: dict[str, Any] | None) 
     def mark() -> Worker:
         worker = ctx.store.get_worker(drain.target)
         record = worker.drain
+        if record is not None and record.generation > drain.generation:
+            return worker  # a newer drain owns the worker now; this stale execution must not touch it
         if record is not None and record.generation == drain.generation:
             if record.outcome != DrainOutcome.RUNNING:
                 return worker  # already ended (e.g. finished, then EC2 refused): keep that outcome
@@ -893,12 +896,6 @@ def pool_await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
         ctx.workflows.succeed(task_token, {"pool": pool.name, "empty": True})
 
 
-def pool_recheck(ctx: Context, drain: DrainInput) -> dict[str, Any]:
-    pool = ctx.store.get_pool(drain.target)
-    _current_pool_drain(pool, drain.generation)
-    return {**wait_plan(ctx, drain.deadline), "empty": ctx.store.pool_active_instances(pool.name) == 0}
-
-
 def pool_finish(ctx: Context, drain: DrainInput, *, timed_out: bool) -> dict[str, Any]:
     """draining → inactive (empty, or timed out); then drain the pool's workers if the request asked to."""
     outcome = DrainOutcome.TIMED_OUT if timed_out else DrainOutcome.SUCCESS
@@ -1009,9 +1006,8 @@ def run_step(ctx: Context, request: StepRequest) -> dict[str, Any]:
             return finish(ctx, drain)
         case "record_error":
             return record_error(ctx, drain, request.error)
-        case "pool_begin":
+        case "pool_begin" | "pool_recheck":
+            # Both report the time left and whether the pool is already empty.
             return pool_begin(ctx, drain)
-        case "pool_recheck":
-            return pool_recheck(ctx, drain)
         case "pool_finish":
             return pool_finish(ctx, drain, timed_out=request.timed_out)

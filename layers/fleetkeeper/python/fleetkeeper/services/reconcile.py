@@ -550,10 +550,11 @@ def _launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str])
         return _fail(ctx, worker, f"no region config for {worker.region}", counters)
     gateway = ctx.ec2(worker.region)
 
-    if worker.launch_claimed_at is not None:
-        if now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
-            return Outcome.SKIP  # another reconciler is launching it right now
-        # A reconciler died mid-launch: adopt the machine it may have started instead of a second one.
+    if worker.launch_claimed_at is not None and now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
+        return Outcome.SKIP  # another reconciler is launching it right now
+    if worker.launch_claimed_at is not None or worker.reconcile_attempts > 0:
+        # A reconciler died mid-launch, or an earlier attempt failed after RunInstances may have gone
+        # through: adopt the machine it may have started instead of launching a second one.
         adopted = next(
             iter(gateway.describe_managed([{"Name": f"tag:{WORKER_ID_TAG}", "Values": [worker.id]}])), None
         )

@@ -9,7 +9,7 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, Worker
 from fleetkeeper.observability import logger
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import drain_hooks, drains
 
 if TYPE_CHECKING:
     from fleetkeeper.services.context import Context
@@ -45,13 +45,23 @@ def retire_worker(
     return retired
 
 
+def finish_retirement(ctx: Context, worker: Worker, *, actor: str) -> None:
+    """Complete a retirement that was cut short (crash, throttling) after the worker became TERMINATED."""
+    if worker.status != WorkerStatus.TERMINATED:
+        return
+    if worker.active_instances > 0:
+        end_lost_instances(ctx, worker, actor=actor)
+    drain_hooks.close_drain(ctx, worker, outcome=DrainOutcome.ERROR, reason=WORKER_LOST, actor=actor)
+
+
 def end_lost_instances(ctx: Context, worker: Worker, *, actor: str) -> int:
     """End every instance still active on a worker that is gone; returns how many were ended."""
     ended = 0
     for instance in ctx.store.active_instances_of(worker.id):
         try:
-            ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason=WORKER_LOST)
+            lost = ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason=WORKER_LOST)
             ended += 1
+            drains.signal_if_drained(ctx, lost)  # it may have been a draining pool's last instance
         except Conflict:
             logger.info("instance already ended", instance_id=instance.id, worker_id=worker.id)
     return ended

@@ -7,7 +7,7 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, new_id
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.retry import retry_conflicts
-from fleetkeeper.services.worker_exit import retire_worker
+from fleetkeeper.services.worker_exit import finish_retirement, retire_worker
 from fleetkeeper.store.repository import FleetStore
 
 
@@ -64,6 +64,7 @@ def record_observed_status(
     *,
     actor: str,
     reason: str | None = None,
+    terminated_by: str | None = None,
 ) -> Worker:
     """Apply a status that EC2 (or tooling reading EC2) observed, e.g. an orphan found terminated.
 
@@ -74,10 +75,18 @@ def record_observed_status(
     def apply() -> Worker:
         worker = ctx.store.get_worker(worker_id)
         if worker.status == status:
+            # A repeat is how a retirement cut short gets finished: both of its steps are idempotent.
+            finish_retirement(ctx, worker, actor=actor)
             return worker
         if status == WorkerStatus.TERMINATED:
+            changes = {"terminated_by": terminated_by} if terminated_by else None
             return retire_worker(
-                ctx, worker, cause=Cause.EC2, actor=actor, reason=reason or "worker terminated"
+                ctx,
+                worker,
+                cause=Cause.EC2,
+                actor=actor,
+                reason=reason or "worker terminated",
+                changes=changes,
             )
         return ctx.store.transition_worker(
             worker, status, cause=Cause.EC2, actor=actor, reason=reason, changes={"status_reason": reason}

@@ -271,9 +271,9 @@ class FleetStore:
             self._transact([put, self._audit_put(audit)])
         except TransactionFailed as failure:
             old = failure.old_item(0)
-            if old is None:
+            if old is None and failure.failed_condition(0):
                 raise NotFound("pool", pool.name) from failure
-            raise StaleWrite("pool", pool.name, load_record(Pool, old).status) from failure
+            raise StaleWrite("pool", pool.name, load_record(Pool, old).status if old else None) from failure
         return updated
 
     def workers_in_pool(self, pool: str) -> Iterator[Worker]:
@@ -378,9 +378,12 @@ class FleetStore:
             self._transact([put, self._audit_put(audit)])
         except TransactionFailed as failure:
             old = failure.old_item(0)
-            if old is None:
+            if old is None and failure.failed_condition(0):
                 raise NotFound("worker", current.id) from failure
-            raise StaleWrite("worker", current.id, load_record(Worker, old).status) from failure
+            # A cancellation without a failed condition (a concurrent transaction, throttling) is a race too.
+            raise StaleWrite(
+                "worker", current.id, load_record(Worker, old).status if old else None
+            ) from failure
         return updated
 
     def transition_worker(
@@ -713,7 +716,7 @@ class FleetStore:
                 state = str(load_record(Instance, old).state) if old else None
                 raise StaleWrite("instance", instance.id, state) from failure
             if not failure.failed_condition(1):
-                raise
+                raise StaleWrite("instance", instance.id, str(instance.state)) from failure
             # The worker's counter is already at zero (or the worker is gone): end the instance anyway
             # rather than leave it active forever, and say so in its audit record.
             self._transact(
