@@ -170,5 +170,13 @@ def test_given_tagging_is_denied_then_the_machine_is_still_imported_and_counted(
 
     report = discover_and_collect(ctx)
 
-    assert store.find_worker_by_ec2_instance(instance_id) is not None
+    imported = store.find_worker_by_ec2_instance(instance_id)
+    assert imported is not None
     assert report.counters["imported_untagged"] == 1
+
+    # Tagging works again: the next run tags the machine, so IAM lets fleetkeeper stop it.
+    monkeypatch.undo()
+    discover_and_collect(ctx)
+    tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_id]}])["Tags"]
+    assert {t["Key"]: t["Value"] for t in tags}["fleetkeeper:managed-by"] == "fleetkeeper"
+    assert {t["Key"]: t["Value"] for t in tags}["fleetkeeper:worker-id"] == imported.id

@@ -192,3 +192,17 @@ def test_given_running_reported_but_no_address_readable_then_provisioning_waits_
 
     assert result["outcome"] == "applied"
     assert store.get_worker(worker.id).status == S.STARTING
+
+
+def test_given_a_worker_stopped_in_the_console_then_its_sessions_end_instead_of_haunting_it(
+    store, live_worker
+):
+    worker = live_worker()
+    placed = store.place_instance(Instance(id="i-ghost", worker_id=""), worker, actor="test")
+
+    deliver(state_event(worker, "stopped"))
+
+    stopped = store.get_worker(worker.id)
+    assert (stopped.status, stopped.active_instances) == (S.STOPPED, 0)
+    ended = store.get_instance(placed.id)
+    assert (ended.state, ended.reason) == (InstanceState.TERMINATED, "worker_stopped")

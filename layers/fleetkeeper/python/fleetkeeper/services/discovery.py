@@ -162,6 +162,13 @@ def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> N
             ctx, gateway, instance, templates=templates, image_names=image_names, findings=findings, now=now
         )
 
+    if ctx.settings.gc_mode is not GcMode.REPORT_ONLY:
+        # An earlier import may have failed to tag its machine; keep trying, or IAM denies stopping it.
+        for worker in tracked:
+            machine = discovered.get(worker.ec2_instance_id or "")
+            if machine is not None and machine.tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE:
+                _ensure_tags(gateway, machine, worker.id, worker.template, findings)
+
     _collect_orphans(
         ctx, gateway, tracked=tracked, discovered=discovered, alive=alive, findings=findings, now=now
     )
@@ -216,15 +223,22 @@ def _adopt(
     except Conflict:
         findings.imported.remove(worker.id)
         return
-    missing_tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: template.name}
-    if any(instance.tags.get(k) != v for k, v in missing_tags.items()):
-        # Tagged from now on, so the reconciler's tag listing covers it like any launched worker.
-        try:
-            gateway.tag(instance.instance_id, missing_tags)
-        except (ClientError, BotoCoreError) as error:
-            # The worker exists either way; without the tags the reconciler reads it by id instead.
-            findings.untagged.append(worker.id)
-            logger.warning("imported instance not tagged", instance_id=instance.instance_id, error=str(error))
+    _ensure_tags(gateway, instance, worker.id, template.name, findings)
+
+
+def _ensure_tags(
+    gateway: Ec2Gateway, instance: Ec2Instance, worker_id: str, template: str, findings: RegionFindings
+) -> None:
+    """Tag a machine as fleetkeeper's; without the tag, stop and terminate are denied by IAM."""
+    wanted = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker_id, TEMPLATE_TAG: template}
+    if all(instance.tags.get(k) == v for k, v in wanted.items()):
+        return
+    try:
+        gateway.tag(instance.instance_id, wanted)
+    except (ClientError, BotoCoreError) as error:
+        # The worker exists either way; the next discovery run tries again.
+        findings.untagged.append(worker_id)
+        logger.warning("imported instance not tagged", instance_id=instance.instance_id, error=str(error))
 
 
 def _template_for(

@@ -22,7 +22,7 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import emit_counters
-from fleetkeeper.services.worker_exit import retire_worker
+from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
 from fleetkeeper.triggers import Ec2SpotWarningEvent, Ec2StateChangeEvent
 
 ACTOR = "ec2-events"
@@ -118,7 +118,7 @@ def _move(
     if target == WorkerStatus.TERMINATED:
         retire_worker(ctx, worker, cause=Cause.EC2, actor=ACTOR, reason=reason, changes=changes)
         return
-    ctx.store.transition_worker(
+    moved = ctx.store.transition_worker(
         worker,
         target,
         cause=Cause.EC2,
@@ -126,6 +126,7 @@ def _move(
         reason=reason,
         changes={**changes, "status_reason": reason},
     )
+    release_stopped_worker(ctx, moved, actor=ACTOR)
 
 
 def apply_spot_warning(

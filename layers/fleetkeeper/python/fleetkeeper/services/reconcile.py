@@ -45,7 +45,7 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, 
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import drain_hooks, drains
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.worker_exit import retire_worker
+from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
 from fleetkeeper.settings import Settings
 
 ACTOR = "reconciler"
@@ -460,6 +460,8 @@ def _apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counte
         updated = ctx.store.transition_worker(
             worker, step.target, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes
         )
+        if step.cause == Cause.EC2:
+            release_stopped_worker(ctx, updated, actor=ACTOR)
     if step.drift:
         counters["drift_corrections"] += 1
     if step.counter:

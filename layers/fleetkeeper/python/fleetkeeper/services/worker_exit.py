@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 # The reason written on instances that were running on a machine that disappeared.
 WORKER_LOST = "worker_lost"
+# ... and on a machine that EC2 stopped outside fleetkeeper (console, spot stop).
+WORKER_STOPPED = "worker_stopped"
 
 
 def retire_worker(
@@ -54,12 +56,24 @@ def finish_retirement(ctx: Context, worker: Worker, *, actor: str) -> None:
     drain_hooks.close_drain(ctx, worker, outcome=DrainOutcome.ERROR, reason=WORKER_LOST, actor=actor)
 
 
-def end_lost_instances(ctx: Context, worker: Worker, *, actor: str) -> int:
+def release_stopped_worker(ctx: Context, worker: Worker, *, actor: str) -> None:
+    """EC2 stopped the machine under its sessions: end them and close the drain that waited on them.
+
+    Left alone they would come back as ghosts holding slots when the machine restarts.
+    """
+    if worker.status != WorkerStatus.STOPPED:
+        return
+    if worker.active_instances > 0:
+        end_lost_instances(ctx, worker, actor=actor, reason=WORKER_STOPPED)
+    drain_hooks.close_drain(ctx, worker, outcome=DrainOutcome.ERROR, reason=WORKER_STOPPED, actor=actor)
+
+
+def end_lost_instances(ctx: Context, worker: Worker, *, actor: str, reason: str = WORKER_LOST) -> int:
     """End every instance still active on a worker that is gone; returns how many were ended."""
     ended = 0
     for instance in ctx.store.active_instances_of(worker.id):
         try:
-            lost = ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason=WORKER_LOST)
+            lost = ctx.store.end_instance(instance, InstanceState.TERMINATED, actor=actor, reason=reason)
             ended += 1
             drains.signal_if_drained(ctx, lost)  # it may have been a draining pool's last instance
         except Conflict:
