@@ -206,3 +206,16 @@ def test_given_a_worker_stopped_in_the_console_then_its_sessions_end_instead_of_
     assert (stopped.status, stopped.active_instances) == (S.STOPPED, 0)
     ended = store.get_instance(placed.id)
     assert (ended.state, ended.reason) == (InstanceState.TERMINATED, "worker_stopped")
+
+
+def test_given_a_retirement_cut_short_when_the_event_comes_again_then_it_is_finished(store, live_worker):
+    worker = live_worker()
+    placed = store.place_instance(Instance(id="i-half", worker_id=""), worker, actor="test")
+    # The worker moved, then the function died before ending its instances.
+    store.transition_worker(store.get_worker(worker.id), S.TERMINATED, cause=Cause.EC2, actor="ec2-events")
+
+    deliver(state_event(worker, "terminated"))
+
+    assert store.get_worker(worker.id).active_instances == 0
+    ended = store.get_instance(placed.id)
+    assert (ended.state, ended.reason) == (InstanceState.TERMINATED, "worker_lost")

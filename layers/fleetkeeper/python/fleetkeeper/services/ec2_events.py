@@ -22,7 +22,7 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import emit_counters
-from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
+from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
 from fleetkeeper.triggers import Ec2SpotWarningEvent, Ec2StateChangeEvent
 
 ACTOR = "ec2-events"
@@ -64,6 +64,10 @@ def apply_state_change(
         worker = ctx.store.find_worker_by_ec2_instance(instance_id)
         if worker is None:
             return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+        # A redelivered event is how a retirement or a stop cut short (crash, throttling) gets finished;
+        # both steps are idempotent and do nothing when there is nothing left to do.
+        finish_retirement(ctx, worker, actor=ACTOR)
+        release_stopped_worker(ctx, worker, actor=ACTOR)
         if is_stale_evidence(worker, state, at):
             return _done(ctx, EventResult(EventOutcome.STALE, worker.id, f"{state} at {at.isoformat()}"))
         step = follow_ec2(worker, Observation(state=state, observed_at=at))
