@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -148,15 +149,20 @@ def test_given_running_and_ec2_does_not_know_the_instance_then_unknown_for_gc_to
     assert (step.target, step.cause) == (S.UNKNOWN, Cause.EC2)
 
 
+def drain_record(**overrides: Any) -> DrainRecord:
+    """A drain started now with a one-hour deadline; tests override what they are about."""
+    fields: dict[str, Any] = {
+        "generation": 1,
+        "started_at": NOW,
+        "deadline": NOW + timedelta(hours=1),
+        "timeout_seconds": 3600,
+        "requested_by": "op",
+    }
+    return DrainRecord(**{**fields, **overrides})
+
+
 def test_given_draining_with_a_running_workflow_then_the_reconciler_keeps_out():
-    drain = DrainRecord(
-        generation=1,
-        started_at=NOW,
-        deadline=NOW + timedelta(hours=1),
-        timeout_seconds=3600,
-        requested_by="op",
-        execution_arn="arn:exec",
-    )
+    drain = drain_record(execution_arn="arn:exec")
     step = step_for(worker(S.DRAINING, drain=drain, active_instances=2), seen("running"))
     assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)
 
@@ -166,28 +172,13 @@ def test_given_draining_with_a_running_workflow_then_the_reconciler_keeps_out():
     [(DrainThen.STOP, S.STOPPING, Ec2Call.STOP), (DrainThen.TERMINATE, S.TERMINATING, Ec2Call.TERMINATE)],
 )
 def test_given_draining_with_a_finished_drain_then_it_moves_on_per_then(then, target, call):
-    drain = DrainRecord(
-        generation=1,
-        started_at=NOW,
-        deadline=NOW + timedelta(hours=1),
-        timeout_seconds=3600,
-        requested_by="op",
-        then=then,
-        execution_arn="arn:exec",
-        outcome=DrainOutcome.SUCCESS,
-    )
+    drain = drain_record(then=then, execution_arn="arn:exec", outcome=DrainOutcome.SUCCESS)
     step = step_for(worker(S.DRAINING, drain=drain), seen("running"))
     assert (step.target, step.call) == (target, call)
 
 
 def test_given_draining_without_execution_and_instances_before_deadline_then_it_waits():
-    drain = DrainRecord(
-        generation=1,
-        started_at=NOW,
-        deadline=NOW + timedelta(hours=1),
-        timeout_seconds=3600,
-        requested_by="op",
-    )
+    drain = drain_record()
     busy = worker(S.DRAINING, drain=drain, active_instances=1)
     assert not drain_is_finished(busy, NOW)
     assert drain_is_finished(busy, NOW + timedelta(hours=2))
@@ -280,13 +271,6 @@ def test_given_a_busy_running_worker_with_a_desired_status_then_it_is_drained_fi
 
 
 def test_given_a_failed_drain_with_instances_still_running_then_the_reconciler_does_not_stop_it():
-    failed = DrainRecord(
-        generation=1,
-        started_at=NOW - timedelta(hours=1),
-        deadline=NOW + timedelta(hours=1),
-        timeout_seconds=7200,
-        requested_by="ops",
-        outcome=DrainOutcome.ERROR,
-    )
+    failed = drain_record(outcome=DrainOutcome.ERROR)
     step = step_for(worker(S.DRAINING, drain=failed, active_instances=2), seen("running"))
     assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)
