@@ -356,3 +356,51 @@ def test_given_a_stale_copy_when_ending_then_stale_write_names_the_state_now(
     with pytest.raises(StaleWrite) as raised:
         store.end_instance(placed, InstanceState.TERMINATED, actor="t")
     assert raised.value.current_status == InstanceState.COMPLETED
+
+
+# ---- a write that landed but whose answer was lost is not reported as a conflict --------------------
+
+
+def lost_answer() -> faults.Fault:
+    return faults.Fault(
+        "dynamodb", "InternalServerError", frozenset({"TransactWriteItems"}), status=500, after=True, limit=1
+    )
+
+
+def test_given_a_lost_answer_when_placing_then_the_retry_recognises_its_own_write(
+    store: FleetStore, running_worker: WorkerFactory, table_name: str
+) -> None:
+    worker = running_worker(capacity=2)
+    fault = lost_answer()
+    with faults.FaultPlan(faults=[fault]).installed():
+        placed = placement.place_instance(hooked_store(table_name), actor="t", template="lab")
+    assert fault.injected == 1
+    assert store.get_instance(placed.id).worker_id == worker.id
+    assert store.get_worker(worker.id).active_instances == 1  # one slot taken, not two
+
+
+def test_given_a_lost_answer_when_ending_then_the_retry_recognises_its_own_write(
+    store: FleetStore, running_worker: WorkerFactory, table_name: str
+) -> None:
+    worker = running_worker(capacity=2)
+    placed = placement.place_instance(store, actor="t", worker_id=worker.id)
+    placement.place_instance(store, actor="t", worker_id=worker.id)
+    fault = lost_answer()
+    with faults.FaultPlan(faults=[fault]).installed():
+        ended = hooked_store(table_name).end_instance(placed, InstanceState.COMPLETED, actor="t")
+    assert fault.injected == 1
+    assert ended.state is InstanceState.COMPLETED
+    assert store.get_worker(worker.id).active_instances == 1  # freed once
+
+
+def test_given_a_lost_answer_when_a_worker_moves_then_the_retry_recognises_its_own_write(
+    store: FleetStore, running_worker: WorkerFactory, table_name: str
+) -> None:
+    worker = running_worker(capacity=2)
+    fault = lost_answer()
+    with faults.FaultPlan(faults=[fault]).installed():
+        moved = hooked_store(table_name).transition_worker(
+            worker, WorkerStatus.STOPPING, cause=Cause.CONTROL, actor="t"
+        )
+    assert fault.injected == 1
+    assert store.get_worker(worker.id) == moved

@@ -46,7 +46,7 @@ class CatalogRepository(TableAccess):
                 f"template '{template.name}' changed concurrently; read it again",
             )
 
-        self._transact([put, self._audit_put(audit)], {0: refuse})
+        self._transact([put, self._audit_put(audit)], {0: refuse}, written=stored)
         return stored
 
     def list_templates(self) -> list[WorkerTemplate]:
@@ -84,7 +84,9 @@ class CatalogRepository(TableAccess):
             status = current_status(Pool, current) if current else None
             return Conflict("pool", pool.name, status, f"pool '{pool.name}' already exists")
 
-        self._transact([self._put(item, "attribute_not_exists(PK)"), self._audit_put(audit)], {0: refuse})
+        self._transact(
+            [self._put(item, "attribute_not_exists(PK)"), self._audit_put(audit)], {0: refuse}, written=stored
+        )
         return stored
 
     def save_pool(
@@ -123,5 +125,5 @@ class CatalogRepository(TableAccess):
         stale = refuse_missing(
             "pool", pool.name, lambda c: StaleWrite("pool", pool.name, current_status(Pool, c))
         )
-        self._transact([put, self._audit_put(audit)], {0: stale})
+        self._transact([put, self._audit_put(audit)], {0: stale}, written=updated)
         return updated

@@ -84,7 +84,7 @@ class InstanceRepository(TableAccess):
                 )
             )
             refusals[2] = _refuse_worker_not_in(instance, allowed)
-        self._transact(items, refusals)
+        self._transact(items, refusals, written=updated)
         return updated
 
     def list_instances(

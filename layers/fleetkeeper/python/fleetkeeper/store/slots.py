@@ -107,7 +107,7 @@ class SlotTransactions(InstanceRepository):
                 )
             )
             refusals[3] = lambda current: _pool_refuses(pool_name, current)
-        self._transact(items, refusals)
+        self._transact(items, refusals, written=stored)
         return stored
 
     def end_instance(
@@ -183,7 +183,9 @@ class SlotTransactions(InstanceRepository):
 
         refuse_instance = self._refuse_stale_instance(instance)
         try:
-            self._transact([end, free_slot, audit({})], {0: refuse_instance, 1: worker_refuses})
+            self._transact(
+                [end, free_slot, audit({})], {0: refuse_instance, 1: worker_refuses}, written=updated
+            )
         except _CounterAtZero:
             # The worker's counter is already at zero (or the worker is gone): end the instance anyway
             # rather than leave it active forever, and say so in its audit record.
@@ -193,7 +195,7 @@ class SlotTransactions(InstanceRepository):
                     raise DrainNoLongerActive(
                         instance.worker_id, drain_generation, None, "the worker is gone"
                     ) from None
-                self._transact([end, anomaly], {0: refuse_instance})
+                self._transact([end, anomaly], {0: refuse_instance}, written=updated)
                 return updated
             forget_id = {
                 "Update": {
@@ -220,7 +222,7 @@ class SlotTransactions(InstanceRepository):
                 )
                 return over or NotFound("worker", instance.worker_id)
 
-            self._transact([end, forget_id, anomaly], {0: refuse_instance, 1: gone_or_over})
+            self._transact([end, forget_id, anomaly], {0: refuse_instance, 1: gone_or_over}, written=updated)
         return updated
 
     def active_instances_of(self, worker_id: str) -> list[Instance]:

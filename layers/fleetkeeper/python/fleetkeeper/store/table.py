@@ -78,6 +78,14 @@ def cancellation_error(exc: ClientError, refusals: Mapping[int, Refusal]) -> Exc
     return None
 
 
+def _already_written(exc: ClientError, record: BaseModel) -> bool:
+    """True when item 0's condition failed because it already holds exactly `record` (our own write)."""
+    reasons = cancellation_reasons(exc)
+    if not reasons or reasons[0].get("Code") != CONDITION_FAILED or not reasons[0].get("Item"):
+        return False
+    return load_record(type(record), reasons[0]["Item"]) == record
+
+
 def refuse_missing(kind: str, key: str, otherwise: Callable[[dict[str, Any]], Exception]) -> Refusal:
     """A refusal that says NotFound when the item is gone, and `otherwise(current)` when it is not."""
 
@@ -163,11 +171,19 @@ class TableAccess:
 
     # ---- writes ------------------------------------------------------------------------------
 
-    def _transact(self, items: Sequence[Mapping[str, Any]], refusals: Mapping[int, Refusal]) -> None:
+    def _transact(
+        self,
+        items: Sequence[Mapping[str, Any]],
+        refusals: Mapping[int, Refusal],
+        *,
+        written: BaseModel | None = None,
+    ) -> None:
         """Write the items in one transaction; the one place a cancellation is mapped.
 
         `refusals[i]` says what a failed condition on item i means. Conflicts with concurrent
         transactions and throttling are retried (cloud/retry.py), then raise `Unavailable`.
+        `written` is the record item 0 stores: when a retry fails its condition because the item now is
+        exactly that record, an earlier attempt committed and only its answer was lost, so it succeeded.
         """
         try:
             with_backoff(
@@ -175,6 +191,8 @@ class TableAccess:
                 name="TransactWriteItems",
             )
         except ClientError as exc:
+            if written is not None and _already_written(exc, written):
+                return
             refused = cancellation_error(exc, refusals)
             if refused is None:
                 raise

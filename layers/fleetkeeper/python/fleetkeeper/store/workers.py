@@ -92,6 +92,7 @@ class WorkerRepository(TableAccess):
         self._transact(
             [self._put(self._worker_item(stored), "attribute_not_exists(PK)"), self._audit_put(audit)],
             {0: refuse},
+            written=stored,
         )
         return stored
 
@@ -134,7 +135,9 @@ class WorkerRepository(TableAccess):
         stale = refuse_missing(
             "worker", current.id, lambda c: StaleWrite("worker", current.id, current_status(Worker, c))
         )
-        self._transact([self._worker_update(current, updated), self._audit_put(audit)], {0: stale})
+        self._transact(
+            [self._worker_update(current, updated), self._audit_put(audit)], {0: stale}, written=updated
+        )
         return updated
 
     def transition_worker(
