@@ -7,6 +7,9 @@ plan is installed see them, so each test builds its store or context inside `pla
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +20,7 @@ from fleetkeeper.domain.errors import (
     CapacityUnavailable,
     Conflict,
     DrainNoLongerActive,
+    IllegalTransition,
     StaleWrite,
     Unavailable,
 )
@@ -404,3 +408,41 @@ def test_given_a_lost_answer_when_a_worker_moves_then_the_retry_recognises_its_o
         )
     assert fault.injected == 1
     assert store.get_worker(worker.id) == moved
+
+
+def test_given_reports_in_a_loop_when_the_worker_is_retired_then_no_instance_stays_active(
+    store: FleetStore, running_worker: WorkerFactory
+) -> None:
+    worker = running_worker(capacity=3)
+    placed = [placement.place_instance(store, actor="t", worker_id=worker.id) for _ in range(3)]
+    ctx = hooked_context()
+    stop = threading.Event()
+    outcomes: Counter[str] = Counter()
+
+    def report() -> None:
+        states = [InstanceState.RUNNING, InstanceState.INSTANTIATING]
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                instances.change_instance_state(ctx, placed[n % 3].id, states[n % 2], actor="workload")
+                outcomes["applied"] += 1
+            except (Conflict, IllegalTransition):
+                outcomes["refused"] += 1
+
+    reporter = threading.Thread(target=report)
+    reporter.start()
+    try:
+        time.sleep(0.2)
+        worker_exit.retire_worker(
+            ctx, store.get_worker(worker.id), cause=Cause.EC2, actor="ec2", reason="machine terminated"
+        )
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        reporter.join(timeout=10)
+    assert outcomes["applied"] > 0
+    assert outcomes["refused"] > 0  # reports after the retirement lost
+    assert all(not store.get_instance(i.id).is_active for i in placed)
+    assert store.get_worker(worker.id).active_instances == 0
+    assert store.active_instances_of(worker.id) == []
