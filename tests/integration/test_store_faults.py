@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -31,7 +30,7 @@ from fleetkeeper.services.context import Context, build_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
-from tests.integration.conftest import WorkerFactory
+from tests.integration.conftest import WorkerFactory, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -433,11 +432,11 @@ def test_given_reports_in_a_loop_when_the_worker_is_retired_then_no_instance_sta
     reporter = threading.Thread(target=report)
     reporter.start()
     try:
-        time.sleep(0.2)
+        eventually(lambda: outcomes["applied"] >= 3, timeout=30)
         worker_exit.retire_worker(
             ctx, store.get_worker(worker.id), cause=Cause.EC2, actor="ec2", reason="machine terminated"
         )
-        time.sleep(0.2)
+        eventually(lambda: outcomes["refused"] >= 3, timeout=30)
     finally:
         stop.set()
         reporter.join(timeout=10)
