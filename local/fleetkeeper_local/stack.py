@@ -28,6 +28,10 @@ from fleetkeeper.store.schema import create_table_request
 DEFAULT_DYNAMODB_PORT = 8000
 DEFAULT_MOTO_PORT = 4566
 LOCAL_REGION = "us-east-1"
+# A JVM starting beside a busy test run (2 cores, parallel workers) can take well over 20 s to answer;
+# a generous bound only costs time when something is really broken, and then the error says so.
+STARTUP_TIMEOUT_SECONDS = float(os.environ.get("FLEETKEEPER_LOCAL_STARTUP_TIMEOUT", "120"))
+CONTROL_TIMEOUT_SECONDS = 30.0
 # DynamoDB Local keeps one database per access key unless -sharedDb; moto accepts any key.
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
 
@@ -164,14 +168,14 @@ class LocalStack:
         self._dynamodb = subprocess.Popen(  # noqa: S603 - fixed argv
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=jar_dir
         )
-        _wait_for_http(self.dynamodb_endpoint, timeout=30, process=self._dynamodb)
+        _wait_for_http(self.dynamodb_endpoint, timeout=STARTUP_TIMEOUT_SECONDS, process=self._dynamodb)
 
     def _start_moto(self) -> None:
         # werkzeug logs every request moto serves; that drowns everything else in the console.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
         self._moto.start()
-        _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=15)
+        _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(
             {
                 "stepfunctions": {"execute_state_machine": True},
@@ -186,13 +190,13 @@ class LocalStack:
             method="POST",
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=5):  # noqa: S310
+        with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_SECONDS):  # noqa: S310
             pass
 
     def reset_moto(self) -> None:
         """Forget every moto resource (EC2 instances, state machines, ...) between tests."""
         request = urllib.request.Request(f"{self.moto_endpoint}/moto-api/reset", method="POST")  # noqa: S310
-        with urllib.request.urlopen(request, timeout=5):  # noqa: S310
+        with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_SECONDS):  # noqa: S310
             pass
         self.configure_moto(
             {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
