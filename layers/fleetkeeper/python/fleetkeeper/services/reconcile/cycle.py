@@ -198,7 +198,7 @@ def _plan(
         if region_error is not None:
             # Without EC2's word nothing can be decided for this worker: it waits out a backoff.
             step = Step(Outcome.RETRY, "EC2 unreadable in its region")
-            return Work(worker, step, None, region_error, region_unreadable=True)
+            return Work(worker, step, None, error=region_error, region_unreadable=True)
         obs = observations[worker.ec2_instance_id]
     try:
         step = decide(
@@ -208,7 +208,7 @@ def _plan(
             provisioning_timeout=timedelta(seconds=ctx.settings.ec2_provisioning_timeout_seconds),
         )
     except Exception as error:
-        return Work(worker, Step(Outcome.RETRY, "planning failed"), obs, error)
+        return Work(worker, Step(Outcome.RETRY, "planning failed"), obs, error=error)
     return Work(worker, step, obs)
 
 
