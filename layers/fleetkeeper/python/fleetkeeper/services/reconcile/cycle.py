@@ -22,11 +22,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError
 
+from fleetkeeper.cloud import retry
 from fleetkeeper.cloud.ec2 import Ec2Instance
 from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metrics
-from fleetkeeper.domain.errors import Conflict, NotFound
+from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
@@ -59,22 +60,13 @@ def workers_metric(status: WorkerStatus) -> str:
 
 
 def is_retryable(error: BaseException) -> bool:
-    """Whether the same request may succeed when sent again (throttling, 5xx, dropped connection)."""
-    if isinstance(error, BotoCoreError):
-        return True
-    if not isinstance(error, ClientError):
-        return False
-    code = str(error.response.get("Error", {}).get("Code") or "")
-    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return (
-        "Throttl" in code
-        or code in ("RequestLimitExceeded", "InternalError")
-        or (isinstance(status, int) and status >= 500)
-    )
+    """Whether trying again later may succeed: AWS's own classification (cloud/retry.py), plus a store
+    call that already spent its retries on a retryable error (`Unavailable`)."""
+    return isinstance(error, Unavailable) or retry.is_retryable(error)
 
 
 def _is_aws_error(error: BaseException) -> bool:
-    return isinstance(error, ClientError | BotoCoreError)
+    return retry.error_code(error) is not None or isinstance(error, BotoCoreError)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
+from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
@@ -93,6 +94,11 @@ def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[
     PENDING with its claim, so the next cycle looks again. Discovery terminates any machine that still
     turns up later for this worker (see services/discovery.py).
     """
+    # The cycle read the worker from the status index, which may lag: terminating is not conditional,
+    # so it acts only on the item as it is now.
+    fresh = ctx.store.get_worker(worker.id)
+    if fresh.version != worker.version:
+        raise StaleWrite("worker", worker.id, str(fresh.status))
     gateway = ctx.ec2(worker.region)
     machines = machines_of(gateway, worker)
     for machine in machines:
