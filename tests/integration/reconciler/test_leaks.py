@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cloud.clients import client
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.services import workers
 from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import faults
 from tests.integration.reconciler.support import ec2_state, ensure_template, launch
 
 pytestmark = pytest.mark.integration
@@ -120,3 +122,24 @@ def test_given_a_second_machine_tagged_for_a_live_worker_then_discovery_terminat
     assert ec2_state(ec2, worker.ec2_instance_id or "") == "running"
     assert store.get_worker(worker.id).status == S.RUNNING
     assert report.counters["leaked_machines"] == 1
+
+
+def test_given_the_indexes_lag_when_a_worker_just_recorded_its_machine_then_discovery_leaves_both_alone(
+    make_ctx, table_name, ec2, lab_image
+):
+    plan = faults.FaultPlan(index_lag_seconds=5)
+    with plan.installed():
+        lagging = FleetStore(client("dynamodb"), table_name)
+        ensure_template(lagging)
+        worker = workers.create_worker(lagging, template="lab", region="us-east-1", actor="test")
+        machine = launch(ec2, worker.id, lab_image)
+        lagging.transition_worker(
+            worker, S.PROVISIONING, cause=Cause.CONTROL, actor="test", changes={"ec2_instance_id": machine}
+        )
+
+        report = discover_and_collect(make_ctx())
+
+    assert plan.hidden_by_lag >= 1
+    assert ec2_state(ec2, machine) == "running"
+    assert (report.counters["leaked_machines"], report.counters["imported"]) == (0, 0)
+    assert lagging.get_worker(worker.id).status == S.PROVISIONING

@@ -115,9 +115,11 @@ def reconcile_fleet(
     try:
         try:
             _run_cycle(ctx, report, now, remaining)
-        finally:
+        except Exception:
             # Even a cycle that could not read its workers keeps the waiting drains alive.
             _sweep_drains(ctx, report)
+            raise
+        _sweep_drains(ctx, report)
     finally:
         stats.release_lease(LEASE_NAME, owner, now=utcnow())
         report.duration_seconds = time.monotonic() - started
