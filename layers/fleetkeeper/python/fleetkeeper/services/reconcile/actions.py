@@ -9,7 +9,7 @@ from typing import Any
 
 from fleetkeeper.domain.errors import Conflict, NotFound
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.models import DrainThen, Worker
 from fleetkeeper.domain.reconcile import (
     BACKOFF_MAX_SECONDS,
     Ec2Call,
@@ -60,9 +60,11 @@ def reset_backoff(worker: Worker) -> dict[str, Any]:
     return {"reconcile_attempts": 0, "next_reconcile_at": None, "last_reconcile_error": None}
 
 
-def start_desired_drain(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:
+def start_desired_drain(
+    ctx: Context, worker: Worker, step: Step, then: DrainThen, counters: Counter[str]
+) -> Outcome:
     """A desired STOPPED/TERMINATED on a busy worker: drain it first, so no session is cut short."""
-    started = drain_hooks.start_drain(ctx, worker.id, actor=ACTOR, reason=step.reason, then=step.drain_then)
+    started = drain_hooks.start_drain(ctx, worker.id, actor=ACTOR, reason=step.reason, then=then)
     counters["desired_status_drains" if started else "desired_status_drain_refused"] += 1
     return step.outcome
 

@@ -291,7 +291,7 @@ def _dispatch(ctx: Context, item: Work, now: datetime, counters: Counter[str]) -
     if item.scale_down is not None:
         return scale_down(ctx, worker, item.scale_down, step, counters)
     if step.drain_then is not None:
-        return start_desired_drain(ctx, worker, step, counters)
+        return start_desired_drain(ctx, worker, step, step.drain_then, counters)
     if step.outcome == Outcome.RETRY:
         back_off(ctx, worker, now, step.reason, counters)
         return Outcome.RETRY
