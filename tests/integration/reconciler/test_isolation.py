@@ -146,3 +146,33 @@ def test_given_ec2_throttles_one_region_then_its_workers_back_off_and_the_other_
     assert later.counters["region_unavailable"] == 1
     assert store.get_worker(far.id).reconcile_attempts == 2
     assert store.get_worker(far.id).status == S.PROVISIONING
+
+
+def test_given_a_final_ec2_error_on_one_workers_stop_then_it_waits_the_longest_backoff_and_others_converge(
+    make_ctx, store, ec2, live_worker
+):
+    refused = store.update_worker(
+        live_worker(), {"desired_status": S.STOPPED}, actor="test", action="Desired"
+    )
+    other = store.update_worker(live_worker(), {"desired_status": S.STOPPED}, actor="test", action="Desired")
+    denied = faults.Fault(
+        "ec2",
+        "UnauthorizedOperation",
+        frozenset({"StopInstances"}),
+        when=lambda _op, params: refused.ec2_instance_id in params.values(),
+    )
+    plan = faults.FaultPlan(faults=[denied])
+
+    with plan.installed():
+        first = reconcile_fleet(make_ctx())
+        now = utcnow()
+        second = reconcile_fleet(make_ctx(), now=now)
+
+    assert (first.completed, second.completed) == (True, True)
+    assert first.counters["final_errors"] == second.counters["final_errors"] == 1
+    waiting = store.get_worker(refused.id)
+    assert waiting.status == S.STOPPING
+    assert "UnauthorizedOperation" in (waiting.last_reconcile_error or "")
+    assert waiting.next_reconcile_at is not None
+    assert waiting.next_reconcile_at - now == timedelta(seconds=60)  # the longest backoff, at once
+    assert store.get_worker(other.id).status == S.STOPPED

@@ -55,7 +55,7 @@ def read_instances(
     for region, ids in sorted(wanted.items()):
         try:
             found = describe_instances(ec2(region), ids)
-        except Exception as error:
+        except Exception as error:  # one region's failure is the caller's to classify
             reads.failed[region] = error
             continue
         for instance_id in ids:
@@ -84,6 +84,6 @@ def read_metrics(
     for region, ids in sorted(wanted.items()):
         try:
             reads.found.update(cloudwatch(region).latest(ids, now=now, window=window))
-        except Exception as error:
+        except Exception as error:  # one region's failure is the caller's to classify
             reads.failed[region] = error
     return reads

@@ -66,6 +66,7 @@ class RegionFindings:
     # Managed machines no live worker owns (instance ids), and those terminated this run.
     leaked: list[str] = field(default_factory=list)
     leaked_terminated: list[str] = field(default_factory=list)
+    errors: int = 0
 
 
 @dataclass
@@ -110,6 +111,7 @@ def discover_and_collect(
         report.counters["imported_untagged"] += len(findings.untagged)
         report.counters["leaked_machines"] += len(findings.leaked)
         report.counters["leaked_machines_terminated"] += len(findings.leaked_terminated)
+        report.counters["discovery_errors"] += findings.errors
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -168,9 +170,19 @@ def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> N
             continue
         if templates is None:
             templates = {t.name: t for t in ctx.store.list_templates()}
-        _adopt(
-            ctx, gateway, instance, templates=templates, image_names=image_names, findings=findings, now=now
-        )
+        try:
+            _adopt(
+                ctx,
+                gateway,
+                instance,
+                templates=templates,
+                image_names=image_names,
+                findings=findings,
+                now=now,
+            )
+        except Exception:  # one machine's failure is its own; the next run tries again
+            logger.exception("machine not settled", instance_id=instance_id)
+            findings.errors += 1
 
     if ctx.settings.gc_mode is not GcMode.REPORT_ONLY:
         # An earlier import may have failed to tag its machine; keep trying, or IAM denies stopping it.

@@ -131,7 +131,7 @@ def _sweep_drains(ctx: Context, report: CycleReport) -> None:
     """Keep waiting drains alive and complete those whose last signal was lost (see services/drains)."""
     try:
         swept = drains.sweep_waiting_drains(ctx)
-    except Exception:
+    except Exception:  # the sweep runs again next cycle
         # The drains' own heartbeat re-check remains meanwhile.
         logger.exception("sweep of waiting drains failed")
         report.counters["drain_sweep_errors"] += 1
@@ -153,7 +153,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     try:
         plan_steady_running(ctx, work, readings, now, report.counters)
-    except Exception:
+    except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1
         report.counters["reconcile_errors"] += 1
@@ -201,7 +201,7 @@ def _plan(
             now,
             provisioning_timeout=timedelta(seconds=ctx.settings.ec2_provisioning_timeout_seconds),
         )
-    except Exception as error:
+    except Exception as error:  # a bad record affects only its own worker
         return Work(worker, Step(Outcome.RETRY, "planning failed"), obs, error=error)
     return Work(worker, step, obs)
 
@@ -278,7 +278,7 @@ def act(ctx: Context, item: Work, now: datetime) -> tuple[Outcome, Counter[str]]
         return Outcome.REQUEUE, counters
     except NotFound:
         return Outcome.SKIP, counters
-    except Exception as error:
+    except Exception as error:  # isolation: one worker never stops the cycle
         return _worker_failed(ctx, item, error, now, counters), counters
 
 
@@ -328,7 +328,7 @@ def _worker_failed(
                 return fail(ctx, fresh, f"launch refused: {reason}", counters)
             return Outcome.REQUEUE
         back_off(ctx, worker, now, reason, counters, final=not retryable)
-    except Exception:
+    except Exception:  # the backoff is lost, not the cycle; the worker is simply due again
         logger.exception("backoff not recorded", worker_id=worker.id)
         counters["backoff_errors"] += 1
     return Outcome.RETRY

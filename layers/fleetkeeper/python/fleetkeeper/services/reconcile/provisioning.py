@@ -164,5 +164,5 @@ def scaling_audit(ctx: Context, detail_type: str, detail: Mapping[str, Any]) -> 
     """A scaling audit record on the audit bus; the worker's own audit item is already in the table."""
     try:
         ctx.audit.publish(detail_type, detail)
-    except Exception:
+    except Exception:  # the audit item in the table is the record; the event is a copy
         logger.exception("audit event not published", detail_type=detail_type)

@@ -79,7 +79,7 @@ def plan_steady_running(
     for item in steady:
         try:
             _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
-        except Exception as error:
+        except Exception as error:  # one worker's failure is its own (see cycle.py)
             item.error = error
             item.scale_down = None
             continue
