@@ -321,18 +321,25 @@ def test_given_a_transient_launch_error_then_retry_backoff_is_persisted_and_hono
     assert store.get_worker(worker.id).version == waiting.version
 
 
-def test_given_a_final_launch_error_then_the_worker_fails_instead_of_retrying_forever(
+def test_given_a_final_launch_error_then_it_waits_the_longest_backoff_and_fails_after_ten_refusals(
     make_ctx, store, ec2, lab_image
 ):
     ctx = make_ctx(REGION_CONFIGS='{"us-east-1": {"subnet_id": "subnet-00000000000000000"}}')
     worker = pending_worker(store)
 
-    report = reconcile_fleet(ctx)
+    first = reconcile_fleet(ctx)
+    waiting = store.get_worker(worker.id)
+    store.update_worker(waiting, {"reconcile_attempts": 9}, actor="test", action="ManyRefusals")
+    last = reconcile_fleet(ctx, now=(waiting.next_reconcile_at or utcnow()) + timedelta(seconds=1))
 
+    assert first.counters["final_errors"] == 1
+    assert waiting.status == S.PENDING
+    assert waiting.next_reconcile_at is not None
+    assert waiting.updated_at + timedelta(seconds=45) < waiting.next_reconcile_at  # the longest backoff
+    assert last.counters["final_errors"] == 1
     failed = store.get_worker(worker.id)
     assert failed.status == S.FAILED
-    assert "launch refused" in (failed.status_reason or "")
-    assert report.counters["final_errors"] == 1
+    assert "launch refused 10 times" in (failed.status_reason or "")
     assert instances_tagged(ec2, worker.id) == []
 
 

@@ -45,6 +45,9 @@ STATS_SCOPE = "reconcile"
 RECONCILE_STATUSES = tuple(s for s in WorkerStatus if s != WorkerStatus.TERMINATED)
 # Stop starting new work when less than this is left of the invocation.
 SAFETY_MARGIN_SECONDS = 10.0
+# A PENDING worker whose launch EC2 refused (a final error) this many times in a row is FAILED: about ten
+# minutes at the longest backoff, time enough for a capacity shortage or a configuration fix.
+MAX_REFUSED_LAUNCHES = 10
 # EC2 and DynamoDB calls of one cycle run on this many threads (boto3 clients are thread-safe).
 PARALLELISM = 16
 
@@ -301,7 +304,7 @@ def _dispatch(ctx: Context, item: Work, now: datetime, counters: Counter[str]) -
 def _worker_failed(
     ctx: Context, item: Work, error: BaseException, now: datetime, counters: Counter[str]
 ) -> Outcome:
-    """Log, count and back off one worker's failure; a final launch error fails the worker."""
+    """Log, count and back off one worker's failure; a launch refused again and again fails the worker."""
     worker = item.worker
     retryable = is_retryable(error)
     from_region = item.region_unreadable
@@ -321,12 +324,12 @@ def _worker_failed(
     )
     try:
         if item.step.call is Ec2Call.LAUNCH and _is_aws_error(error) and not retryable:
-            # EC2 refused the launch for good (a bad AMI or subnet, a denied call): retrying cannot help.
-            # The launch claim was written meanwhile, so the worker is read again.
+            # EC2 refused the launch (a bad AMI or subnet, a denied call, no capacity): it is tried again
+            # at the longest backoff, and given up after MAX_REFUSED_LAUNCHES refusals in a row. The
+            # launch claim was written meanwhile, so the worker is read again.
             fresh = ctx.store.get_worker(worker.id)
-            if fresh.status == WorkerStatus.PENDING:
-                return fail(ctx, fresh, f"launch refused: {reason}", counters)
-            return Outcome.REQUEUE
+            if fresh.status == WorkerStatus.PENDING and fresh.reconcile_attempts + 1 >= MAX_REFUSED_LAUNCHES:
+                return fail(ctx, fresh, f"launch refused {MAX_REFUSED_LAUNCHES} times: {reason}", counters)
         back_off(ctx, worker, now, reason, counters, final=not retryable)
     except Exception:  # the backoff is lost, not the cycle; the worker is simply due again
         logger.exception("backoff not recorded", worker_id=worker.id)
