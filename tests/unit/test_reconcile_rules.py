@@ -299,3 +299,16 @@ def test_given_a_failed_drain_with_instances_still_running_then_the_reconciler_d
     failed = drain_record(outcome=DrainOutcome.ERROR)
     step = step_for(worker(S.DRAINING, drain=failed, active_instances=2), seen("running"))
     assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)
+
+
+@pytest.mark.parametrize(
+    ("retired_by", "revived"), [("discovery-gc", True), ("reconciler", False), ("api", False)]
+)
+def test_given_a_terminated_worker_when_its_machine_runs_then_only_a_gc_retirement_is_undone(
+    retired_by: str, revived: bool
+):
+    retired = worker(S.TERMINATED, terminated_by=retired_by)
+
+    step = follow_ec2(retired, seen("running"))
+
+    assert (step is not None and step.target == S.RUNNING) is revived

@@ -292,3 +292,21 @@ def test_given_a_machine_tagged_for_a_worker_that_never_recorded_it_then_the_eve
 
     assert result["outcome"] == "foreign"
     assert store.get_worker(pending.id).status == S.PENDING
+
+
+def test_given_a_worker_retired_on_purpose_when_a_late_running_event_arrives_then_it_stays_retired(
+    store, live_worker
+):
+    worker = live_worker()
+    store.transition_worker(
+        worker,
+        S.TERMINATED,
+        cause=Cause.CONTROL,
+        actor="reconciler",
+        changes={"terminated_by": "reconciler", "terminated_reason": "desired TERMINATED"},
+    )
+
+    result = deliver(state_event(worker, "running"))
+
+    assert result["outcome"] == "not_applicable"
+    assert store.get_worker(worker.id).status == S.TERMINATED

@@ -110,9 +110,22 @@ CONSISTENT_STATUSES: Mapping[str, frozenset[WorkerStatus]] = {
 }
 
 
+# Orphan GC's actor: the only retirement that a machine turning up again can undo.
+GC_ACTOR = "discovery-gc"
+
+
+def may_resurrect(worker: Worker) -> bool:
+    """Whether a TERMINATED worker comes back with its machine: only if orphan GC retired it (GC could
+    not see the machine and was wrong). A worker retired on purpose stays retired; its machine is leaked
+    and discovery terminates it."""
+    return worker.status == _S.TERMINATED and worker.terminated_by == GC_ACTOR
+
+
 def follow_ec2(worker: Worker, obs: Observation) -> Step | None:
     """The drift correction EC2's state forces on the worker (seed 003 mapping), or None if it agrees."""
     if obs.state is None:
+        return None
+    if worker.status == _S.TERMINATED and not may_resurrect(worker):
         return None
     if worker.status in CONSISTENT_STATUSES.get(obs.state, frozenset()):
         return None

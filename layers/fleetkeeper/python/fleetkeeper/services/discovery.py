@@ -28,6 +28,7 @@ from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
@@ -35,7 +36,7 @@ from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.settings import GcMode
 
-ACTOR = "discovery-gc"
+ACTOR = GC_ACTOR
 STATS_SCOPE = "discovery"
 REASON_MISSING = "EC2 instance not found during discovery"
 REASON_TERMINATED = "EC2 reports the instance terminated"
@@ -262,7 +263,7 @@ def _settle_owned(
     if owner.status == WorkerStatus.PENDING:
         return  # mid-launch: the reconciler links them (or retires the launch and its machine)
     if owner.status == WorkerStatus.TERMINATED:
-        if owner.ec2_instance_id == instance.instance_id and owner.terminated_by == ACTOR:
+        if owner.ec2_instance_id == instance.instance_id and may_resurrect(owner):
             # GC retired the worker because it could not see this machine; it was wrong.
             _resurrect(ctx, owner, instance, findings, now, report_only=report_only)
         else:

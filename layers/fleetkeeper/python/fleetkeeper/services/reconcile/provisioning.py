@@ -12,7 +12,7 @@ from typing import Any
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger
@@ -110,7 +110,14 @@ def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[
     changes: dict[str, Any] = {"launch_claimed_at": None}
     if machines:
         # The worker keeps the machine's id, so its history shows what was ended.
-        changes.update({"ec2_instance_id": machines[0].instance_id, "ec2_state": "shutting-down"})
+        # Its time makes any older event about the machine stale.
+        changes.update(
+            {
+                "ec2_instance_id": machines[0].instance_id,
+                "ec2_state": "shutting-down",
+                "ec2_observed_at": utcnow(),
+            }
+        )
     apply_transition(
         ctx, worker, Step(step.outcome, step.reason, target=step.target, changes=changes), counters
     )
