@@ -298,8 +298,9 @@ def test_given_a_worker_retired_on_purpose_when_a_late_running_event_arrives_the
     store, live_worker
 ):
     worker = live_worker()
+    ending = store.transition_worker(worker, S.TERMINATING, cause=Cause.CONTROL, actor="reconciler")
     store.transition_worker(
-        worker,
+        ending,
         S.TERMINATED,
         cause=Cause.CONTROL,
         actor="reconciler",
