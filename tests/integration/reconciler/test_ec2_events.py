@@ -263,7 +263,7 @@ def test_given_an_ignored_running_event_when_an_older_stopping_arrives_then_it_i
 def test_given_the_instance_index_lags_when_a_just_launched_machine_reports_then_its_worker_is_found(
     table_name, ec2, lab_image
 ):
-    plan = faults.FaultPlan(index_lag_seconds=5)
+    plan = faults.FaultPlan(index_lag_seconds=60)
     with plan.installed():
         lagging = FleetStore(client("dynamodb"), table_name)
         ensure_template(lagging)

@@ -127,7 +127,7 @@ def test_given_a_second_machine_tagged_for_a_live_worker_then_discovery_terminat
 def test_given_the_indexes_lag_when_a_worker_just_recorded_its_machine_then_discovery_leaves_both_alone(
     make_ctx, table_name, ec2, lab_image
 ):
-    plan = faults.FaultPlan(index_lag_seconds=5)
+    plan = faults.FaultPlan(index_lag_seconds=60)
     with plan.installed():
         lagging = FleetStore(client("dynamodb"), table_name)
         ensure_template(lagging)
