@@ -38,6 +38,7 @@ from fleetkeeper.store.codec import (
     serialize,
     serialize_value,
 )
+from fleetkeeper.store.retention import audit_expiration
 from fleetkeeper.store.schema import BY_EC2_INSTANCE, BY_KIND, BY_PARENT, BY_STATUS
 
 if TYPE_CHECKING:
@@ -88,9 +89,12 @@ def _validated_copy(record: M, changes: Mapping[str, Any]) -> M:
 class FleetStore:
     """Repository over the single fleetkeeper table."""
 
-    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+    def __init__(
+        self, client: DynamoDBClient, table_name: str, *, audit_retention_days: int | None = None
+    ) -> None:
         self._client = client
         self.table_name = table_name
+        self.audit_retention_days = audit_retention_days
 
     # ---- low-level helpers -------------------------------------------------------------------
 
@@ -128,7 +132,11 @@ class FleetStore:
         return {"Put": put}
 
     def _audit_put(self, event: AuditEvent) -> dict[str, Any]:
-        item = {**keys.audit_key(event), **record_attributes(event)}
+        item = {
+            **keys.audit_key(event),
+            **record_attributes(event),
+            **audit_expiration(event.at, self.audit_retention_days),
+        }
         return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
 
     def _query(self, **kwargs: Any) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
