@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -106,7 +107,7 @@ def _print_json(value: Any) -> None:
 
 
 def _fail(error: CliError) -> NoReturn:
-    error_console.print(f"error: {error.message}", markup=False, highlight=False)
+    error_console.print(f"error: {error.message}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(int(error.exit_code))
 
 
@@ -520,6 +521,10 @@ def stats(ctx: typer.Context, output: OutputOption = None) -> None:
     _run(ctx, output, lambda c: c.get("/api/v1/stats"), render)
 
 
+def _when(moment: str) -> str:
+    return datetime.fromisoformat(moment).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 # ---- audit ---------------------------------------------------------------------------------------------
 
 
@@ -547,10 +552,20 @@ def audit(
 
     def render(events: list[dict[str, Any]]) -> None:
         rows = [
-            [e["at"], e["actor"], e["action"], e.get("from_status"), e.get("to_status"), e.get("reason")]
+            [
+                _when(e["at"]),
+                e["actor"],
+                e["action"],
+                e.get("from_status"),
+                e.get("to_status"),
+                e.get("reason"),
+            ]
             for e in events
         ]
-        console.print(_table(f"audit trail of {target}", ["when", "who", "what", "from", "to", "why"], rows))
+        table = _table(f"audit trail of {target}", ["when (UTC)", "who", "what", "from", "to", "why"], rows)
+        for column in table.columns[:3]:
+            column.no_wrap = True
+        console.print(table)
 
     _run(ctx, output, fetch, render)
 
@@ -564,7 +579,7 @@ def _print_plan(changes: list[fleetfile.Change]) -> None:
         console.print(f"{symbols[change.action]} {change.kind} {change.name}: {change.action}")
         for name, (old, new) in change.fields.items():
             before = "" if change.action == "create" else f"{old!r} -> "
-            console.print(f"    {name}: {before}{new!r}", markup=False, highlight=False)
+            console.print(f"    {name}: {before}{new!r}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -605,5 +620,5 @@ def main() -> None:
     try:
         app()
     except CliError as error:
-        error_console.print(f"error: {error.message}", markup=False, highlight=False)
+        error_console.print(f"error: {error.message}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(int(error.exit_code))

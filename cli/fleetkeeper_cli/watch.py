@@ -102,6 +102,8 @@ class DrainWatch:
         table.add_row("estimated completion", _until(_time(status.get("estimated_completion")), now))
         if status.get("forced_instances"):
             table.add_row("forced so far", str(status["forced_instances"]))
+        if self.finished:
+            return Group(table)
         return Group(table, Text("Ctrl-C detaches; the drain goes on.", style="dim"))
 
 
@@ -128,4 +130,6 @@ def follow(watch: DrainWatch, console: Console, *, live: bool = True) -> dict[st
             for instance in watch.poll():
                 console.print(describe_end(instance))
             view.update(watch.view())
+    if not console.is_terminal:
+        console.line()  # a non-terminal Live leaves its last frame without a line end
     return watch.outcome()
