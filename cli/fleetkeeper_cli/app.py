@@ -563,8 +563,9 @@ def audit(
             for e in events
         ]
         table = _table(f"audit trail of {target}", ["when (UTC)", "who", "what", "from", "to", "why"], rows)
-        for column in table.columns[:3]:
-            column.no_wrap = True
+        when, who, what = table.columns[:3]
+        when.no_wrap = what.no_wrap = True
+        who.overflow = "fold"  # an IAM ARN has no spaces to wrap at
         console.print(table)
 
     _run(ctx, output, fetch, render)
