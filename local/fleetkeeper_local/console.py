@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetkeeper.domain.models import Pool, Worker
+from fleetkeeper.store.audit_log import AuditLog
 from fleetkeeper.store.repository import FleetStore
 
 # The reason a drain's force step writes on the instances it terminates.
@@ -59,12 +60,14 @@ class FleetConsole:
     def __init__(
         self,
         store: FleetStore,
+        audit: AuditLog,
         *,
         printer: Callable[[str], None] = print,
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
+        self._audit = audit
         self._print = printer
         self._clock = clock
         self._interval = interval_seconds
@@ -109,7 +112,8 @@ class FleetConsole:
                 f"({', '.join(forced) or '-'})"
             )
         if before.status != now.status:
-            reason = f": {worker.status_reason}" if worker.status_reason else ""
+            why = self._why(worker)
+            reason = f": {why}" if why else ""
             self._say(f"worker {worker.id} ({where}) {before.status} -> {now.status}{reason}")
         drain = worker.drain
         new_drain = drain is not None and before.drain_generation != now.drain_generation
@@ -126,6 +130,13 @@ class FleetConsole:
         ):
             by = f" by {drain.cancelled_by}" if drain.cancelled_by else ""
             self._say(f"drain of {worker.id} ended {now.drain_outcome}{by}; {now.forced} instance(s) forced")
+
+    def _why(self, worker: Worker) -> str | None:
+        """The reason of the transition that led to the worker's current status."""
+        for event in self._audit.newest_first("worker", worker.id, limit=5).items:
+            if event.to_status == worker.status and event.from_status != event.to_status:
+                return event.reason
+        return worker.status_reason
 
     def _pool_changes(self, pool: Pool, before: _PoolSeen | None, now: _PoolSeen) -> None:
         if before is None:
