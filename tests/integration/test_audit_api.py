@@ -117,3 +117,12 @@ def test_given_no_retention_when_an_event_is_written_then_it_is_kept_forever(con
 
     assert items
     assert all(TTL_ATTRIBUTE not in item for item in items)
+
+
+def test_given_the_contract_then_it_documents_both_trails_with_their_paging(control_plane):
+    status, spec = control_plane.api("GET", "/openapi.json")
+    assert status == 200
+    for path in ("/api/v1/workers/{worker_id}/events", "/api/v1/pools/{name}/events"):
+        parameters = {p["name"] for p in spec["paths"][path]["get"]["parameters"]}
+        assert {"limit", "next_token"} <= parameters
+    assert "AuditPage" in spec["components"]["schemas"]
