@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -69,7 +70,12 @@ class Cli:
         """A command in its own process (it runs while this test drives the API)."""
         command = [sys.executable, "-m", "fleetkeeper_cli", "--api", self.api, *args]
         return subprocess.Popen(  # noqa: S603 - our own module, arguments from the test
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
 
@@ -123,11 +129,16 @@ def test_given_an_applied_fleet_file_when_applied_again_then_nothing_changes(cli
 def test_given_a_busy_worker_when_drained_with_wait_then_it_ends_after_its_work_with_exit_0(cli):
     worker_id = new_worker(cli, instances=2)
     waiting = cli.background("drain", worker_id, "--reason", "kernel patch", "--wait", "--interval", "0.3")
-    wait_until(lambda: cli.json("drain-status", worker_id)["status"] == "RUNNING")
+    assert waiting.stdout is not None
+    # The watcher prints this line, then takes its first look; complete the work only once it watches.
+    started = waiting.stdout.readline()
+    assert f"drain of {worker_id} started" in started
+    time.sleep(2)
 
     for instance_id in active_instances(cli, worker_id):
         assert cli("complete", instance_id)[0] == 0
-    output, _ = waiting.communicate(timeout=60)
+    rest, _ = waiting.communicate(timeout=60)
+    output = started + rest
 
     assert waiting.returncode == 0, output
     for instance_id in cli.json("instances", "--worker", worker_id):
