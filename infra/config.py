@@ -100,6 +100,8 @@ class StageConfig(_Section):
     removal_policy: Literal["retain", "destroy"] = "retain"
     drain_heartbeat_seconds: int = Field(default=300, gt=0)
     idempotency_ttl_seconds: int = Field(default=3600, gt=0)
+    # Days an audit item is kept (the table's TTL); 0 keeps the trail forever.
+    audit_retention_days: int = Field(default=365, ge=0)
     api: ApiConfig = ApiConfig()
 
     @field_validator("log_retention_days")

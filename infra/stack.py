@@ -60,6 +60,7 @@ class FleetkeeperStack(Stack):
                 "NOTIFICATION_TOPIC_ARN": messaging.topic.topic_arn,
                 "DRAIN_HEARTBEAT_SECONDS": str(config.drain_heartbeat_seconds),
                 "IDEMPOTENCY_TTL_SECONDS": str(config.idempotency_ttl_seconds),
+                "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
             },
             async_failures=messaging.async_failures,
         )

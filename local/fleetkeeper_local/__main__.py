@@ -8,17 +8,24 @@ import signal
 import sys
 import threading
 import warnings
+from pathlib import Path
+from typing import Any
 
 import boto3
 
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.console import FleetConsole
 from fleetkeeper_local.controlplane import ApiServer, LocalResources, activate, provision
 from fleetkeeper_local.images import register_template_images
+from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler
 from fleetkeeper_local.seed import TEMPLATES, describe_fleet, seed_demo_fleet
 from fleetkeeper_local.stack import LocalStack, LocalStackError, ensure_port_free
+from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
+
+DATA_DIR_ENV = "FLEETKEEPER_LOCAL_DATA_DIR"
 
 DEFAULT_TABLE = "fleetkeeper-local"
 DEFAULT_API_PORT = 8080
@@ -42,10 +49,25 @@ def _examples(api: str, worker_id: str) -> str:
     )
 
 
-def _print_banner(api: ApiServer, stack: LocalStack, resources: LocalResources, store: FleetStore) -> None:
+def _print_banner(
+    api: ApiServer,
+    stack: LocalStack,
+    resources: LocalResources,
+    store: FleetStore,
+    workload: WorkloadSimulator | None,
+) -> None:
     table_name = resources.table_name
     print(f"admin API       {api.url}  (OpenAPI: {api.url}/openapi.json)")
     print(f"DynamoDB Local  {stack.dynamodb_endpoint}  table {table_name}")
+    if stack.data_dir is None:
+        print(
+            "state           IN MEMORY: stopping this control plane discards the fleet "
+            f"(keep it with --data-dir DIR or {DATA_DIR_ENV})"
+        )
+    else:
+        print(f"state           kept in {stack.data_dir} (EC2 and drain workflows are re-created on restart)")
+    if workload is not None:
+        print(workload.settings.describe())
     print(f"moto server     {stack.moto_endpoint}  (EC2, Step Functions, EventBridge, SNS, CloudWatch)")
     print(f"drain workflow  {resources.state_machine_arn}")
     print(
@@ -58,7 +80,40 @@ def _print_banner(api: ApiServer, stack: LocalStack, resources: LocalResources, 
     running = store.list_workers(limit=1000).items
     example = next((w.id for w in running if w.status == "RUNNING" and w.active_instances), "<worker-id>")
     print(_examples(api.url, example))
+    print(f"  fleetkeeper --api {api.url} drain {example} --wait      # the CLI, with a live view")
     print()
+
+
+def _prepare_fleet(args: argparse.Namespace, stack: LocalStack, store: FleetStore, ec2: Any) -> None:
+    # The reconciler launches PENDING workers from the newest AMI matching their template.
+    register_template_images(ec2, TEMPLATES)
+    if has_fleet(store):
+        # Never seed into a kept fleet; bring the emulated EC2 and workflows in line with it instead.
+        print(f"restarting into the fleet kept in {stack.data_dir or 'the table'}", flush=True)
+        reconcile_after_restart(default_context(), ec2)
+    elif not args.no_seed:
+        seed_demo_fleet(store, ec2, stack.environment()["AWS_REGION"])
+
+
+def _workload(args: argparse.Namespace) -> WorkloadSimulator | None:
+    if not args.workload:
+        return None
+    settings = WorkloadSettings(
+        placements_per_minute=args.workload_rate,
+        min_seconds=args.workload_min_seconds,
+        max_seconds=args.workload_max_seconds,
+        seed=args.workload_seed,
+    )
+    return WorkloadSimulator(default_context, settings)
+
+
+def _print_farewell(stack: LocalStack, workload: WorkloadSimulator | None) -> None:
+    if workload is not None:
+        print(workload.summary())
+    if stack.data_dir is None:
+        print("stopped; the fleet was in memory and is gone")
+    else:
+        print(f"stopped; the fleet is kept in {stack.data_dir}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     # The shared logger was built at import, before the line above could reach it.
     logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])
     api_port = int(os.environ.get("FLEETKEEPER_API_PORT", DEFAULT_API_PORT))
+    if args.data_dir is not None:
+        os.environ[DATA_DIR_ENV] = str(args.data_dir)
     stack = LocalStack.from_environ()
     try:
         ensure_port_free(api_port, "the admin API", "FLEETKEEPER_API_PORT")
@@ -76,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     api: ApiServer | None = None
-    background: list[LocalScheduler | Ec2EventPump] = []
+    background: list[LocalScheduler | Ec2EventPump | FleetConsole | WorkloadSimulator] = []
+    workload: WorkloadSimulator | None = None
     try:
         os.environ.update(stack.environment())
         table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
@@ -84,17 +142,17 @@ def run(args: argparse.Namespace) -> int:
         activate(resources, heartbeat_seconds=int(os.environ.get("DRAIN_HEARTBEAT_SECONDS", "300")))
         store = default_context().store
         ec2 = boto3.client("ec2")
-        # The reconciler launches PENDING workers from the newest AMI matching their template.
-        register_template_images(ec2, TEMPLATES)
-        if not args.no_seed:
-            seed_demo_fleet(store, ec2, stack.environment()["AWS_REGION"])
+        _prepare_fleet(args, stack, store, ec2)
         api = ApiServer(port=api_port).start()
         # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
-        background = [LocalScheduler(), Ec2EventPump()]
+        workload = _workload(args)
+        background = [LocalScheduler(), Ec2EventPump(), FleetConsole(store, default_context().audit_log)]
+        if workload is not None:
+            background.append(workload)
         for runner in background:
             runner.start()
 
-        _print_banner(api, stack, resources, store)
+        _print_banner(api, stack, resources, store, workload)
         print("The local control plane is up. Press Ctrl-C to stop it.", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -111,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if api is not None:
             api.stop()
         stack.stop()
-    print("stopped")
+    _print_farewell(stack, workload)
     return 0
 
 
@@ -122,6 +180,27 @@ def main(argv: list[str] | None = None) -> int:
         "run", help="start the local control plane, seed a demo fleet, serve the API"
     )
     run_parser.add_argument("--no-seed", action="store_true", help="start with an empty table")
+    run_parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help=f"keep the fleet in this folder and restart into it (or {DATA_DIR_ENV}); default: in memory",
+    )
+    run_parser.add_argument(
+        "--workload",
+        action="store_true",
+        help="simulate users: place instances and complete them after random durations",
+    )
+    run_parser.add_argument(
+        "--workload-rate", type=float, default=12.0, help="instances placed per minute (default 12)"
+    )
+    run_parser.add_argument(
+        "--workload-min-seconds", type=float, default=10.0, help="shortest instance (default 10 s)"
+    )
+    run_parser.add_argument(
+        "--workload-max-seconds", type=float, default=60.0, help="longest instance (default 60 s)"
+    )
+    run_parser.add_argument("--workload-seed", type=int, default=None, help="seed, to repeat a simulation")
     run_parser.set_defaults(handler=run)
     args = parser.parse_args(argv)
     return int(args.handler(args))

@@ -44,6 +44,8 @@ class Settings(BaseModel):
     notification_topic_arn: str | None = Field(default=None, alias="NOTIFICATION_TOPIC_ARN")
     drain_heartbeat_seconds: int = Field(default=300, gt=0, alias="DRAIN_HEARTBEAT_SECONDS")
     idempotency_ttl_seconds: int = Field(default=3600, gt=0, alias="IDEMPOTENCY_TTL_SECONDS")
+    # 0 keeps the audit trail forever.
+    audit_retention_days: int = Field(default=365, ge=0, alias="AUDIT_RETENTION_DAYS")
 
     # ---- reconciler, discovery and scale-down (docs/operations.md) ----------------------------
     region_configs: dict[str, RegionConfig] = Field(default_factory=dict, alias="REGION_CONFIGS")

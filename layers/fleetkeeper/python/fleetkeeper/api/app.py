@@ -19,6 +19,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 )
 from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
 
+from fleetkeeper.api.routes import audit
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
     DesiredStatusRequest,
@@ -427,6 +428,9 @@ def drain_pool(name: str, body: PoolDrainRequest) -> Response[PoolView]:
 @app.post("/api/v1/pools/<name>/cancel-drain")
 def cancel_pool_drain(name: str) -> PoolView:
     return PoolView.of(drains.cancel_pool_drain(ctx(), name, actor=caller()))
+
+
+app.include_router(audit.router)
 
 
 # ---- stats and contract ------------------------------------------------------------------------------

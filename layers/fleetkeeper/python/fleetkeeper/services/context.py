@@ -11,6 +11,7 @@ from fleetkeeper.cloud.events import AuditBus, Notifier
 from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
+from fleetkeeper.store.audit_log import AuditLog
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.stats import StatsStore
 
@@ -30,6 +31,10 @@ class Context:
         return MetricsGateway(client("cloudwatch", region))
 
     @property
+    def audit_log(self) -> AuditLog:
+        return AuditLog(client("dynamodb"), self.settings.table_name)
+
+    @property
     def stats(self) -> StatsStore:
         return StatsStore(client("dynamodb"), self.settings.table_name)
 
@@ -37,7 +42,9 @@ class Context:
 def build_context(settings: Settings) -> Context:
     return Context(
         settings=settings,
-        store=FleetStore(client("dynamodb"), settings.table_name),
+        store=FleetStore(
+            client("dynamodb"), settings.table_name, audit_retention_days=settings.audit_retention_days
+        ),
         workflows=Workflows(client("stepfunctions"), settings.drain_state_machine_arn),
         audit=AuditBus(client("events"), settings.audit_bus_name),
         notifier=Notifier(client("sns"), settings.notification_topic_arn),

@@ -27,6 +27,7 @@ from fleetkeeper.store.codec import (
     serialize,
     serialize_value,
 )
+from fleetkeeper.store.retention import audit_expiration
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -98,9 +99,13 @@ def refuse_missing(kind: str, key: str, otherwise: Callable[[dict[str, Any]], Ex
 class TableAccess:
     """The table and its client; the entity repositories build on these few operations."""
 
-    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+    def __init__(
+        self, client: DynamoDBClient, table_name: str, *, audit_retention_days: int | None = None
+    ) -> None:
         self._client = client
         self.table_name = table_name
+        # Audit items expire this many days after they were written (None or 0: kept for ever).
+        self.audit_retention_days = audit_retention_days
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -232,7 +237,11 @@ class TableAccess:
         }
 
     def _audit_put(self, event: AuditEvent) -> dict[str, Any]:
-        item = {**keys.audit_key(event), **record_attributes(event)}
+        item = {
+            **keys.audit_key(event),
+            **record_attributes(event),
+            **audit_expiration(event.at, self.audit_retention_days),
+        }
         return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
 
 

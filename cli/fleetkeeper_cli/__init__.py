@@ -1,0 +1,1 @@
+"""`fleetkeeper`: the operator's command line for the admin API (local or deployed)."""

@@ -1,0 +1,234 @@
+"""The admin API over HTTP: which URL, how requests are signed, and how errors come back.
+
+Deployed stages authorize every method with AWS_IAM, so requests to them are SigV4-signed with
+botocore's signer and the caller's normal credential chain (environment, profiles, SSO, assumed roles).
+The local control plane authenticates no one, so requests to a loopback address go unsigned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import boto3
+import botocore.session
+import requests
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+LOCAL_API = "http://127.0.0.1:8080"
+API_ENV = "FLEETKEEPER_API"
+API_URL_OUTPUT = "ApiUrl"
+SERVICE = "execute-api"
+TIMEOUT_SECONDS = 30
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+# https://<api-id>.execute-api.<region>.amazonaws.com/<stage>/
+_EXECUTE_API_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1  # a drain failed or timed out, or the API could not serve the request
+    USAGE = 2
+    NOT_FOUND_OR_CONFLICT = 3
+    AUTH = 4
+
+
+class CliError(Exception):
+    """Ends the command with one readable line on stderr and an exit code."""
+
+    def __init__(self, message: str, exit_code: ExitCode) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code
+
+
+def exit_code_for(status: int) -> ExitCode:
+    if status in (401, 403):
+        return ExitCode.AUTH
+    if status in (404, 409):
+        return ExitCode.NOT_FOUND_OR_CONFLICT
+    if status in (400, 415, 422):
+        return ExitCode.USAGE
+    return ExitCode.FAILED
+
+
+class ApiError(CliError):
+    """An answer of 4xx or 5xx, with the API's error code."""
+
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
+        super().__init__(f"{code} ({status}): {message}", exit_code_for(status))
+        self.status = status
+        self.code = code
+        self.body = body
+
+
+def _api_error(response: requests.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "error" in body:
+        message = str(body.get("message") or "")
+        details = body.get("details")
+        if isinstance(details, list) and details:
+            fields = "; ".join(f"{d.get('field')}: {d.get('reason')}" for d in details if isinstance(d, dict))
+            message = f"{message} ({fields})" if fields else message
+        return ApiError(response.status_code, str(body["error"]), message, body)
+    # API Gateway's own refusals (a missing or bad signature) say {"message": ...} and no code.
+    text = body.get("message") if isinstance(body, dict) else None
+    code = {401: "UNAUTHORIZED", 403: "FORBIDDEN"}.get(response.status_code, "HTTP_ERROR")
+    return ApiError(response.status_code, code, str(text or response.reason or "no message"), body)
+
+
+def is_local(url: str) -> bool:
+    return (urlsplit(url).hostname or "") in LOOPBACK_HOSTS
+
+
+def region_of(url: str) -> str | None:
+    match = _EXECUTE_API_HOST.search(urlsplit(url).hostname or "")
+    return match.group(1) if match else None
+
+
+def _botocore_session(profile: str | None) -> Any:
+    return botocore.session.Session(profile=profile)
+
+
+def stack_api_url(stack: str, *, region: str | None = None, profile: str | None = None) -> str:
+    """The `ApiUrl` output of a deployed fleetkeeper stack (CloudFormation DescribeStacks)."""
+    session = boto3.Session(profile_name=profile, region_name=region)
+    try:
+        stacks = session.client("cloudformation").describe_stacks(StackName=stack)["Stacks"]
+    except NoCredentialsError as exc:
+        raise CliError(f"no AWS credentials to read stack {stack}: {exc}", ExitCode.AUTH) from exc
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code, message = str(error.get("Code", "")), str(error.get("Message", exc))
+        if "does not exist" in message:
+            raise CliError(f"stack {stack} not found: {message}", ExitCode.NOT_FOUND_OR_CONFLICT) from exc
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        raise CliError(f"{code} ({status}): {message}", exit_code_for(status)) from exc
+    except BotoCoreError as exc:
+        raise CliError(f"cannot read stack {stack}: {exc}", ExitCode.FAILED) from exc
+    for output in stacks[0].get("Outputs", []) if stacks else []:
+        if output.get("OutputKey") == API_URL_OUTPUT:
+            return str(output["OutputValue"])
+    raise CliError(f"stack {stack} has no {API_URL_OUTPUT} output", ExitCode.NOT_FOUND_OR_CONFLICT)
+
+
+def resolve_api_url(
+    api: str | None, stack: str | None, *, region: str | None = None, profile: str | None = None
+) -> str:
+    """--api, then --stack, then $FLEETKEEPER_API, then the local control plane."""
+    if api and stack:
+        raise CliError("give --api or --stack, not both", ExitCode.USAGE)
+    if api:
+        return api
+    if stack:
+        return stack_api_url(stack, region=region, profile=profile)
+    return os.environ.get(API_ENV) or LOCAL_API
+
+
+@dataclass
+class ApiClient:
+    """JSON over HTTP to the admin API; signs every request for a deployed stage."""
+
+    base_url: str
+    region: str | None = None
+    profile: str | None = None
+    sign: bool | None = None  # None: sign unless the API is on a loopback address
+    timeout: float = TIMEOUT_SECONDS
+    _http: requests.Session = field(default_factory=requests.Session, init=False, repr=False)
+    _credentials: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        if self.sign is None:
+            self.sign = not is_local(self.base_url)
+
+    def _signing_region(self) -> str:
+        region = region_of(self.base_url) or self.region or os.environ.get("AWS_REGION")
+        region = (
+            region
+            or os.environ.get("AWS_DEFAULT_REGION")
+            or _botocore_session(self.profile).get_config_variable("region")
+        )
+        if not region:
+            raise CliError("cannot tell the API's region: pass --region or set AWS_REGION", ExitCode.USAGE)
+        return str(region)
+
+    def _frozen_credentials(self) -> Any:
+        if self._credentials is None:
+            credentials = _botocore_session(self.profile).get_credentials()
+            if credentials is None:
+                raise CliError(
+                    "no AWS credentials found to sign the request (environment, profile, SSO or role); "
+                    "run `aws sso login` or set AWS_PROFILE",
+                    ExitCode.AUTH,
+                )
+            self._credentials = credentials
+        return self._credentials.get_frozen_credentials()
+
+    def _signed_headers(
+        self, method: str, url: str, body: str | None, headers: dict[str, str]
+    ) -> dict[str, str]:
+        request = AWSRequest(method=method, url=url, data=body or None, headers=headers)
+        SigV4Auth(self._frozen_credentials(), SERVICE, self._signing_region()).add_auth(request)
+        return dict(request.headers.items())
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+    ) -> Any:
+        params = {k: str(v) for k, v in (query or {}).items() if v is not None}
+        url = f"{self.base_url}{path}" + (f"?{urlencode(sorted(params.items()))}" if params else "")
+        data = json.dumps(body) if body is not None else None
+        headers = {"Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        if self.sign:
+            headers = self._signed_headers(method, url, data, headers)
+        try:
+            response = self._http.request(method, url, data=data, headers=headers, timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            hint = " (is `make run` running?)" if is_local(self.base_url) else ""
+            raise CliError(f"cannot reach the API at {self.base_url}{hint}", ExitCode.FAILED) from exc
+        except requests.Timeout as exc:
+            raise CliError(
+                f"the API at {self.base_url} did not answer in {self.timeout:g} s", ExitCode.FAILED
+            ) from exc
+        if response.status_code >= 400:
+            raise _api_error(response)
+        if not response.content:
+            return None
+        return response.json()
+
+    def get(self, path: str, **query: Any) -> Any:
+        return self.request("GET", path, query=query)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, body=body if body is not None else {})
+
+    def put(self, path: str, body: Any) -> Any:
+        return self.request("PUT", path, body=body)
+
+    def pages(self, path: str, **query: Any) -> list[Any]:
+        """Every item of a paginated listing, following next_token."""
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            page = self.get(path, **query, next_token=token)
+            items.extend(page.get("items", []))
+            token = page.get("next_token")
+            if not token:
+                return items

@@ -1,0 +1,135 @@
+"""The live view of a worker's drain: what is left, the deadline, the estimate, each instance as it ends.
+
+It only reads (GET the drain status and the worker's instances), so detaching with Ctrl-C leaves the
+drain running; `fleetkeeper drain-status ID --watch` re-attaches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from fleetkeeper_cli.client import ApiClient
+from fleetkeeper_cli.durations import format_seconds
+
+ACTIVE_STATES = frozenset({"SCHEDULED", "INSTANTIATING", "RUNNING"})
+FINAL_DRAIN_STATES = frozenset({"SUCCESS", "ERROR", "CANCELLED", "TIMED_OUT", "NOT_RUN"})
+# The reason a drain's force step writes on the instances it terminates.
+FORCED_REASON = "drain_timeout"
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _until(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    left = (moment - now).total_seconds()
+    return f"in {format_seconds(left)}" if left >= 0 else f"{format_seconds(-left)} ago"
+
+
+@dataclass
+class DrainWatch:
+    """Polls one worker's drain until it ends; `outcome()` counts graceful and forced ends."""
+
+    client: ApiClient
+    worker_id: str
+    interval: float = 2.0
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    status: dict[str, Any] = field(default_factory=dict)
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Refresh the status and instances; return the instances that ended since the last poll."""
+        self.status = self.client.get(f"/api/v1/workers/{self.worker_id}/drain")
+        current = {
+            i["id"]: i for i in self.client.pages("/api/v1/instances", worker_id=self.worker_id, limit=1000)
+        }
+        ended = [
+            instance
+            for instance_id, instance in sorted(current.items())
+            if instance["state"] not in ACTIVE_STATES
+            and self.instances.get(instance_id, {}).get("state") in ACTIVE_STATES
+        ]
+        self.instances = current
+        return ended
+
+    @property
+    def finished(self) -> bool:
+        return self.status.get("status") in FINAL_DRAIN_STATES
+
+    def _ended_in_drain(self) -> list[dict[str, Any]]:
+        started = _time(self.status.get("started_at"))
+        return [
+            i
+            for i in self.instances.values()
+            if i["state"] not in ACTIVE_STATES and (started is None or _time(i["updated_at"]) >= started)  # type: ignore[operator]
+        ]
+
+    def outcome(self) -> dict[str, Any]:
+        ended = self._ended_in_drain()
+        forced = int(self.status.get("forced_instances") or 0)
+        return {
+            **self.status,
+            "graceful_instances": sum(1 for i in ended if i.get("reason") != FORCED_REASON),
+            "forced_instances": forced,
+        }
+
+    def view(self) -> Group:
+        now = self.clock()
+        status = self.status
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row(
+            "drain",
+            f"{self.worker_id}  {status.get('status', '?')}  (worker {status.get('worker_status', '?')})",
+        )
+        table.add_row("active instances left", str(status.get("active_instances", "?")))
+        deadline = _time(status.get("deadline"))
+        table.add_row(
+            "deadline", f"{_until(deadline, now)}" + (f"  ({deadline:%H:%M:%S} UTC)" if deadline else "")
+        )
+        table.add_row("estimated completion", _until(_time(status.get("estimated_completion")), now))
+        if status.get("forced_instances"):
+            table.add_row("forced so far", str(status["forced_instances"]))
+        if self.finished:
+            return Group(table)
+        return Group(table, Text("Ctrl-C detaches; the drain goes on.", style="dim"))
+
+
+def describe_end(instance: dict[str, Any]) -> str:
+    how = "forced" if instance.get("reason") == FORCED_REASON else "ended"
+    reason = f" ({instance['reason']})" if instance.get("reason") and how != "forced" else ""
+    return f"instance {instance['id']} {how}: {instance['state']}{reason}"
+
+
+def follow(watch: DrainWatch, console: Console, *, live: bool = True) -> dict[str, Any]:
+    """Poll until the drain ends, printing each instance as it ends; returns `watch.outcome()`.
+
+    KeyboardInterrupt propagates to the caller, which says how to re-attach.
+    """
+    watch.poll()
+    if not live:
+        while not watch.finished:
+            time.sleep(watch.interval)
+            watch.poll()
+        return watch.outcome()
+    with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
+        while not watch.finished:
+            time.sleep(watch.interval)
+            for instance in watch.poll():
+                console.print(describe_end(instance))
+            view.update(watch.view())
+    if not console.is_terminal:
+        console.line()  # a non-terminal Live leaves its last frame without a line end
+    return watch.outcome()

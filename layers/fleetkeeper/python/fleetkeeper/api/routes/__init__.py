@@ -1,0 +1,1 @@
+"""The admin API's routes, one Powertools Router per resource."""

@@ -1,0 +1,61 @@
+"""The audit trail of workers and pools: who did what, from which status to which, why and when."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from pydantic import BaseModel, Field
+
+from fleetkeeper.domain.models import AuditEvent
+from fleetkeeper.services import audit
+from fleetkeeper.services.context import default_context
+from fleetkeeper.store.audit_log import MAX_AUDIT_PAGE
+
+router = Router()  # type: ignore[no-untyped-call]  # Powertools leaves its __init__ unannotated
+
+
+class AuditEventView(BaseModel):
+    at: datetime = Field(description="when")
+    actor: str = Field(
+        description="who: the authenticated principal (an IAM ARN) or the fleetkeeper component"
+    )
+    action: str = Field(description="what, e.g. DrainStarted, WorkerTransitioned")
+    from_status: str | None = Field(description="status before")
+    to_status: str | None = Field(description="status after")
+    reason: str | None = Field(description="why, as given by the caller or the component")
+    details: dict[str, str | int | None]
+
+    @classmethod
+    def of(cls, event: AuditEvent) -> AuditEventView:
+        return cls.model_validate(event.model_dump(exclude={"entity", "entity_id"}))
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEventView] = Field(description="newest first")
+    next_token: str | None
+
+
+def _page(entity: audit.AuditedEntity, entity_id: str, limit: int, next_token: str | None) -> AuditPage:
+    page = audit.events(default_context(), entity, entity_id, limit=limit, next_token=next_token)
+    return AuditPage(items=[AuditEventView.of(e) for e in page.items], next_token=page.next_token)
+
+
+@router.get("/api/v1/workers/<worker_id>/events")
+def worker_events(
+    worker_id: str,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 50,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> AuditPage:
+    return _page("worker", worker_id, limit, next_token)
+
+
+@router.get("/api/v1/pools/<name>/events")
+def pool_events(
+    name: str,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 50,
+    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+) -> AuditPage:
+    return _page("pool", name, limit, next_token)

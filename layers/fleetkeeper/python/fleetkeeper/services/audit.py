@@ -1,0 +1,26 @@
+"""Reading the audit trail of a worker or a pool, newest first."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fleetkeeper.domain.models import AuditEvent
+from fleetkeeper.services.context import Context
+from fleetkeeper.store.repository import Page
+
+AuditedEntity = Literal["worker", "pool"]
+
+
+def events(
+    ctx: Context, entity: AuditedEntity, entity_id: str, *, limit: int, next_token: str | None
+) -> Page[AuditEvent]:
+    """One page of the entity's events; NotFound when it never existed (an empty trail of a real one
+    is an empty page)."""
+    page = ctx.audit_log.newest_first(entity, entity_id, limit=limit, next_token=next_token)
+    if not page.items and next_token is None:
+        # Raises NotFound for an unknown id, so a typo is not read as "nothing happened".
+        if entity == "worker":
+            ctx.store.get_worker(entity_id)
+        else:
+            ctx.store.get_pool(entity_id)
+    return page

@@ -1,0 +1,171 @@
+"""One readable console line per change of the local fleet: worker transitions, drain outcomes, forced
+instances, pool drains. It reads the table (as the API does) once a second and prints the differences,
+so it shows changes made by any path: the API, the drain workflow, the reconciler, EC2 events.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from fleetkeeper.domain.models import Pool, Worker
+from fleetkeeper.store.audit_log import AuditLog
+from fleetkeeper.store.repository import FleetStore
+
+# The reason a drain's force step writes on the instances it terminates.
+FORCED_REASON = "drain_timeout"
+DEFAULT_INTERVAL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class _WorkerSeen:
+    status: str
+    drain_generation: int | None
+    drain_outcome: str | None
+    forced: int
+
+
+@dataclass(frozen=True)
+class _PoolSeen:
+    status: str
+    drain_generation: int
+    drain_outcome: str | None
+
+
+def _workers(store: FleetStore) -> Iterator[Worker]:
+    token: str | None = None
+    while True:
+        page = store.list_workers(limit=1000, next_token=token)
+        yield from page.items
+        token = page.next_token
+        if not token:
+            return
+
+
+def _seen(worker: Worker) -> _WorkerSeen:
+    drain = worker.drain
+    return _WorkerSeen(
+        status=str(worker.status),
+        drain_generation=drain.generation if drain else None,
+        drain_outcome=str(drain.outcome) if drain else None,
+        forced=drain.forced_instances if drain else 0,
+    )
+
+
+class FleetConsole:
+    """Prints what changed since the last look; the first look only takes a baseline."""
+
+    def __init__(
+        self,
+        store: FleetStore,
+        audit: AuditLog,
+        *,
+        printer: Callable[[str], None] = print,
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._store = store
+        self._audit = audit
+        self._print = printer
+        self._clock = clock
+        self._interval = interval_seconds
+        self._workers: dict[str, _WorkerSeen] | None = None
+        self._pools: dict[str, _PoolSeen] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _say(self, text: str) -> None:
+        self._print(f"{self._clock():%H:%M:%S}  {text}")
+
+    def poll_once(self) -> None:
+        workers = {w.id: w for w in _workers(self._store)}
+        pools = {p.name: p for p in self._store.list_pools()}
+        current = {worker_id: _seen(w) for worker_id, w in workers.items()}
+        current_pools = {
+            name: _PoolSeen(
+                str(p.status), p.drain_generation, str(p.drain_outcome) if p.drain_outcome else None
+            )
+            for name, p in pools.items()
+        }
+        if self._workers is not None:
+            for worker_id, seen in sorted(current.items()):
+                self._worker_changes(workers[worker_id], self._workers.get(worker_id), seen)
+            for name, seen_pool in sorted(current_pools.items()):
+                self._pool_changes(pools[name], self._pools.get(name), seen_pool)
+        self._workers, self._pools = current, current_pools
+
+    def _worker_changes(self, worker: Worker, before: _WorkerSeen | None, now: _WorkerSeen) -> None:
+        where = "/".join(part for part in (worker.template, worker.pool) if part)
+        if before is None:
+            self._say(f"worker {worker.id} ({where}) created: {now.status}")
+            return
+        if before.forced < now.forced:
+            forced = [
+                i.id
+                for i in self._store.list_instances(worker_id=worker.id, limit=1000).items
+                if i.reason == FORCED_REASON
+            ]
+            self._say(
+                f"drain of {worker.id} reached its deadline: {now.forced - before.forced} instance(s) forced "
+                f"({', '.join(forced) or '-'})"
+            )
+        if before.status != now.status:
+            why = self._why(worker)
+            reason = f": {why}" if why else ""
+            self._say(f"worker {worker.id} ({where}) {before.status} -> {now.status}{reason}")
+        drain = worker.drain
+        new_drain = drain is not None and before.drain_generation != now.drain_generation
+        if drain is not None and new_drain:
+            why = f" ({drain.reason})" if drain.reason else ""
+            self._say(
+                f"drain of {worker.id} started by {drain.requested_by}{why}, "
+                f"deadline {drain.deadline:%H:%M:%S}"
+            )
+        if (
+            drain is not None
+            and now.drain_outcome != "RUNNING"
+            and (new_drain or before.drain_outcome == "RUNNING")
+        ):
+            by = f" by {drain.cancelled_by}" if drain.cancelled_by else ""
+            self._say(f"drain of {worker.id} ended {now.drain_outcome}{by}; {now.forced} instance(s) forced")
+
+    def _why(self, worker: Worker) -> str | None:
+        """The reason of the transition that led to the worker's current status."""
+        for event in self._audit.newest_first("worker", worker.id, limit=5).items:
+            if event.to_status == worker.status and event.from_status != event.to_status:
+                return event.reason
+        return worker.status_reason
+
+    def _pool_changes(self, pool: Pool, before: _PoolSeen | None, now: _PoolSeen) -> None:
+        if before is None:
+            self._say(f"pool {pool.name} created: {now.status}")
+            return
+        if before.status != now.status:
+            self._say(f"pool {pool.name} {before.status} -> {now.status}")
+        if (
+            now.drain_outcome
+            and now.drain_outcome != "RUNNING"
+            and (before.drain_outcome == "RUNNING" or before.drain_generation != now.drain_generation)
+        ):
+            self._say(f"drain of pool {pool.name} ended {now.drain_outcome}")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as exc:  # a console glitch must not stop the control plane
+                self._say(f"(console could not read the fleet: {exc})")
+            self._stop.wait(self._interval)
+
+    def start(self) -> FleetConsole:
+        self._thread = threading.Thread(target=self._run, name="fleet-console", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None

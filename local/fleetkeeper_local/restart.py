@@ -1,0 +1,163 @@
+"""Restarting the local control plane into a kept table (`--data-dir`).
+
+DynamoDB Local keeps the table in the data directory, but moto keeps nothing: after a restart the
+emulated EC2 has none of the fleet's machines and Step Functions none of the drain executions. Left
+alone, the reconciler and discovery would read every machine as lost and end the fleet. Instead the
+restart reconciles that side on purpose, and says so line by line:
+
+- each worker that had a machine (PROVISIONING through STOPPED) gets a new emulated machine, tagged as
+  before; a STOPPING or STOPPED worker's machine is stopped again. The worker records the new instance id
+  (audit action `WorkerMachineRecreated`).
+- each drain that was running (a worker's or a pool's) is cancelled, its workflow being gone, and started
+  again with the time it had left, so it ends as it would have (at once if its deadline passed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleetkeeper.domain.errors import FleetkeeperError
+from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
+from fleetkeeper.domain.models import DrainOutcome, PoolDrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.services import drains
+from fleetkeeper.services.context import Context
+from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.images import register_template_images
+
+RESTART_ACTOR = "local-restart"
+WITH_MACHINE = frozenset(
+    {
+        WorkerStatus.PROVISIONING,
+        WorkerStatus.STARTING,
+        WorkerStatus.RUNNING,
+        WorkerStatus.DRAINING,
+        WorkerStatus.STOPPING,
+        WorkerStatus.STOPPED,
+    }
+)
+STOPPED_MACHINE = frozenset({WorkerStatus.STOPPING, WorkerStatus.STOPPED})
+
+
+def has_fleet(store: FleetStore) -> bool:
+    """Whether the table holds anything an operator made: a template, a pool or a worker."""
+    return bool(store.list_templates() or store.list_pools() or store.list_workers(limit=1).items)
+
+
+def _all_workers(store: FleetStore) -> Iterator[Worker]:
+    token: str | None = None
+    while True:
+        page = store.list_workers(limit=1000, next_token=token)
+        yield from page.items
+        token = page.next_token
+        if not token:
+            return
+
+
+def _launch(ec2: Any, worker: Worker, template: WorkerTemplate | None, image_id: str) -> dict[str, Any]:
+    tags = [
+        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
+        {"Key": WORKER_ID_TAG, "Value": worker.id},
+        {"Key": TEMPLATE_TAG, "Value": worker.template},
+        {"Key": "Name", "Value": f"fleetkeeper-{worker.id}"},
+    ]
+    if worker.pool:
+        tags.append({"Key": POOL_TAG, "Value": worker.pool})
+    reservation = ec2.run_instances(
+        ImageId=image_id,
+        InstanceType=template.instance_type if template else "m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return dict(reservation["Instances"][0])
+
+
+def _seconds_left(deadline: datetime, now: datetime) -> int:
+    # At least one second: a timeout of 0 would mean "the template's default" to the drain API.
+    return max(1, int((deadline - now).total_seconds()))
+
+
+def recreate_machines(ctx: Context, ec2: Any, say: Callable[[str], None]) -> int:
+    store = ctx.store
+    templates = {t.name: t for t in store.list_templates()}
+    images = register_template_images(ec2, templates.values())
+    fallback_image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    count = 0
+    for worker in _all_workers(store):
+        if worker.status not in WITH_MACHINE or not worker.ec2_instance_id:
+            continue
+        template = templates.get(worker.template)
+        image_id = images.get(template.ami_name_filter, fallback_image) if template else fallback_image
+        launched = _launch(ec2, worker, template, image_id)
+        new_id = launched["InstanceId"]
+        if worker.status in STOPPED_MACHINE:
+            ec2.stop_instances(InstanceIds=[new_id])
+        store.update_worker(
+            worker,
+            {
+                "ec2_instance_id": new_id,
+                "private_ip": launched.get("PrivateIpAddress"),
+                "public_ip": launched.get("PublicIpAddress"),
+            },
+            actor=RESTART_ACTOR,
+            action="WorkerMachineRecreated",
+            reason=f"the emulated EC2 was reset by a restart; {worker.ec2_instance_id} re-created",
+        )
+        say(f"worker {worker.id} ({worker.status}): machine {worker.ec2_instance_id} re-created as {new_id}")
+        count += 1
+    return count
+
+
+def resume_drains(ctx: Context, say: Callable[[str], None]) -> int:
+    now = utcnow()
+    count = 0
+    for worker in _all_workers(ctx.store):
+        record = worker.drain
+        if worker.status != WorkerStatus.DRAINING or record is None or record.outcome != DrainOutcome.RUNNING:
+            continue
+        left = _seconds_left(record.deadline, now)
+        try:
+            drains.cancel_worker_drain(ctx, worker.id, actor=RESTART_ACTOR)
+            drains.start_worker_drain(
+                ctx,
+                worker.id,
+                actor=RESTART_ACTOR,
+                reason=f"resumed after a restart: {record.reason or '-'} ({record.requested_by})",
+                timeout_seconds=left,
+                then=record.then,
+            )
+        except FleetkeeperError as exc:
+            say(f"drain of {worker.id} could not be resumed: {exc}; drain it again by hand")
+            continue
+        say(f"drain of {worker.id}: its workflow was lost in the restart; resumed with {left} s left")
+        count += 1
+    for pool in ctx.store.list_pools():
+        if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
+            continue
+        started = pool.drain_started_at or now
+        left = _seconds_left(started + timedelta(seconds=pool.drain_timeout_seconds or 0), now)
+        try:
+            drains.cancel_pool_drain(ctx, pool.name, actor=RESTART_ACTOR)
+            drains.start_pool_drain(
+                ctx,
+                pool.name,
+                actor=RESTART_ACTOR,
+                timeout_seconds=left,
+                then=pool.drain_then or PoolDrainThen.NONE,
+            )
+        except FleetkeeperError as exc:
+            say(f"drain of pool {pool.name} could not be resumed: {exc}; drain it again by hand")
+            continue
+        say(f"drain of pool {pool.name}: its workflow was lost in the restart; resumed with {left} s left")
+        count += 1
+    return count
+
+
+def reconcile_after_restart(ctx: Context, ec2: Any, say: Callable[[str], None] = print) -> None:
+    """Bring the fresh emulated EC2 and Step Functions in line with the kept table."""
+    machines = recreate_machines(ctx, ec2, say)
+    resumed = resume_drains(ctx, say)
+    say(f"restart: {machines} machine(s) re-created, {resumed} drain(s) resumed")

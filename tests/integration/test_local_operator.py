@@ -1,0 +1,131 @@
+"""The local control plane's operator aids: the console lines, the workload simulator, the restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.services import drains, placement
+from fleetkeeper.services.context import default_context
+from fleetkeeper.store.audit_log import AuditLog
+from fleetkeeper_local.console import FleetConsole
+from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
+from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
+
+pytestmark = pytest.mark.integration
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_given_a_baseline_when_a_worker_moves_then_the_console_prints_one_line_naming_it(
+    store, running_worker
+):
+    worker = running_worker(pool="labs")
+    lines: list[str] = []
+    console = FleetConsole(store, AuditLog(boto3.client("dynamodb"), store.table_name), printer=lines.append)
+    console.poll_once()
+    assert lines == []
+
+    store.transition_worker(worker, WorkerStatus.STOPPING, cause=Cause.CONTROL, actor="test", reason="retire")
+    console.poll_once()
+    console.poll_once()
+
+    assert len(lines) == 1
+    assert f"worker {worker.id} (lab/labs) RUNNING -> STOPPING: retire" in lines[0]
+
+
+def test_given_a_drain_that_ends_then_the_console_says_how(control_plane, store, running_worker):
+    worker = running_worker()
+    lines: list[str] = []
+    console = FleetConsole(store, AuditLog(boto3.client("dynamodb"), store.table_name), printer=lines.append)
+    console.poll_once()
+
+    drains.start_worker_drain(control_plane.ctx, worker.id, actor="alice", reason="patch")
+    console.poll_once()
+    drains.cancel_worker_drain(control_plane.ctx, worker.id, actor="bob")
+    console.poll_once()
+
+    assert any(f"drain of {worker.id} started by alice (patch)" in line for line in lines)
+    assert any(f"drain of {worker.id} ended CANCELLED by bob" in line for line in lines)
+
+
+def test_given_the_workload_when_time_passes_then_it_places_and_completes_instances(
+    control_plane, running_worker
+):
+    worker = running_worker(capacity=2)
+    clock = FakeClock()
+    simulator = WorkloadSimulator(
+        default_context,
+        WorkloadSettings(placements_per_minute=60, min_seconds=5, max_seconds=10, seed=1),
+        clock=clock,
+    )
+
+    simulator.step()
+    assert simulator.counts.placed == 1
+    assert control_plane.ctx.store.get_worker(worker.id).active_instances == 1
+    clock.now = 11
+    simulator.step()
+
+    assert simulator.counts.completed == 1
+    instances = control_plane.ctx.store.list_instances(worker_id=worker.id).items
+    assert InstanceState.COMPLETED in {i.state for i in instances}
+
+
+def test_given_instances_it_did_not_place_then_the_workload_ends_them_too(control_plane, running_worker):
+    worker = running_worker()
+    placed = placement.place_instance(control_plane.ctx.store, actor="someone", worker_id=worker.id)
+    clock = FakeClock()
+    simulator = WorkloadSimulator(
+        default_context,
+        WorkloadSettings(placements_per_minute=0.001, min_seconds=1, max_seconds=2, seed=1),
+        clock=clock,
+    )
+    clock.now = 100  # past the first placement's schedule: only adoption matters
+    simulator.step()
+    clock.now = 103
+    simulator.step()
+
+    assert control_plane.ctx.store.get_instance(placed.id).state == InstanceState.COMPLETED
+
+
+def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated_and_the_drain_resumes(
+    control_plane_factory, local_stack, ec2_worker, store
+):
+    plane = control_plane_factory()
+    worker = ec2_worker()
+    placement.place_instance(store, actor="test", worker_id=worker.id)
+    drains.start_worker_drain(plane.ctx, worker.id, actor="alice", reason="patch", timeout_seconds=3600)
+    assert has_fleet(store)
+
+    local_stack.reset_moto()  # what a restart does to the emulated EC2 and Step Functions
+    plane = control_plane_factory()
+    ec2: Any = boto3.client("ec2")
+    lines: list[str] = []
+    reconcile_after_restart(plane.ctx, ec2, lines.append)
+
+    after = store.get_worker(worker.id)
+    assert after.ec2_instance_id not in (None, worker.ec2_instance_id)
+    described = ec2.describe_instances(InstanceIds=[after.ec2_instance_id])["Reservations"][0]["Instances"][0]
+    assert described["State"]["Name"] in ("pending", "running")
+    assert after.status == WorkerStatus.DRAINING
+    assert after.drain is not None
+    assert after.drain.generation == 2
+    assert 3500 < after.drain.timeout_seconds <= 3600
+    execution = plane.execution(str(after.drain.execution_arn))
+    assert execution["status"] == "RUNNING"
+    actions = [e.action for e in store.audit_trail("worker", worker.id)]
+    assert "WorkerMachineRecreated" in actions
+    assert lines[-1] == "restart: 1 machine(s) re-created, 1 drain(s) resumed"
+
+
+def test_given_an_empty_table_then_there_is_no_fleet_to_keep(store):
+    assert not has_fleet(store)

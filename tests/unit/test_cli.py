@@ -1,0 +1,227 @@
+"""The `fleetkeeper` CLI without a server: targets, signing, durations, fleet files, help and exit codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from typer.testing import CliRunner
+
+from fleetkeeper_cli import fleetfile
+from fleetkeeper_cli.app import app
+from fleetkeeper_cli.client import (
+    LOCAL_API,
+    ApiClient,
+    CliError,
+    ExitCode,
+    is_local,
+    region_of,
+    resolve_api_url,
+)
+from fleetkeeper_cli.durations import format_seconds, parse_duration
+
+DEPLOYED = "https://a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com/prod/"
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """Answers every request with `answer` and keeps the headers it received."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+    answer: ClassVar[tuple[int, dict[str, Any]]] = (200, {"items": []})
+
+    def _serve(self) -> None:
+        Recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
+        status, body = Recorder.answer
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    Recorder.seen = []
+    Recorder.answer = (200, {"items": []})
+    httpd = HTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+def test_given_no_target_then_the_local_api_else_the_environment_else_the_flag(monkeypatch):
+    monkeypatch.delenv("FLEETKEEPER_API", raising=False)
+    assert resolve_api_url(None, None) == LOCAL_API
+    monkeypatch.setenv("FLEETKEEPER_API", DEPLOYED)
+    assert resolve_api_url(None, None) == DEPLOYED
+    assert resolve_api_url("http://127.0.0.1:9", None) == "http://127.0.0.1:9"
+    with pytest.raises(CliError) as both:
+        resolve_api_url("http://x", "stack")
+    assert both.value.exit_code == ExitCode.USAGE
+
+
+def test_given_an_api_gateway_url_then_its_region_is_the_signing_region_and_it_is_not_local():
+    assert region_of(DEPLOYED) == "eu-west-1"
+    assert not is_local(DEPLOYED)
+    assert is_local(LOCAL_API)
+
+
+def test_given_credentials_when_calling_a_signed_target_then_botocore_signs_for_execute_api(
+    server, credentials
+):
+    client = ApiClient(server, region="eu-west-1", sign=True)
+
+    client.get("/api/v1/workers", status="RUNNING")
+
+    headers = Recorder.seen[0]
+    assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")
+    assert "/eu-west-1/execute-api/aws4_request" in headers["authorization"]
+    assert headers["x-amz-security-token"] == "session-token"
+    assert "x-amz-date" in headers
+
+
+def test_given_a_local_target_then_requests_go_unsigned(server, credentials):
+    ApiClient(server).get("/api/v1/stats")
+    assert "authorization" not in Recorder.seen[0]
+
+
+def test_given_no_credentials_when_a_call_must_be_signed_then_exit_4(server, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(CliError) as missing:
+        ApiClient(server, region="eu-west-1", sign=True).get("/api/v1/stats")
+    assert missing.value.exit_code == ExitCode.AUTH
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "line"),
+    [
+        (404, {"error": "NOT_FOUND", "message": "worker 'w-1' was not found"}, 3, "NOT_FOUND (404)"),
+        (409, {"error": "CONFLICT", "message": "worker w-1 is RUNNING"}, 3, "CONFLICT (409)"),
+        (
+            422,
+            {
+                "error": "VALIDATION_FAILED",
+                "message": "bad",
+                "details": [{"field": "body.x", "reason": "no"}],
+            },
+            2,
+            "body.x: no",
+        ),
+        (
+            403,
+            {"message": "Missing Authentication Token"},
+            4,
+            "FORBIDDEN (403): Missing Authentication Token",
+        ),
+        (500, {"error": "INTERNAL", "message": "internal error"}, 1, "INTERNAL (500)"),
+    ],
+)
+def test_given_an_api_error_then_one_line_with_its_code_and_the_exit_code(server, status, body, code, line):
+    Recorder.answer = (status, body)
+
+    exit_code, output = run("--api", server, "worker", "show", "w-1")
+
+    assert exit_code == code
+    assert output.strip().splitlines() == [f"error: {output.strip().removeprefix('error: ')}"]
+    assert line in output
+
+
+def test_given_no_server_then_exit_1_with_a_hint():
+    exit_code, output = run("--api", "http://127.0.0.1:9", "workers")
+    assert exit_code == 1
+    assert "cannot reach the API at http://127.0.0.1:9" in output
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("2h", 7200), ("1h30m", 5400), ("1d", 86400)]
+)
+def test_given_a_duration_then_its_seconds(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "2x", "h", "1h 30m", "-5m"])
+def test_given_a_bad_duration_then_value_error(text):
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+def test_given_seconds_then_a_short_human_duration():
+    assert [format_seconds(s) for s in (5, 65, 7260, -70)] == ["5s", "1m05s", "2h01m", "-1m10s"]
+
+
+def test_given_a_bad_timeout_option_then_usage_exit_2():
+    exit_code, output = run("--api", "http://127.0.0.1:9", "drain", "w-1", "--timeout", "soon")
+    assert exit_code == 2
+    assert "--timeout" in output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["workers"],
+        ["worker", "show"],
+        ["drain"],
+        ["drain-status"],
+        ["cancel-drain"],
+        ["pools"],
+        ["pool", "drain"],
+        ["pool", "cancel-drain"],
+        ["instances"],
+        ["place"],
+        ["complete"],
+        ["templates"],
+        ["stats"],
+        ["audit"],
+        ["apply"],
+    ],
+)
+def test_given_any_command_then_help_works_and_offers_json_output(command):
+    exit_code, output = run(*command, "--help")
+    assert exit_code == 0, output
+    assert "--output" in output
+
+
+def test_given_a_fleet_file_with_an_unknown_field_then_usage_error_names_it(tmp_path: Path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text("templates:\n  - name: lab\n    capacty: 3\n")
+    with pytest.raises(CliError) as bad:
+        fleetfile.load(path)
+    assert bad.value.exit_code == ExitCode.USAGE
+    assert "templates[0].capacty: unknown field" in bad.value.message
+
+
+def test_given_the_example_fleet_file_then_it_loads():
+    fleet = fleetfile.load(Path(__file__).parents[2] / "docs" / "fleet.example.yaml")
+    assert set(fleet.templates) == {"lab-small", "batch"}
+    assert set(fleet.pools) == {"labs", "batch"}
