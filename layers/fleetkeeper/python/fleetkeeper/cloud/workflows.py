@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 # Answers to a token that no longer waits (already answered, timed out, execution over): harmless.
 _STALE_TOKEN_ERRORS = frozenset({"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"})
+
+
+@dataclass(frozen=True)
+class ExecutionState:
+    """What DescribeExecution says about one execution."""
+
+    arn: str
+    status: str  # RUNNING, SUCCEEDED, FAILED, TIMED_OUT, ABORTED, PENDING_REDRIVE
+    error: str | None = None
+    cause: str | None = None
 
 
 class Workflows:
@@ -39,6 +50,21 @@ class Workflows:
                 return self.execution_arn(name)
             raise
         return str(response["executionArn"])
+
+    def describe(self, arn: str) -> ExecutionState | None:
+        """The execution's status, or None when Step Functions has no such execution."""
+        try:
+            response = self._client.describe_execution(executionArn=arn)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
+                return None
+            raise
+        return ExecutionState(
+            arn=arn,
+            status=str(response["status"]),
+            error=response.get("error"),
+            cause=response.get("cause"),
+        )
 
     def succeed(self, token: str, output: Mapping[str, Any]) -> bool:
         """Complete a waiting task; False when the token no longer waits."""

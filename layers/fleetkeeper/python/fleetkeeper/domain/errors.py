@@ -80,6 +80,22 @@ class StaleWrite(Conflict):
     code = "CONFLICT"
 
 
+class DrainNoLongerActive(Conflict):
+    """A write made for one drain generation found that drain over (cancelled, closed or superseded)."""
+
+    code = "CONFLICT"
+
+    def __init__(self, worker_id: str, generation: int, current_status: str | None) -> None:
+        super().__init__(
+            "worker",
+            worker_id,
+            current_status,
+            f"worker '{worker_id}' is no longer draining for drain {generation}; it is now "
+            f"{current_status or 'absent'}",
+        )
+        self.generation = generation
+
+
 class DrainInProgress(Conflict):
     code = "DRAIN_IN_PROGRESS"
 
@@ -110,6 +126,15 @@ class DrainCancelled(FleetkeeperError):
     """
 
     code = "DRAIN_CANCELLED"
+
+
+class DrainNotEmpty(FleetkeeperError):
+    """Raised by the finish step when work still runs before the deadline: the workflow waits again.
+
+    The class name is the Step Functions error name the state machine routes back to its re-check.
+    """
+
+    code = "DRAIN_NOT_EMPTY"
 
 
 class DrainNotStartable(FleetkeeperError):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
-from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, StaleWrite
+from fleetkeeper.domain.errors import Conflict, DrainNoLongerActive, InvalidInput, NotFound, StaleWrite
 from fleetkeeper.domain.lifecycle import (
     ACCEPTS_INSTANCES,
     ACTIVE_INSTANCE_STATES,
@@ -664,9 +664,20 @@ class FleetStore:
         return updated
 
     def end_instance(
-        self, instance: Instance, target: InstanceState, *, actor: str, reason: str | None = None
+        self,
+        instance: Instance,
+        target: InstanceState,
+        *,
+        actor: str,
+        reason: str | None = None,
+        drain_generation: int | None = None,
     ) -> Instance:
-        """End an active instance and free its slot on the worker, atomically and only once."""
+        """End an active instance and free its slot on the worker, atomically and only once.
+
+        With `drain_generation`, the write also requires the worker to be DRAINING for that drain with
+        outcome RUNNING, and raises DrainNoLongerActive otherwise: a drain that was cancelled between
+        its read and this write never ends another instance.
+        """
         if target in ACTIVE_INSTANCE_STATES:
             raise InvalidInput("state", f"{target} is not an ending state")
         check_instance_transition(instance.state, target)
@@ -696,6 +707,28 @@ class FleetStore:
                 },
             }
         }
+        drain_check: dict[str, Any] | None = None
+        if drain_generation is not None:
+            drain_condition = "#ws = :draining AND #dr.#gen = :gen AND #dr.#out = :running"
+            drain_names = {"#ws": "status", "#dr": "drain", "#gen": "generation", "#out": "outcome"}
+            drain_values = {
+                ":draining": {"S": str(WorkerStatus.DRAINING)},
+                ":gen": {"N": str(drain_generation)},
+                ":running": {"S": "RUNNING"},
+            }
+            update: dict[str, Any] = free_slot["Update"]
+            update["ConditionExpression"] = f"active_instances > :zero AND {drain_condition}"
+            update["ExpressionAttributeNames"] = {**update["ExpressionAttributeNames"], **drain_names}
+            update["ExpressionAttributeValues"] = {**update["ExpressionAttributeValues"], **drain_values}
+            drain_check = {
+                "ConditionCheck": {
+                    "TableName": self.table_name,
+                    "Key": serialize(keys.worker_key(instance.worker_id)),
+                    "ConditionExpression": drain_condition,
+                    "ExpressionAttributeNames": drain_names,
+                    "ExpressionAttributeValues": drain_values,
+                }
+            }
         audit = self._audit_put(
             AuditEvent(
                 entity="instance",
@@ -717,29 +750,50 @@ class FleetStore:
                 raise StaleWrite("instance", instance.id, state) from failure
             if not failure.failed_condition(1):
                 raise StaleWrite("instance", instance.id, str(instance.state)) from failure
+            if drain_generation is not None:
+                self._require_drain(instance.worker_id, drain_generation)
             # The worker's counter is already at zero (or the worker is gone): end the instance anyway
             # rather than leave it active forever, and say so in its audit record.
-            self._transact(
-                [
-                    end,
-                    self._audit_put(
-                        AuditEvent(
-                            entity="instance",
-                            entity_id=instance.id,
-                            action=f"Instance{target.title()}",
-                            actor=actor,
-                            from_status=str(instance.state),
-                            to_status=str(target),
-                            reason=reason,
-                            details={
-                                "worker_id": instance.worker_id,
-                                "counter": "worker had no slot to free",
-                            },
-                        )
-                    ),
-                ]
-            )
+            fallback = [end] if drain_check is None else [end, drain_check]
+            try:
+                self._transact(
+                    [
+                        *fallback,
+                        self._audit_put(
+                            AuditEvent(
+                                entity="instance",
+                                entity_id=instance.id,
+                                action=f"Instance{target.title()}",
+                                actor=actor,
+                                from_status=str(instance.state),
+                                to_status=str(target),
+                                reason=reason,
+                                details={
+                                    "worker_id": instance.worker_id,
+                                    "counter": "worker had no slot to free",
+                                },
+                            )
+                        ),
+                    ]
+                )
+            except TransactionFailed as second:
+                if drain_generation is not None and second.failed_condition(1):
+                    self._require_drain(instance.worker_id, drain_generation)
+                raise StaleWrite("instance", instance.id, str(instance.state)) from second
         return updated
+
+    def _require_drain(self, worker_id: str, generation: int) -> None:
+        """Raise DrainNoLongerActive unless the worker is DRAINING for `generation`, outcome RUNNING."""
+        worker = self.find_worker(worker_id)
+        record = worker.drain if worker else None
+        if (
+            worker is None
+            or worker.status != WorkerStatus.DRAINING
+            or record is None
+            or record.generation != generation
+            or record.outcome.value != "RUNNING"
+        ):
+            raise DrainNoLongerActive(worker_id, generation, str(worker.status) if worker else None)
 
     def list_instances(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from fleetkeeper.services.drains.commands import (
     cancel_worker_drain,
     close_drain,
+    launch_worker_drain,
     plan_worker_drain,
     start_worker_drain,
     status_of,
@@ -31,7 +32,7 @@ from fleetkeeper.services.drains.contract import (
     execution_name,
     wait_plan,
 )
-from fleetkeeper.services.drains.pools import cancel_pool_drain, start_pool_drain
+from fleetkeeper.services.drains.pools import cancel_pool_drain, launch_pool_drain, start_pool_drain
 from fleetkeeper.services.drains.signals import signal_if_drained, sweep_waiting_drains
 from fleetkeeper.services.drains.steps import (
     await_empty,
@@ -42,8 +43,10 @@ from fleetkeeper.services.drains.steps import (
     record_error,
     run_step,
 )
+from fleetkeeper.services.drains.watchdog import MAX_RESTARTS, run_watchdog
 
 __all__ = [
+    "MAX_RESTARTS",
     "WORKFLOW_ACTOR",
     "DrainInput",
     "DrainStatus",
@@ -56,10 +59,13 @@ __all__ = [
     "execution_name",
     "finish",
     "force",
+    "launch_pool_drain",
+    "launch_worker_drain",
     "plan_worker_drain",
     "recheck",
     "record_error",
     "run_step",
+    "run_watchdog",
     "signal_if_drained",
     "start_pool_drain",
     "start_worker_drain",

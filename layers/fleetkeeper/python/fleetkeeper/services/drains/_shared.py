@@ -44,11 +44,19 @@ def drain_of(worker: Worker) -> DrainRecord:
     return worker.drain
 
 
-def current_drain(worker: Worker, generation: int) -> DrainRecord:
-    """The drain this execution serves, or DrainCancelled if it was cancelled, closed or superseded."""
+def current_drain(worker: Worker, generation: int, restart: int | None = None) -> DrainRecord:
+    """The drain this execution serves, or DrainCancelled if it was cancelled, closed or superseded.
+
+    With `restart`, an execution the watchdog has replaced is superseded too: only the newest execution
+    of a generation may act on it.
+    """
     record = worker.drain
     if record is None or record.generation != generation:
         raise DrainCancelled(f"worker {worker.id} has no drain of generation {generation} any more")
     if record.outcome != DrainOutcome.RUNNING:
         raise DrainCancelled(f"drain {generation} of worker {worker.id} already ended: {record.outcome}")
+    if restart is not None and record.restarts != restart:
+        raise DrainCancelled(
+            f"drain {generation} of worker {worker.id} is served by restart {record.restarts}, not {restart}"
+        )
     return record

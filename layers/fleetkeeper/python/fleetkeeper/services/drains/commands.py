@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from fleetkeeper.domain.drain_policy import (
     drain_deadline,
@@ -167,22 +168,9 @@ def start_worker_drain(
 
     worker = retry_conflicts(mark_draining)
     record = drain_of(worker)
-    drain_input = DrainInput(
-        kind="worker",
-        worker_id=worker.id,
-        generation=record.generation,
-        timeout_seconds=record.timeout_seconds,
-        started_at=record.started_at,
-        deadline=record.deadline,
-        reason=reason,
-        requested_by=actor,
-        then=record.then.value,
-        heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
-    )
+    # A crash right here leaves a DRAINING worker without an execution: the watchdog starts it.
     try:
-        ctx.workflows.start(
-            execution_name("drain", worker.id, record.generation), drain_input.model_dump(mode="json")
-        )
+        launch_worker_drain(ctx, worker.id, record)
     except Exception as exc:
         _undo_unstarted_drain(ctx, worker.id, record.generation, exc)
         raise WorkflowUnavailable(
@@ -196,6 +184,16 @@ def start_worker_drain(
     )
     logger.info("drain started", extra={"worker_id": worker.id, "generation": record.generation})
     return status_of(ctx, worker, now)
+
+
+def launch_worker_drain(ctx: Context, worker_id: str, record: DrainRecord) -> str:
+    """Start the execution that serves this drain record; starting it twice is harmless.
+
+    The name and input are derived from the record alone, so a retry (or the watchdog) that starts it
+    again gets the same execution back rather than a second one.
+    """
+    drain_input = DrainInput.of_worker(ctx, worker_id, record)
+    return ctx.workflows.start(drain_input.execution_name, drain_input.model_dump(mode="json"))
 
 
 def _undo_unstarted_drain(ctx: Context, worker_id: str, generation: int, cause: Exception) -> None:
@@ -241,6 +239,13 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
                 f"worker {worker.id} is {worker.status}; only a DRAINING worker has a drain to cancel",
             )
         record = worker.drain
+        changes: dict[str, Any] = {}
+        reason = "drain cancelled"
+        if worker.desired_status in (WorkerStatus.STOPPED, WorkerStatus.TERMINATED):
+            # A cancel means "keep this worker running": a desired STOPPED or TERMINATED would make the
+            # next reconcile cycle drain it again, undoing the cancel. See docs/drains.md.
+            changes["desired_status"] = None
+            reason = f"drain cancelled; desired status {worker.desired_status} cleared"
         cancelled = None
         if record is not None:
             final = record.outcome if record.outcome != DrainOutcome.RUNNING else DrainOutcome.CANCELLED
@@ -257,9 +262,9 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
             WorkerStatus.RUNNING,
             cause=Cause.CONTROL,
             actor=actor,
-            reason="drain cancelled",
+            reason=reason,
             action="WorkerDrainCancelled",
-            changes={"drain": cancelled},
+            changes={**changes, "drain": cancelled},
         )
         return worker, after
 

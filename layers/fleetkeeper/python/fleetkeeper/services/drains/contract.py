@@ -11,12 +11,15 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from fleetkeeper.domain.drain_policy import (
     deadline_passed,
+    drain_deadline,
+    recheck_heartbeat,
     seconds_left,
 )
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import (
     DrainRecord,
     DrainThen,
+    Pool,
     utcnow,
 )
 from fleetkeeper.services.context import Context
@@ -72,6 +75,9 @@ class DrainInput(BaseModel):
     requested_by: str
     then: str
     heartbeat_seconds: int
+    # 0 for the execution the request started; n for the watchdog's n-th replacement. A step of any
+    # other execution finds the drain "no longer its own" and ends (DrainCancelled).
+    restart: int = 0
 
     @model_validator(mode="after")
     def _names_its_target(self) -> DrainInput:
@@ -99,21 +105,70 @@ class DrainInput(BaseModel):
         """The worker id or pool name this drain serves."""
         return self.worker_id or self.pool or ""
 
+    @property
+    def execution_name(self) -> str:
+        kind = "drain" if self.kind == "worker" else "pool"
+        return execution_name(kind, self.target, self.generation, self.restart)
 
-def execution_name(kind: str, key: str, generation: int) -> str:
-    """Deterministic per (worker or pool, generation): a repeated request can never start two drains."""
-    name = f"{kind}-{_EXECUTION_NAME_UNSAFE.sub('_', key)}-g{generation}"
+    @classmethod
+    def of_worker(cls, ctx: Context, worker_id: str, record: DrainRecord) -> DrainInput:
+        """The input of the execution that serves this worker drain record (restarts included)."""
+        return cls(
+            kind="worker",
+            worker_id=worker_id,
+            generation=record.generation,
+            timeout_seconds=record.timeout_seconds,
+            started_at=record.started_at,
+            deadline=record.deadline,
+            reason=record.reason,
+            requested_by=record.requested_by,
+            then=record.then.value,
+            heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
+            restart=record.restarts,
+        )
+
+    @classmethod
+    def of_pool(cls, ctx: Context, pool: Pool) -> DrainInput:
+        """The input of the execution that serves the pool's current drain (restarts included)."""
+        if pool.drain_started_at is None or pool.drain_timeout_seconds is None or pool.drain_then is None:
+            raise ValueError(f"pool {pool.name} has no drain to serve")
+        return cls(
+            kind="pool",
+            pool=pool.name,
+            generation=pool.drain_generation,
+            timeout_seconds=pool.drain_timeout_seconds,
+            started_at=pool.drain_started_at,
+            deadline=drain_deadline(pool.drain_started_at, pool.drain_timeout_seconds),
+            requested_by=pool.drain_requested_by or "unknown",
+            then=pool.drain_then.value,
+            heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
+            restart=pool.drain_restarts,
+        )
+
+
+def execution_name(kind: str, key: str, generation: int, restart: int = 0) -> str:
+    """Deterministic per (worker or pool, generation, restart): a repeated request can never start two
+    drains, and a watchdog restart of the same generation gets its own name (suffix -r<n>)."""
+    suffix = f"-g{generation}" + (f"-r{restart}" if restart else "")
+    name = f"{kind}-{_EXECUTION_NAME_UNSAFE.sub('_', key)}{suffix}"
     if len(name) <= _EXECUTION_NAME_LIMIT:
         return name
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return f"{kind}-{digest}-g{generation}"
+    return f"{kind}-{digest}{suffix}"
 
 
-def wait_plan(ctx: Context, deadline: datetime, now: datetime | None = None) -> dict[str, Any]:
-    """Timeout and heartbeat for the await-empty callback task."""
+def wait_plan(
+    ctx: Context, deadline: datetime, timeout_seconds: int, now: datetime | None = None
+) -> dict[str, Any]:
+    """Timeout and heartbeat for the await-empty callback task.
+
+    The heartbeat is stretched for long drains so that their re-checks cannot exhaust the execution's
+    history (see domain/drain_policy.recheck_heartbeat).
+    """
     now = now or utcnow()
     left = max(seconds_left(deadline, now), _MINIMUM_WAIT_SECONDS)
-    heartbeat = max(1, min(ctx.settings.drain_heartbeat_seconds, left - 1))
+    wanted = recheck_heartbeat(ctx.settings.drain_heartbeat_seconds, timeout_seconds)
+    heartbeat = max(1, min(wanted, left - 1))
     return {"seconds_left": left, "heartbeat_seconds": heartbeat, "expired": deadline_passed(deadline, now)}
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fleetkeeper.domain.drain_policy import (
-    drain_deadline,
     pool_drain_timeout,
 )
 from fleetkeeper.domain.errors import (
     Conflict,
     DrainCancelled,
     DrainInProgress,
+    DrainNotEmpty,
     WorkflowUnavailable,
 )
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
@@ -25,7 +25,7 @@ from fleetkeeper.domain.models import (
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import emit
-from fleetkeeper.services.drains.commands import start_worker_drain
+from fleetkeeper.services.drains.commands import launch_worker_drain, start_worker_drain
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, execution_name, wait_plan
 from fleetkeeper.services.retry import retry_conflicts
 
@@ -69,21 +69,9 @@ def start_pool_drain(
         return ctx.store.save_pool(pool, changes, actor=actor, action="PoolDrainStarted")
 
     pool = retry_conflicts(mark_draining)
-    drain_input = DrainInput(
-        kind="pool",
-        pool=name,
-        generation=pool.drain_generation,
-        timeout_seconds=timeout,
-        started_at=now,
-        deadline=drain_deadline(now, timeout),
-        requested_by=actor,
-        then=then.value,
-        heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
-    )
+    # A crash right here leaves a draining pool without an execution: the watchdog starts it.
     try:
-        ctx.workflows.start(
-            execution_name("pool", name, pool.drain_generation), drain_input.model_dump(mode="json")
-        )
+        launch_pool_drain(ctx, pool)
     except Exception as exc:
         finish_pool(
             ctx,
@@ -101,6 +89,12 @@ def start_pool_drain(
     return pool
 
 
+def launch_pool_drain(ctx: Context, pool: Pool) -> str:
+    """Start the execution that serves the pool's current drain; starting it twice is harmless."""
+    drain_input = DrainInput.of_pool(ctx, pool)
+    return ctx.workflows.start(drain_input.execution_name, drain_input.model_dump(mode="json"))
+
+
 def pool_detail(pool: Pool, **extra: Any) -> dict[str, Any]:
     return {
         "pool": pool.name,
@@ -114,13 +108,15 @@ def pool_detail(pool: Pool, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _current_pool_drain(pool: Pool, generation: int) -> None:
+def _current_pool_drain(pool: Pool, drain: DrainInput) -> None:
     if (
-        pool.drain_generation != generation
+        pool.drain_generation != drain.generation
         or pool.status != PoolStatus.DRAINING
         or pool.drain_outcome != DrainOutcome.RUNNING
     ):
-        raise DrainCancelled(f"pool {pool.name} is no longer draining for generation {generation}")
+        raise DrainCancelled(f"pool {pool.name} is no longer draining for generation {drain.generation}")
+    if pool.drain_restarts != drain.restart:
+        raise DrainCancelled(f"pool {pool.name} drain is served by restart {pool.drain_restarts} now")
 
 
 def finish_pool(
@@ -132,10 +128,16 @@ def finish_pool(
     outcome: DrainOutcome,
     reason: str,
     actor: str,
+    restart: int | None = None,
 ) -> tuple[Pool, Pool] | None:
+    """End the pool's drain `generation` if it is still RUNNING (and, with `restart`, still served by
+    that execution); None when it already ended or belongs to another execution."""
+
     def finish_once() -> tuple[Pool, Pool] | None:
         pool = ctx.store.get_pool(name)
         if pool.drain_generation != generation or pool.drain_outcome != DrainOutcome.RUNNING:
+            return None
+        if restart is not None and pool.drain_restarts != restart:
             return None
         changes: dict[str, Any] = {
             "drain_outcome": outcome,
@@ -155,31 +157,35 @@ def finish_pool(
 
 
 def cancel_pool_drain(ctx: Context, name: str, *, actor: str) -> Pool:
-    """draining → active; the waiting workflow fails with DrainCancelled."""
-    pool = ctx.store.get_pool(name)
-    if pool.status != PoolStatus.DRAINING:
-        raise Conflict(
-            "pool", name, pool.status, f"pool {name} is {pool.status}; only a draining pool can be cancelled"
+    """draining → active; the waiting workflow fails with DrainCancelled.
+
+    One conditional write (version and status draining) decides: of concurrent cancels exactly one
+    wins, and a cancel that finds the pool no longer draining (the drain completed, another cancel won)
+    is a conflict, never a second success.
+    """
+
+    def cancel_once() -> tuple[Pool, Pool]:
+        pool = ctx.store.get_pool(name)
+        if pool.status != PoolStatus.DRAINING:
+            raise Conflict(
+                "pool",
+                name,
+                pool.status,
+                f"pool {name} is {pool.status}; only a draining pool can be cancelled",
+            )
+        changes: dict[str, Any] = {"status": PoolStatus.ACTIVE}
+        if pool.drain_outcome == DrainOutcome.RUNNING:
+            changes.update(
+                drain_outcome=DrainOutcome.CANCELLED, drain_finished_at=utcnow(), drain_task_token=None
+            )
+        # A drain that already ended (in ERROR) left the pool draining: the cancel just reactivates it.
+        after = ctx.store.save_pool(
+            pool, changes, actor=actor, action="PoolDrainCancelled", reason=f"cancelled by {actor}"
         )
-    result = finish_pool(
-        ctx,
-        name,
-        pool.drain_generation,
-        target=PoolStatus.ACTIVE,
-        outcome=DrainOutcome.CANCELLED,
-        reason=f"cancelled by {actor}",
-        actor=actor,
-    )
-    if result is None:
-        # The drain already ended (e.g. in ERROR) but the pool is still draining: just reactivate it.
-        current = ctx.store.get_pool(name)
-        updated = ctx.store.save_pool(
-            current, {"status": PoolStatus.ACTIVE}, actor=actor, action="PoolDrainCancelled"
-        )
-        emit(ctx, "PoolDrainCancelled", pool_detail(updated, cancelled_by=actor), "PoolDrainCancelled")
-        return updated
-    before, after = result
-    if before.drain_task_token:
+        return pool, after
+
+    before, after = retry_conflicts(cancel_once)
+    if before.drain_task_token and before.drain_outcome == DrainOutcome.RUNNING:
         ctx.workflows.fail(before.drain_task_token, "DrainCancelled", f"pool drain cancelled by {actor}")
     emit(ctx, "PoolDrainCancelled", pool_detail(after, cancelled_by=actor), "PoolDrainCancelled")
     return after
@@ -187,8 +193,11 @@ def cancel_pool_drain(ctx: Context, name: str, *, actor: str) -> Pool:
 
 def pool_begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     pool = ctx.store.get_pool(drain.target)
-    _current_pool_drain(pool, drain.generation)
-    return {**wait_plan(ctx, drain.deadline), "empty": ctx.store.pool_active_instances(pool.name) == 0}
+    _current_pool_drain(pool, drain)
+    return {
+        **wait_plan(ctx, drain.deadline, drain.timeout_seconds),
+        "empty": ctx.store.pool_active_instances(pool.name) == 0,
+    }
 
 
 def pool_await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
@@ -196,7 +205,7 @@ def pool_await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
 
     def register() -> Pool:
         pool = ctx.store.get_pool(drain.target)
-        _current_pool_drain(pool, drain.generation)
+        _current_pool_drain(pool, drain)
         return ctx.store.save_pool(
             pool, {"drain_task_token": task_token}, actor=WORKFLOW_ACTOR, action="PoolDrainAwaitingEmpty"
         )
@@ -210,6 +219,12 @@ def pool_finish(ctx: Context, drain: DrainInput, *, timed_out: bool) -> dict[str
     """draining → inactive (empty, or timed out); then drain the pool's workers if the request asked to."""
     outcome = DrainOutcome.TIMED_OUT if timed_out else DrainOutcome.SUCCESS
     reason = "drain timeout expired" if timed_out else "all instances completed"
+    if not timed_out:
+        left = ctx.store.pool_active_instances(drain.target)
+        if left:
+            # A success answer while work still runs (replayed or forged token): wait again. No
+            # instance can land in a draining pool, so the count only goes down after this read.
+            raise DrainNotEmpty(f"pool {drain.target} still has {left} active instances; waiting again")
     result = finish_pool(
         ctx,
         drain.target,
@@ -218,6 +233,7 @@ def pool_finish(ctx: Context, drain: DrainInput, *, timed_out: bool) -> dict[str
         outcome=outcome,
         reason=reason,
         actor=WORKFLOW_ACTOR,
+        restart=drain.restart,
     )
     if result is None:
         pool = ctx.store.get_pool(drain.target)
@@ -227,30 +243,44 @@ def pool_finish(ctx: Context, drain: DrainInput, *, timed_out: bool) -> dict[str
             raise DrainCancelled(f"pool {pool.name} drain {drain.generation} already ended")
     else:
         after = result[1]
-    drained_workers: list[str] = []
-    if drain.then != PoolDrainThen.NONE.value:
-        for worker in ctx.store.workers_in_pool(after.name):
-            if worker.status != WorkerStatus.RUNNING:
-                continue
-            try:
-                start_worker_drain(
-                    ctx,
-                    worker.id,
-                    actor=WORKFLOW_ACTOR,
-                    reason=f"pool {after.name} drained",
-                    then=DrainThen(drain.then),
-                )
-                drained_workers.append(worker.id)
-            except Conflict as refused:
-                logger.warning(
-                    "worker not drained after pool drain",
-                    extra={"worker_id": worker.id, "reason": refused.message},
-                )
+    drained_workers = _drain_workers(ctx, after, drain) if drain.then != PoolDrainThen.NONE.value else []
     detail_type = "PoolDrainTimedOut" if timed_out else "PoolDrainCompleted"
     emit(ctx, detail_type, pool_detail(after, drained_workers=drained_workers), detail_type)
     if timed_out:
         ctx.notifier.notify(f"fleetkeeper: drain of pool {after.name} timed out", pool_detail(after))
     return {"outcome": outcome.value, "drained_workers": drained_workers}
+
+
+def _drain_workers(ctx: Context, pool: Pool, drain: DrainInput) -> list[str]:
+    """Drain every worker of the pool (then=stop|terminate). Resumable: a retry of the step after a crash
+    also starts the drains it marked but never started, recognised by their reason."""
+    reason = f"pool {pool.name} drained (drain {drain.generation})"
+    drained: list[str] = []
+    # The index only says which workers belong to the pool; their status comes from the items.
+    for worker in ctx.store.get_workers([w.id for w in ctx.store.workers_in_pool(pool.name)]):
+        record = worker.drain
+        if (
+            worker.status == WorkerStatus.DRAINING
+            and record is not None
+            and record.outcome == DrainOutcome.RUNNING
+            and record.reason == reason
+        ):
+            launch_worker_drain(ctx, worker.id, record)  # the same execution name: at most one runs
+            drained.append(worker.id)
+            continue
+        if worker.status != WorkerStatus.RUNNING:
+            continue
+        try:
+            start_worker_drain(
+                ctx, worker.id, actor=WORKFLOW_ACTOR, reason=reason, then=DrainThen(drain.then)
+            )
+            drained.append(worker.id)
+        except Conflict as refused:
+            logger.warning(
+                "worker not drained after pool drain",
+                extra={"worker_id": worker.id, "reason": refused.message},
+            )
+    return drained
 
 
 def record_pool_error(ctx: Context, drain: DrainInput, text: str) -> dict[str, Any]:
@@ -262,6 +292,7 @@ def record_pool_error(ctx: Context, drain: DrainInput, text: str) -> dict[str, A
         outcome=DrainOutcome.ERROR,
         reason=text,
         actor=WORKFLOW_ACTOR,
+        restart=drain.restart,
     )
     pool = result[1] if result else ctx.store.get_pool(drain.target)
     emit(ctx, "PoolDrainFailed", pool_detail(pool, error=text), "PoolDrainFailed")

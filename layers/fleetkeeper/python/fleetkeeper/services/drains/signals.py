@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
     DrainOutcome,
     Instance,
 )
+from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.drains.watchdog import run_watchdog
 
 
 def signal_if_drained(ctx: Context, instance: Instance) -> None:
@@ -29,32 +33,50 @@ def signal_if_drained(ctx: Context, instance: Instance) -> None:
 
 
 def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
-    """Keep waiting drains alive and recover lost signals; the reconciler runs this every cycle.
+    """Keep waiting drains alive, recover lost signals, and run the watchdog; the reconcile cycle runs
+    this every cycle.
 
     A drain whose worker is empty but whose token was never answered completes here. Otherwise a
     heartbeat keeps the callback task waiting without costing a state transition, so a drain's
-    transition count does not grow with its length.
+    transition count does not grow with its length. Then the watchdog (services/drains/watchdog.py)
+    restarts or closes every open drain whose execution is gone. One drain that fails here is logged
+    and counted in `errors`; the others are still swept.
     """
-    completed = heartbeats = 0
+    counts: Counter[str] = Counter(completed=0, heartbeats=0)
     for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING]):
         record = worker.drain
         if record is None or record.outcome != DrainOutcome.RUNNING or not record.task_token:
             continue
-        current = ctx.store.get_worker(worker.id)  # the index may lag; act on the item
-        token = current.drain.task_token if current.drain else None
-        if not token or current.status != WorkerStatus.DRAINING:
-            continue
-        if current.active_instances == 0:
-            completed += ctx.workflows.succeed(
-                token, {"worker_id": current.id, "empty": True, "recovered": True}
-            )
-        else:
-            heartbeats += ctx.workflows.heartbeat(token)
+        try:
+            _sweep_worker(ctx, worker.id, counts)
+        except Exception:
+            logger.exception("sweep of a waiting drain failed", extra={"worker_id": worker.id})
+            counts["errors"] += 1
     for pool in ctx.store.list_pools():
         if pool.status != PoolStatus.DRAINING or not pool.drain_task_token:
             continue
-        if ctx.store.pool_active_instances(pool.name) == 0:
-            completed += ctx.workflows.succeed(pool.drain_task_token, {"pool": pool.name, "empty": True})
-        else:
-            heartbeats += ctx.workflows.heartbeat(pool.drain_task_token)
-    return {"completed": completed, "heartbeats": heartbeats}
+        try:
+            if ctx.store.pool_active_instances(pool.name) == 0:
+                counts["completed"] += ctx.workflows.succeed(
+                    pool.drain_task_token, {"pool": pool.name, "empty": True}
+                )
+            else:
+                counts["heartbeats"] += ctx.workflows.heartbeat(pool.drain_task_token)
+        except Exception:
+            logger.exception("sweep of a waiting pool drain failed", extra={"pool": pool.name})
+            counts["errors"] += 1
+    counts.update(run_watchdog(ctx))
+    return dict(counts)
+
+
+def _sweep_worker(ctx: Context, worker_id: str, counts: Counter[str]) -> None:
+    current = ctx.store.get_worker(worker_id)  # the index may lag; act on the item
+    token = current.drain.task_token if current.drain else None
+    if not token or current.status != WorkerStatus.DRAINING:
+        return
+    if current.active_instances == 0:
+        counts["completed"] += ctx.workflows.succeed(
+            token, {"worker_id": current.id, "empty": True, "recovered": True}
+        )
+    else:
+        counts["heartbeats"] += ctx.workflows.heartbeat(token)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud.ec2 import is_missing_instance
 from fleetkeeper.domain.errors import (
+    DrainCancelled,
+    DrainNoLongerActive,
+    DrainNotEmpty,
     DrainNotStartable,
-    IllegalTransition,
     StaleWrite,
 )
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
@@ -35,7 +38,7 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         worker = ctx.store.get_worker(drain.target)
         record = worker.drain
         if record is not None and record.generation >= drain.generation:
-            current_drain(worker, drain.generation)
+            current_drain(worker, drain.generation, drain.restart)
             if worker.status != WorkerStatus.DRAINING:
                 raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
             return worker
@@ -55,8 +58,12 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         )
 
     worker = retry_conflicts(ensure_draining)
+    record = drain_of(worker)
     # Reporting emptiness here lets the state machine skip the wait for a worker that is already empty.
-    return {**wait_plan(ctx, drain_of(worker).deadline), "empty": worker.active_instances == 0}
+    return {
+        **wait_plan(ctx, record.deadline, record.timeout_seconds),
+        "empty": worker.active_instances == 0,
+    }
 
 
 def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
@@ -66,7 +73,7 @@ def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
         worker = ctx.store.get_worker(drain.target)
         # A cancel that came before the token was stored wins here: raising fails the waiting task with
         # DrainCancelled at once, without the token.
-        record = current_drain(worker, drain.generation)
+        record = current_drain(worker, drain.generation, drain.restart)
         if worker.status != WorkerStatus.DRAINING:
             raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
         return ctx.store.update_worker(
@@ -86,55 +93,111 @@ def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
 def recheck(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     """Heartbeat safety net: is the worker empty, or the deadline passed, although no signal came?"""
     worker = ctx.store.get_worker(drain.target)
-    record = current_drain(worker, drain.generation)
-    return {**wait_plan(ctx, record.deadline), "empty": worker.active_instances == 0}
+    record = current_drain(worker, drain.generation, drain.restart)
+    return {
+        **wait_plan(ctx, record.deadline, record.timeout_seconds),
+        "empty": worker.active_instances == 0,
+    }
+
+
+# Rounds of "read what is active, end it" before force gives up and lets Step Functions retry the step.
+# Each round ends every instance it read; only an instance that changed under it (a state report) is
+# left for the next round, so a few rounds settle any realistic race.
+FORCE_ROUNDS = 10
+# A round that found the counter above zero but no active instance through the index waits this long
+# for the index (eventually consistent on AWS) before reading again.
+_INDEX_PAUSE_SECONDS = 0.2
 
 
 def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
-    """The deadline passed: terminate what still runs, tell the operators, then let finish stop the worker."""
-    worker = ctx.store.get_worker(drain.target)
-    record = current_drain(worker, drain.generation)
+    """The deadline passed: terminate what still runs, tell the operators, then let finish stop the worker.
+
+    Every end is conditional on this drain generation still being active on the worker, so a cancel
+    that commits mid-way stops the terminations at once (DrainCancelled). An instance whose version
+    changed under us (a state report) is still active: the next round reads it again and ends it. Force
+    returns only when the worker's own counter says nothing is active.
+    """
     forced: list[str] = []
-    for instance in ctx.store.active_instances_of(worker.id):
-        try:
-            ended = ctx.store.end_instance(
-                instance, InstanceState.TERMINATED, actor=WORKFLOW_ACTOR, reason="drain_timeout"
+    record = current_drain(ctx.store.get_worker(drain.target), drain.generation, drain.restart)
+    for _ in range(FORCE_ROUNDS):
+        worker = ctx.store.get_worker(drain.target)
+        current_drain(worker, drain.generation, drain.restart)
+        if worker.active_instances == 0:
+            break
+        active = ctx.store.active_instances_of(worker.id)
+        if not active:
+            time.sleep(_INDEX_PAUSE_SECONDS)
+        for instance in active:
+            try:
+                ended = ctx.store.end_instance(
+                    instance,
+                    InstanceState.TERMINATED,
+                    actor=WORKFLOW_ACTOR,
+                    reason="drain_timeout",
+                    drain_generation=drain.generation,
+                )
+            except DrainNoLongerActive as cancelled:
+                # A cancel (or a close) won the race: not one more instance may be terminated.
+                _record_forced(ctx, drain, forced)
+                raise DrainCancelled(
+                    f"drain {drain.generation} of worker {worker.id} ended while forcing: {cancelled.message}"
+                ) from cancelled
+            except StaleWrite:
+                continue  # changed since it was read (a state report, or it ended): the next round reads it
+            signal_if_drained(ctx, ended)  # it may have been its pool's last instance
+            forced.append(instance.id)
+            emit(
+                ctx,
+                "InstanceForceTerminated",
+                {"instance_id": instance.id, "worker_id": worker.id, "reason": "drain_timeout"},
+                "InstanceForceTerminated",
             )
-        except (StaleWrite, IllegalTransition):
-            continue  # it ended on its own meanwhile
-        signal_if_drained(ctx, ended)  # it may have been its pool's last instance
-        forced.append(instance.id)
-        emit(
-            ctx,
-            "InstanceForceTerminated",
-            {"instance_id": instance.id, "worker_id": worker.id, "reason": "drain_timeout"},
-            "InstanceForceTerminated",
-        )
+    else:
+        left = ctx.store.get_worker(drain.target).active_instances
+        if left:
+            # Step Functions retries the step; every round above was progress or a lost race.
+            _record_forced(ctx, drain, forced)
+            raise DrainNotEmpty(f"worker {drain.target} still has {left} active instances after forcing")
+
+    timed_out = _record_forced(ctx, drain, forced)
+    detail = worker_detail(timed_out, forced_instances=forced, deadline=record.deadline.isoformat())
+    ctx.notifier.notify(f"fleetkeeper: drain of worker {drain.target} timed out", detail)
+    emit(ctx, "WorkerDrainTimedOut", detail, "DrainTimedOut")
+    return {"forced_instances": len(forced)}
+
+
+def _record_forced(ctx: Context, drain: DrainInput, forced: list[str]) -> Worker:
+    """Add what this attempt forced to the drain record, and mark it timed out (once)."""
 
     def mark_timed_out() -> Worker:
-        current = ctx.store.get_worker(worker.id)
-        latest = current_drain(current, drain.generation)
+        current = ctx.store.get_worker(drain.target)
+        record = current.drain
+        if record is None or record.generation != drain.generation:
+            return current
+        if not forced and record.timed_out_at is not None:
+            return current  # an earlier attempt recorded it; nothing new to add
         update = {
-            "forced_instances": latest.forced_instances + len(forced),
-            "timed_out_at": latest.timed_out_at or utcnow(),
+            "forced_instances": record.forced_instances + len(forced),
+            "timed_out_at": record.timed_out_at or utcnow(),
         }
         return ctx.store.update_worker(
             current,
-            {"drain": latest.model_copy(update=update)},
+            {"drain": record.model_copy(update=update)},
             actor=WORKFLOW_ACTOR,
             action="WorkerDrainTimedOut",
             reason="drain deadline passed",
         )
 
-    timed_out = retry_conflicts(mark_timed_out)
-    detail = worker_detail(timed_out, forced_instances=forced, deadline=record.deadline.isoformat())
-    ctx.notifier.notify(f"fleetkeeper: drain of worker {worker.id} timed out", detail)
-    emit(ctx, "WorkerDrainTimedOut", detail, "DrainTimedOut")
-    return {"forced_instances": len(forced)}
+    return retry_conflicts(mark_timed_out)
 
 
 def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
-    """DRAINING → STOPPING (then=stop) or TERMINATING (then=terminate), and ask EC2 to do it."""
+    """DRAINING → STOPPING (then=stop) or TERMINATING (then=terminate), and ask EC2 to do it.
+
+    Only an empty worker is finished. A success answer that came while work still runs (a replayed or
+    forged token, a race) raises DrainNotEmpty, which the state machine routes back to its re-check:
+    it waits again before the deadline and forces after it.
+    """
 
     def complete() -> Worker:
         worker = ctx.store.get_worker(drain.target)
@@ -146,9 +209,15 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             and record.outcome in (DrainOutcome.SUCCESS, DrainOutcome.TIMED_OUT)
         ):
             return worker  # finished by an earlier attempt of this step
-        record = current_drain(worker, drain.generation)
+        record = current_drain(worker, drain.generation, drain.restart)
         if worker.status != WorkerStatus.DRAINING:
             raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
+        if worker.active_instances > 0:
+            # The write below is conditional on this very read (version), so no instance can slip in
+            # between the check and the transition.
+            raise DrainNotEmpty(
+                f"worker {worker.id} still has {worker.active_instances} active instances; waiting again"
+            )
         target = WorkerStatus.TERMINATING if record.then == DrainThen.TERMINATE else WorkerStatus.STOPPING
         outcome = DrainOutcome.TIMED_OUT if record.timed_out_at else DrainOutcome.SUCCESS
         done = record.model_copy(update={"outcome": outcome, "finished_at": utcnow(), "task_token": None})
@@ -206,6 +275,8 @@ def record_error(ctx: Context, drain: DrainInput, error: dict[str, Any] | None) 
         if record is not None and record.generation == drain.generation:
             if record.outcome != DrainOutcome.RUNNING:
                 return worker  # already ended (e.g. finished, then EC2 refused): keep that outcome
+            if record.restarts != drain.restart:
+                return worker  # the watchdog replaced this execution; the replacement owns the drain
             failed = record.model_copy(
                 update={
                     "outcome": DrainOutcome.ERROR,
