@@ -12,6 +12,7 @@ from fleetkeeper.domain.errors import (
     DrainCancelled,
     DrainInProgress,
     DrainNotEmpty,
+    StaleWrite,
     WorkflowUnavailable,
 )
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
@@ -275,6 +276,8 @@ def _drain_workers(ctx: Context, pool: Pool, drain: DrainInput) -> list[str]:
                 ctx, worker.id, actor=WORKFLOW_ACTOR, reason=reason, then=DrainThen(drain.then)
             )
             drained.append(worker.id)
+        except StaleWrite:
+            raise  # a race lost on every attempt is not a refusal: the step retries and resumes
         except Conflict as refused:
             logger.warning(
                 "worker not drained after pool drain",
