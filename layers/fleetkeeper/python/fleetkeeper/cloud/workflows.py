@@ -9,6 +9,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from fleetkeeper.cloud.retry import with_backoff
+
 # Answers to a token that no longer waits (already answered, timed out, execution over): harmless.
 _STALE_TOKEN_ERRORS = frozenset({"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"})
 
@@ -42,8 +44,11 @@ class Workflows:
     def start(self, name: str, payload: Mapping[str, Any]) -> str:
         """Start the named execution; a name that already ran returns the existing execution."""
         try:
-            response = self._client.start_execution(
-                stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload)
+            response = with_backoff(
+                lambda: self._client.start_execution(
+                    stateMachineArn=self.state_machine_arn, name=name, input=json.dumps(payload)
+                ),
+                name="sfn:StartExecution",
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ExecutionAlreadyExists":
@@ -54,7 +59,9 @@ class Workflows:
     def describe(self, arn: str) -> ExecutionState | None:
         """The execution's status, or None when Step Functions has no such execution."""
         try:
-            response = self._client.describe_execution(executionArn=arn)
+            response = with_backoff(
+                lambda: self._client.describe_execution(executionArn=arn), name="sfn:DescribeExecution"
+            )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ExecutionDoesNotExist":
                 return None
@@ -84,7 +91,7 @@ class Workflows:
     @staticmethod
     def _answer(call: Any) -> bool:
         try:
-            call()
+            with_backoff(call, name="sfn:SendTask")
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _STALE_TOKEN_ERRORS:
                 return False

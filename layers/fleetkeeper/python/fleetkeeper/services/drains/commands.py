@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.drain_policy import (
     drain_deadline,
     estimated_completion,
@@ -27,7 +28,6 @@ from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, DrainStatus, execution_name
-from fleetkeeper.services.retry import retry_conflicts
 
 
 def _refusal(worker: Worker) -> Conflict | None:

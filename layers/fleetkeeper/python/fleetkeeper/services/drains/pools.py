@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.drain_policy import (
     pool_drain_timeout,
 )
@@ -28,7 +29,6 @@ from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import emit
 from fleetkeeper.services.drains.commands import launch_worker_drain, start_worker_drain
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, execution_name, wait_plan
-from fleetkeeper.services.retry import retry_conflicts
 
 
 def start_pool_drain(

@@ -8,6 +8,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud.ec2 import is_missing_instance
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import (
     DrainCancelled,
     DrainNoLongerActive,
@@ -28,7 +29,6 @@ from fleetkeeper.services.drains._shared import current_drain, drain_of, emit, w
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, StepRequest, wait_plan
 from fleetkeeper.services.drains.pools import pool_await_empty, pool_begin, pool_finish, record_pool_error
 from fleetkeeper.services.drains.signals import signal_if_drained
-from fleetkeeper.services.retry import retry_conflicts
 
 
 def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Literal
 
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.cloud.workflows import ExecutionState
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, Pool, Worker, utcnow
@@ -32,7 +33,6 @@ from fleetkeeper.services.drains._shared import emit, worker_detail
 from fleetkeeper.services.drains.commands import launch_worker_drain
 from fleetkeeper.services.drains.contract import execution_name
 from fleetkeeper.services.drains.pools import finish_pool, launch_pool_drain, pool_detail
-from fleetkeeper.services.retry import retry_conflicts
 
 WATCHDOG_ACTOR = "drain-watchdog"
 # New executions for one drain generation before the watchdog gives up and closes it with ERROR.
