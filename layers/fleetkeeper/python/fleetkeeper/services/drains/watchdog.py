@@ -107,7 +107,6 @@ def _watch_worker(ctx: Context, worker_id: str, now: datetime, grace: timedelta)
     problem = _problem(execution)
     if problem is None:
         return "running"
-    metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     if _gave_up(execution) or record.restarts >= MAX_RESTARTS:
         _close_worker_drain(ctx, worker.id, record.generation, arn, problem)
         return "closed"
@@ -144,6 +143,7 @@ def _restart_worker_drain(ctx: Context, worker_id: str, generation: int, lost_ar
     worker = retry_conflicts(claim)
     if worker is None or worker.drain is None:
         return False
+    metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     # If this start fails, the next cycle finds the new execution missing and tries again (bounded).
     launch_worker_drain(ctx, worker.id, worker.drain)
     emit(ctx, "WorkerDrainRestarted", worker_detail(worker, lost_execution=lost_arn, problem=why))
@@ -177,6 +177,7 @@ def _close_worker_drain(ctx: Context, worker_id: str, generation: int, lost_arn:
     worker = retry_conflicts(close)
     if worker is None:
         return
+    metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     detail = worker_detail(worker, error=text, lost_execution=lost_arn)
     emit(ctx, "WorkerDrainFailed", detail, "DrainFailed")
     ctx.notifier.notify(f"fleetkeeper: drain of worker {worker.id} lost its workflow", detail)
@@ -199,7 +200,6 @@ def _watch_pool(ctx: Context, name: str, now: datetime, grace: timedelta) -> Ver
     problem = _problem(execution)
     if problem is None:
         return "running"
-    metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     if _gave_up(execution) or pool.drain_restarts >= MAX_RESTARTS:
         text = f"drain execution lost ({problem}); closed by the watchdog"
         result = finish_pool(
@@ -213,6 +213,7 @@ def _watch_pool(ctx: Context, name: str, now: datetime, grace: timedelta) -> Ver
             restart=pool.drain_restarts,
         )
         if result is not None:
+            metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
             detail = pool_detail(result[1], error=text, lost_execution=arn)
             emit(ctx, "PoolDrainFailed", detail, "PoolDrainFailed")
             ctx.notifier.notify(f"fleetkeeper: drain of pool {pool.name} lost its workflow", detail)
@@ -244,6 +245,7 @@ def _restart_pool_drain(ctx: Context, seen: Pool, lost_arn: str, why: str) -> bo
     pool = retry_conflicts(claim)
     if pool is None:
         return False
+    metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     launch_pool_drain(ctx, pool)
     emit(ctx, "PoolDrainRestarted", pool_detail(pool, lost_execution=lost_arn, problem=why))
     return True
