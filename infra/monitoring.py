@@ -150,6 +150,7 @@ class Monitoring(Construct):
                 "Forced terminations and orphans",
                 [
                     fleet_metric(metrics.INSTANCE_FORCE_TERMINATED).with_(label="instances force-terminated"),
+                    fleet_metric(metrics.DRAIN_EXECUTION_LOST).with_(label="drain executions lost"),
                     fleet_metric(metrics.ORPHANS_TERMINATED).with_(label="orphans terminated"),
                 ],
             ),
