@@ -32,6 +32,10 @@ def signal_if_drained(ctx: Context, instance: Instance) -> None:
             ctx.workflows.succeed(pool.drain_task_token, {"pool": pool.name, "empty": True})
 
 
+# The keys sweep_waiting_drains always returns: its own, then the watchdog's verdicts.
+SWEEP_COUNTS = ("completed", "heartbeats", "errors", "running", "young", "restarted", "closed", "settled")
+
+
 def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
     """Keep waiting drains alive, recover lost signals, and run the watchdog; the reconcile cycle runs
     this every cycle.
@@ -42,7 +46,7 @@ def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
     restarts or closes every open drain whose execution is gone. One drain that fails here is logged
     and counted in `errors`; the others are still swept.
     """
-    counts: Counter[str] = Counter(completed=0, heartbeats=0)
+    counts: Counter[str] = Counter(dict.fromkeys(SWEEP_COUNTS, 0))
     for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING]):
         record = worker.drain
         if record is None or record.outcome != DrainOutcome.RUNNING or not record.task_token:
