@@ -54,6 +54,7 @@ EXPECTED_ACTIONS = {
         "states:SendTaskFailure",
         "states:SendTaskHeartbeat",
         "states:StartExecution",
+        "states:DescribeExecution",
         "events:PutEvents",
     },
     "discover": LOGS_AND_TRACES

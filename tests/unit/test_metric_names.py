@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetkeeper.services import discovery, reconcile
+from fleetkeeper.services.drains import watchdog
 from infra import metrics as dashboard
 
 
@@ -19,3 +20,7 @@ def test_given_the_reconcile_metrics_then_the_dashboard_knows_each_name():
 
 def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
     assert discovery.METRIC_ORPHANS_TERMINATED == dashboard.ORPHANS_TERMINATED
+
+
+def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():
+    assert watchdog.METRIC_EXECUTION_LOST == dashboard.DRAIN_EXECUTION_LOST

@@ -141,6 +141,11 @@ def _sweep_drains(ctx: Context, report: CycleReport) -> None:
         return
     report.counters["drain_signals_recovered"] += swept["completed"]
     report.counters["drain_heartbeats"] += swept["heartbeats"]
+    # The watchdog's findings: executions restarted for their generation, drains closed with ERROR, and
+    # drains whose check failed this cycle (each isolated; they are looked at again next cycle).
+    report.counters["drain_executions_restarted"] += swept.get("restarted", 0)
+    report.counters["drain_executions_closed"] += swept.get("closed", 0)
+    report.counters["drain_sweep_errors"] += swept.get("errors", 0)
 
 
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
