@@ -384,6 +384,7 @@ class ApiServer:
 
     port: int = 8080
     instances: int = field(default_factory=lambda: int(os.environ.get(API_INSTANCES_ENVIRONMENT, "1")))
+    log_path: Path | None = None  # instance processes' output goes here (default: this console)
     _server: ThreadingHTTPServer | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _processes: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
@@ -413,11 +414,15 @@ class ApiServer:
     def _start_instance(self, index: int) -> _Instance:
         port = free_port()
         env = {**os.environ, "FLEETKEEPER_LOCAL_INSTANCE_INDEX": str(index)}
-        process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
-            [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
-            cwd=project_root(),
-            env=env,
-        )
+        with contextlib.ExitStack() as files:
+            output = files.enter_context(self.log_path.open("ab")) if self.log_path else None
+            process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
+                [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
+                cwd=project_root(),
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
+            )
         self._processes.append(process)
         url = f"http://127.0.0.1:{port}"
         _wait_for_http(f"{url}/openapi.json", timeout=60, process=process)
