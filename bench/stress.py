@@ -139,6 +139,7 @@ class KnownWorker:
     id: str
     pool: str | None
     template: str
+    status: str | None = None  # as last answered; None: not read yet
 
 
 @dataclass
@@ -203,16 +204,17 @@ class Client:
             (self.place_in_pool, 14),
             (self.place_on_worker, 10),
             (self.report_state, 24),
-            (self.drain_short, 4),
-            (self.drain_long, 3),
-            (self.double_drain, 2),
+            (self.drain_short, 3),
+            (self.drain_long, 2),
+            (self.double_drain, 1.5),
             (self.cancel_drain, 5),
             (self.drain_pool, 1),
             (self.cancel_pool_drain, 1.5),
+            (self.double_cancel, 1),
             (self.desired_status, 3),
             (self.create_worker, 2),
-            (self.ec2_stop, 1.2),
-            (self.ec2_terminate, 0.8),
+            (self.ec2_stop, 1),
+            (self.ec2_terminate, 0.6),
             (self.reconcile, 2.5),
             (self.discover, 0.7),
             (self.read_worker, 6),
@@ -222,10 +224,12 @@ class Client:
 
     # -- plumbing --
 
-    def call(self, op: str, method: str, path: str, body: Any = None) -> tuple[int, Any, datetime, datetime]:
+    def call(
+        self, op: str, method: str, path: str, body: Any = None, *, session: requests.Session | None = None
+    ) -> tuple[int, Any, datetime, datetime]:
         sent = now()
         try:
-            response = self.session.request(
+            response = (session or self.session).request(
                 method,
                 f"{self.api}{path}",
                 json=body,
@@ -245,8 +249,13 @@ class Client:
         return response.status_code, payload, sent, received
 
     def pick_worker(self) -> str | None:
-        ids = self.fleet.worker_ids()
-        return self.random.choice(ids) if ids else None
+        """Mostly a worker last seen RUNNING (work goes there), sometimes any worker at all."""
+        with self.fleet.lock:
+            every = sorted(self.fleet.workers)
+            running = [w for w in every if self.fleet.workers[w].status in ("RUNNING", None)]
+        if running and self.random.random() < 0.8:
+            return self.random.choice(running)
+        return self.random.choice(every) if every else None
 
     def pick_instance(self) -> str | None:
         ids = self.fleet.instance_ids()
@@ -255,6 +264,10 @@ class Client:
     def _sample(self, payload: Any, sent: datetime, received: datetime) -> None:
         if isinstance(payload, dict) and "version" in payload and "capacity" in payload:
             self.seen.record_worker_sample(payload, sent, received)
+            with self.fleet.lock:
+                known = self.fleet.workers.get(payload["id"])
+                if known is not None:
+                    known.status = payload["status"]
 
     def _placed(
         self, status: int, payload: Any, sent: datetime, received: datetime, asked: dict[str, Any]
@@ -299,19 +312,37 @@ class Client:
         status, payload, sent, received = self.call(
             "report_state", "POST", f"/api/v1/instances/{instance_id}/state", {"state": state}
         )
-        if status == 200 and state in ("COMPLETED", "FAILED"):
-            self.seen.record_end(instance_id, state, sent, received)
+        # A FAILED report on a draining worker may be retried in place (the answer says INSTANTIATING):
+        # what was acknowledged is the state in the answer.
+        answered = payload.get("state") if isinstance(payload, dict) else None
+        if status == 200 and answered in ("COMPLETED", "FAILED", "TERMINATED"):
+            self.seen.record_end(instance_id, str(answered), sent, received)
         if status in (200, 409) and isinstance(payload, dict):
             ended = payload.get("state") in ("COMPLETED", "FAILED", "TERMINATED") or status == 409
             if ended:
                 with self.fleet.lock:
                     self.fleet.active.pop(instance_id, None)
 
-    def _drain(self, op: str, worker_id: str, timeout_seconds: int) -> None:
-        body = {"timeout_seconds": timeout_seconds, "reason": f"stress {op}"}
-        if self.random.random() < 0.25:
-            body["then"] = "terminate"
-        status, payload, sent, received = self.call(op, "POST", f"/api/v1/workers/{worker_id}/drain", body)
+    def _drain(
+        self, op: str, worker_id: str, timeout_seconds: int, session: requests.Session | None = None
+    ) -> None:
+        self._send_drain(op, worker_id, timeout_seconds, self._then(), session)
+
+    def _then(self) -> str:
+        return "terminate" if self.random.random() < 0.25 else "stop"
+
+    def _send_drain(
+        self,
+        op: str,
+        worker_id: str,
+        timeout_seconds: int,
+        then: str,
+        session: requests.Session | None = None,
+    ) -> None:
+        body = {"timeout_seconds": timeout_seconds, "reason": f"stress {op}", "then": then}
+        status, payload, sent, received = self.call(
+            op, "POST", f"/api/v1/workers/{worker_id}/drain", body, session=session
+        )
         if status == 202 and isinstance(payload, dict):
             self.seen.record_drain_ack(worker_id, payload.get("generation"), sent, received)
 
@@ -331,8 +362,13 @@ class Client:
         if worker_id is None:
             return
         timeout = self.random.randint(3, 30)
+        # `then` is drawn here, not in the threads, so the client's sequence of choices stays fixed.
+        thens = [self._then(), self._then()]
         threads = [
-            threading.Thread(target=self._drain, args=("double_drain", worker_id, timeout)) for _ in range(2)
+            threading.Thread(
+                target=self._send_drain, args=("double_drain", worker_id, timeout, then, requests.Session())
+            )
+            for then in thens
         ]
         for thread in threads:
             thread.start()
@@ -349,6 +385,38 @@ class Client:
         if status == 200:
             self.seen.record_cancel(worker_id, sent, received)
             self._sample(payload, sent, received)
+
+    def double_cancel(self) -> None:
+        record: Callable[[str, datetime, datetime], None]
+        """Two cancels of one drain at once (a worker's or a pool's): at most one may be acknowledged."""
+        if self.random.random() < 0.5:
+            target = self.random.choice(POOLS)
+            path, op, record = (
+                f"/api/v1/pools/{target}/cancel-drain",
+                "double_cancel_pool",
+                self.seen.record_pool_cancel,
+            )
+        else:
+            picked = self.pick_worker()
+            if picked is None:
+                return
+            target = picked
+            path, op, record = (
+                f"/api/v1/workers/{target}/cancel-drain",
+                "double_cancel",
+                self.seen.record_cancel,
+            )
+
+        def cancel() -> None:
+            status, _, sent, received = self.call(op, "POST", path, session=requests.Session())
+            if status == 200:
+                record(target, sent, received)
+
+        threads = [threading.Thread(target=cancel) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def drain_pool(self) -> None:
         pool = self.random.choice(POOLS)
@@ -373,7 +441,8 @@ class Client:
         worker_id = self.pick_worker()
         if worker_id is None:
             return
-        desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [6, 3, 1])[0]
+        # Mostly RUNNING, so that stopped workers come back and the fleet keeps room for work.
+        desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [8, 2, 0.5])[0]
         status, payload, sent, received = self.call(
             "desired_status",
             "PUT",
@@ -385,7 +454,7 @@ class Client:
 
     def create_worker(self) -> None:
         with self.fleet.lock:
-            if len(self.fleet.workers) >= 40:
+            if len(self.fleet.workers) >= 60:
                 return
         template = self.random.choice(TEMPLATES).name
         pool = self.random.choice(POOLS)
@@ -443,7 +512,7 @@ class Client:
 
     def refresh(self) -> None:
         """Learn about workers created elsewhere (imports, relaunches) and forget ended instances."""
-        status, payload, _, _ = self.call("list_workers", "GET", "/api/v1/workers", None)
+        status, payload, _, _ = self.call("list_workers", "GET", "/api/v1/workers?limit=1000", None)
         if status == 200 and isinstance(payload, dict):
             with self.fleet.lock:
                 for item in payload.get("items", []):
@@ -532,6 +601,9 @@ def quiesce(functions: Functions, pump: Ec2EventPump, dynamodb: Any, table: str,
         time.sleep(1.0)
     # One more pump pass and cycle, so the last EC2 changes are applied before the check reads.
     pump.poll_once()
+    left = unsettled(dynamodb, table)
+    if left:
+        print(f"quiesce: still unsettled after {limit:.0f} s: {'; '.join(left[:20])}", flush=True)
     return time.monotonic() - started
 
 

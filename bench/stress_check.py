@@ -9,6 +9,7 @@ replayed with the same seed and the finding looked up in the audit trail.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import traceback
 from collections import Counter, defaultdict
@@ -40,6 +41,8 @@ LIVE_MACHINE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
 INVARIANTS = [
     "placement onto a worker after its drain was acknowledged",
     "placement into a pool after its drain was acknowledged",
+    "two drains acknowledged for one generation",
+    "cancel acknowledged twice for one drain",
     "active_instances differs from the worker's active instances",
     "active_instances negative or above capacity",
     "drain neither terminal nor running with work and time left",
@@ -304,6 +307,7 @@ class Report:
     settle_seconds: float = 0.0
     faults: dict[str, int] = field(default_factory=dict)
     no_capacity: int = 0
+    answers: dict[str, dict[int, int]] = field(default_factory=dict)
     unhandled: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -316,6 +320,11 @@ class Report:
             f"ops {self.operations} threads {o.get('threads')} seed {o.get('seed')} "
             f"workload {self.workload_seconds:.1f} s settle {self.settle_seconds:.1f} s",
             "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.operations_by_kind.items())),
+            "answers: "
+            + "; ".join(
+                f"{op} " + " ".join(f"{code}x{n}" for code, n in counts.items())
+                for op, counts in self.answers.items()
+            ),
             "ticks: "
             + ", ".join(
                 f"{k} {v} (failed {self.tick_failures.get(k, 0)})" for k, v in sorted(self.ticks.items())
@@ -396,6 +405,47 @@ def _placements_after_drains(seen: Observations, shot: Snapshot, found: dict[str
                     "after the pool drain was acknowledged"
                 )
                 break
+
+
+def _drain_entries(shot: Snapshot) -> list[Ack]:
+    """Every move into DRAINING in the audit, whoever started it (a pool drain starts worker drains)."""
+    return [
+        Ack(entity_id, at, at)
+        for (entity, entity_id), events in shot.audit.items()
+        if entity == "worker"
+        for e in events
+        if e.get("to_status") == WorkerStatus.DRAINING
+        and e.get("from_status") != WorkerStatus.DRAINING
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _exclusive_acks(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """Of two drains started at once, one wins; of two cancels of one drain, one wins (the other 409)."""
+    by_generation = Counter((ack.entity_id, ack.detail) for ack in seen.drain_acks)
+    for (worker_id, generation), times in by_generation.items():
+        if times > 1:
+            found["two drains acknowledged for one generation"].append(
+                f"{worker_id} generation {generation}: {times} acknowledgements"
+            )
+    for kind, cancels, starts in (
+        ("worker", seen.cancels, seen.drain_acks + _drain_entries(shot)),
+        ("pool", seen.pool_cancels, seen.pool_drain_acks),
+    ):
+        by_entity: dict[str, list[Ack]] = defaultdict(list)
+        for ack in cancels:
+            by_entity[ack.entity_id].append(ack)
+        for entity_id, acks in by_entity.items():
+            acks.sort(key=lambda a: a.sent)
+            drains = [d for d in starts if d.entity_id == entity_id]
+            for first, second in itertools.pairwise(acks):
+                # A drain may have started between the two if its answer came after the first cancel
+                # was sent and its request went out before the second cancel was answered.
+                if not any(first.sent < d.received and d.sent < second.received for d in drains):
+                    found["cancel acknowledged twice for one drain"].append(
+                        f"{kind} {entity_id}: cancels sent {first.sent.isoformat()} and "
+                        f"{second.sent.isoformat()} both answered 200, no drain acknowledged between"
+                    )
 
 
 def _slots(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
@@ -542,6 +592,7 @@ def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime)
     found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     shot = snapshot(dynamodb, table)
     _placements_after_drains(seen, shot, found)
+    _exclusive_acks(seen, shot, found)
     _slots(seen, shot, found)
     _drains(shot, at, found)
     _machines(shot, machines(ec2), found)
@@ -551,12 +602,15 @@ def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime)
     server_errors = [c for c in seen.calls if c.status >= 500 and not _contract_answer(c)]
     found["5xx answer"] = [f"{c.op} {c.method} {c.path} -> {c.status} {c.payload}" for c in server_errors]
     found["harness error"] = list(seen.errors)
-    by_kind = Counter(c.op for c in seen.calls)
+    answers: dict[str, Counter[int]] = defaultdict(Counter)
+    for c in seen.calls:
+        answers[c.op][c.status] += 1
     return Report(
+        answers={op: dict(sorted(counts.items())) for op, counts in sorted(answers.items())},
         no_capacity=sum(1 for c in seen.calls if _contract_answer(c)),
         violations=found,
         operations=sum(seen.operations.values()),
-        operations_by_kind=dict(by_kind),
+        operations_by_kind=dict(seen.operations),
         server_errors=len(server_errors),
         ticks=dict(seen.ticks),
         tick_failures=dict(seen.tick_failures),
