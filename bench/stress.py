@@ -292,7 +292,7 @@ class Client:
         if self.random.random() < 0.5:
             asked["template"] = self.random.choice(TEMPLATES).name
         if self.random.random() < 0.3:
-            asked["strategy"] = "SPREAD"
+            asked["strategy"] = "spread"
         status, payload, sent, received = self.call("place_pool", "POST", "/api/v1/instances", asked)
         self._placed(status, payload, sent, received, asked)
 
@@ -638,6 +638,7 @@ def run(options: Options) -> Report:
     log_path = Path(options.log_path or tempfile.mkstemp(prefix="fleetkeeper-stress-", suffix=".log")[1])
     log_path.write_bytes(b"")
     print(f"API instance log: {log_path}", flush=True)
+    booting = time.monotonic()
     stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port())
     table = f"fk-stress-{uuid.uuid4().hex[:8]}"
     with ExitStack() as cleanup:
@@ -671,6 +672,7 @@ def run(options: Options) -> Report:
             for i in range(options.threads)
         ]
         began = time.monotonic()
+        startup_seconds = began - booting
         threads = [
             threading.Thread(target=seen.guard, args=(client.run, share), name=f"stress-{client.index}")
             for client, share in zip(clients, shares, strict=True)
@@ -688,6 +690,7 @@ def run(options: Options) -> Report:
         settle_seconds = quiesce(functions, pump, dynamodb, table, options.quiesce_seconds)
         report = check(seen, dynamodb, table, ec2, now())
         report.options = options.__dict__ | {"table": table}
+        report.startup_seconds = startup_seconds
         report.workload_seconds = workload_seconds
         report.settle_seconds = settle_seconds
         report.faults = dict(sorted(injected.items()))

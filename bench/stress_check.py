@@ -303,6 +303,7 @@ class Report:
     ticks: dict[str, int]
     tick_failures: dict[str, int]
     options: dict[str, Any] = field(default_factory=dict)
+    startup_seconds: float = 0.0
     workload_seconds: float = 0.0
     settle_seconds: float = 0.0
     faults: dict[str, int] = field(default_factory=dict)
@@ -318,7 +319,8 @@ class Report:
         o = self.options
         lines = [
             f"ops {self.operations} threads {o.get('threads')} seed {o.get('seed')} "
-            f"workload {self.workload_seconds:.1f} s settle {self.settle_seconds:.1f} s",
+            f"startup {self.startup_seconds:.1f} s workload {self.workload_seconds:.1f} s "
+            f"settle {self.settle_seconds:.1f} s",
             "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.operations_by_kind.items())),
             "answers: "
             + "; ".join(
