@@ -148,7 +148,29 @@ class Fleet:
 
     workers: dict[str, KnownWorker] = field(default_factory=dict)
     active: dict[str, str] = field(default_factory=dict)  # instance id -> worker id
+    # Workers and pools something just happened to (a drain, a stop): where races are. Clients aim
+    # part of their reports and cancels there, as a busy fleet's workloads keep reporting through it.
+    hot_workers: dict[str, float] = field(default_factory=dict)  # worker id -> when it became hot
+    hot_pools: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def heat(self, worker_id: str | None = None, pool: str | None = None) -> None:
+        with self.lock:
+            if worker_id:
+                self.hot_workers[worker_id] = time.monotonic()
+            if pool:
+                self.hot_pools[pool] = time.monotonic()
+
+    def hot_instances(self, within: float = 15.0) -> list[str]:
+        cutoff = time.monotonic() - within
+        with self.lock:
+            hot = {w for w, t in self.hot_workers.items() if t > cutoff}
+            return sorted(i for i, w in self.active.items() if w in hot)
+
+    def hot_pool_names(self, within: float = 15.0) -> list[str]:
+        cutoff = time.monotonic() - within
+        with self.lock:
+            return sorted(p for p, t in self.hot_pools.items() if t > cutoff)
 
     def worker_ids(self) -> list[str]:
         with self.lock:
@@ -257,9 +279,27 @@ class Client:
             return self.random.choice(running)
         return self.random.choice(every) if every else None
 
+    def pick_hot_worker(self) -> str | None:
+        """Mostly a worker something just happened to (cancels aim at drains that may still run)."""
+        cutoff = time.monotonic() - 15.0
+        with self.fleet.lock:
+            hot = sorted(w for w, t in self.fleet.hot_workers.items() if t > cutoff)
+        if hot and self.random.random() < 0.7:
+            return self.random.choice(hot)
+        return self.pick_worker()
+
     def pick_instance(self) -> str | None:
+        hot = self.fleet.hot_instances()
+        if hot and self.random.random() < 0.5:
+            return self.random.choice(hot)
         ids = self.fleet.instance_ids()
         return self.random.choice(ids) if ids else None
+
+    def pick_pool(self) -> str:
+        hot = self.fleet.hot_pool_names()
+        if hot and self.random.random() < 0.6:
+            return self.random.choice(hot)
+        return self.random.choice(POOLS)
 
     def _sample(self, payload: Any, sent: datetime, received: datetime) -> None:
         if isinstance(payload, dict) and "version" in payload and "capacity" in payload:
@@ -343,6 +383,7 @@ class Client:
         status, payload, sent, received = self.call(
             op, "POST", f"/api/v1/workers/{worker_id}/drain", body, session=session
         )
+        self.fleet.heat(worker_id=worker_id)
         if status == 202 and isinstance(payload, dict):
             self.seen.record_drain_ack(worker_id, payload.get("generation"), sent, received)
 
@@ -376,7 +417,7 @@ class Client:
             thread.join()
 
     def cancel_drain(self) -> None:
-        worker_id = self.pick_worker()
+        worker_id = self.pick_hot_worker()
         if worker_id is None:
             return
         status, payload, sent, received = self.call(
@@ -390,14 +431,14 @@ class Client:
         record: Callable[[str, datetime, datetime], None]
         """Two cancels of one drain at once (a worker's or a pool's): at most one may be acknowledged."""
         if self.random.random() < 0.5:
-            target = self.random.choice(POOLS)
+            target = self.pick_pool()
             path, op, record = (
                 f"/api/v1/pools/{target}/cancel-drain",
                 "double_cancel_pool",
                 self.seen.record_pool_cancel,
             )
         else:
-            picked = self.pick_worker()
+            picked = self.pick_hot_worker()
             if picked is None:
                 return
             target = picked
@@ -420,6 +461,11 @@ class Client:
 
     def drain_pool(self) -> None:
         pool = self.random.choice(POOLS)
+        self.fleet.heat(pool=pool)
+        with self.fleet.lock:
+            members = [w.id for w in self.fleet.workers.values() if w.pool == pool]
+        for member in members:
+            self.fleet.heat(worker_id=member)
         body = {
             "timeout_seconds": self.random.choice([3, 10, 60]),
             "then": self.random.choices(["none", "stop"], [4, 1])[0],
@@ -429,7 +475,7 @@ class Client:
             self.seen.record_pool_drain_ack(pool, sent, received)
 
     def cancel_pool_drain(self) -> None:
-        pool = self.random.choice(POOLS)
+        pool = self.pick_pool()
         status, _, sent, received = self.call("cancel_pool", "POST", f"/api/v1/pools/{pool}/cancel-drain")
         if status == 200:
             self.seen.record_pool_cancel(pool, sent, received)
@@ -475,6 +521,8 @@ class Client:
             return None
         self._sample(payload, sent, received)
         machine = payload.get("ec2_instance_id")
+        if machine:
+            self.fleet.heat(worker_id=worker_id)
         return str(machine) if machine else None
 
     def ec2_stop(self) -> None:

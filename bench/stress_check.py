@@ -46,6 +46,9 @@ INVARIANTS = [
     "active_instances differs from the worker's active instances",
     "active_instances negative or above capacity",
     "drain neither terminal nor running with work and time left",
+    "drain finished while its worker still had active instances",
+    "instance forced by a drain that was no longer running",
+    "active instance on a stopped or terminated worker",
     "worker DRAINING with nothing left to wait for",
     "pool draining past its deadline",
     "worker RUNNING or DRAINING on a terminated or missing machine",
@@ -496,6 +499,78 @@ def _drains(shot: Snapshot, at: datetime, found: dict[str, list[str]]) -> None:
             )
 
 
+def _status_at(events: list[dict[str, Any]], at: datetime) -> str | None:
+    """The worker's status at `at`, replayed from its audit trail."""
+    status: str | None = None
+    for event in events:
+        when = _time(event.get("at"))
+        if when is None or when > at:
+            break
+        status = event.get("to_status") or status
+    return status
+
+
+def _active_spans(shot: Snapshot) -> dict[str, list[tuple[str, datetime, datetime | None, str | None]]]:
+    """worker id -> (instance id, placed at, ended at or None, end reason) from the instances' audit."""
+    spans: dict[str, list[tuple[str, datetime, datetime | None, str | None]]] = defaultdict(list)
+    for (entity, instance_id), events in shot.audit.items():
+        instance = shot.instances.get(instance_id)
+        if entity != "instance" or instance is None:
+            continue
+        placed = next((_time(e.get("at")) for e in events if e.get("action") == "InstancePlaced"), None)
+        end = next((e for e in events if e.get("to_status") in ("COMPLETED", "FAILED", "TERMINATED")), None)
+        if placed is not None:
+            ended = _time(end.get("at")) if end else None
+            spans[instance["worker_id"]].append(
+                (instance_id, placed, ended, end.get("reason") if end else None)
+            )
+    return spans
+
+
+def _drain_endings(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A drain finishes (DRAINING -> STOPPING/TERMINATING) only once its worker is empty: force ends
+    what still runs first. A drain's force ends instances only while that drain still runs."""
+    spans = _active_spans(shot)
+    for wid in shot.workers:
+        events = shot.audit.get(("worker", wid), [])
+        for event in events:
+            if event.get("from_status") != WorkerStatus.DRAINING or event.get("to_status") not in (
+                WorkerStatus.STOPPING,
+                WorkerStatus.TERMINATING,
+            ):
+                continue
+            if (event.get("details") or {}).get("cause", Cause.CONTROL) != Cause.CONTROL:
+                continue
+            at = _time(event.get("at"))
+            assert at is not None
+            still = [i for i, placed, ended, _ in spans[wid] if placed < at and (ended is None or ended > at)]
+            if still:
+                found["drain finished while its worker still had active instances"].append(
+                    f"{wid} {event['from_status']} -> {event['to_status']} at {at.isoformat()} with "
+                    f"{len(still)} active: {', '.join(still[:3])}"
+                )
+        for instance_id, _, ended, reason in spans[wid]:
+            if reason != "drain_timeout" or ended is None:
+                continue
+            status = _status_at(events, ended)
+            if status != WorkerStatus.DRAINING:
+                found["instance forced by a drain that was no longer running"].append(
+                    f"instance {instance_id} ended drain_timeout at {ended.isoformat()} "
+                    f"while {wid} was {status}"
+                )
+
+
+def _stranded(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    gone = (WorkerStatus.STOPPED, WorkerStatus.TERMINATED)
+    for instance in shot.instances.values():
+        worker = shot.workers.get(instance["worker_id"])
+        if worker is not None and instance["state"] in ACTIVE_INSTANCE_STATES and worker["status"] in gone:
+            found["active instance on a stopped or terminated worker"].append(
+                f"instance {instance['id']} {instance['state']} v{instance['version']} on "
+                f"{worker['id']} {worker['status']}"
+            )
+
+
 def _machines(shot: Snapshot, ec2_machines: dict[str, dict[str, Any]], found: dict[str, list[str]]) -> None:
     for worker in shot.workers.values():
         if worker["status"] not in (WorkerStatus.RUNNING, WorkerStatus.DRAINING):
@@ -597,6 +672,8 @@ def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime)
     _exclusive_acks(seen, shot, found)
     _slots(seen, shot, found)
     _drains(shot, at, found)
+    _drain_endings(shot, found)
+    _stranded(shot, found)
     _machines(shot, machines(ec2), found)
     _ends(seen, shot, found)
     _versions(seen, shot, found)
