@@ -25,9 +25,10 @@ from fleetkeeper.store.codec import deserialize
 # A drain whose deadline passed this long ago must have been forced and closed by now: the deadline
 # fires the Step Functions task timeout, and the reconciler's sweep forces within a cycle.
 DEADLINE_GRACE = timedelta(seconds=15)
+# A PENDING worker is not waited for: it holds no machine the checks could miss (a claimed launch is
+# adopted when its claim expires, minutes later) and no instance.
 TRANSITIONAL = frozenset(
     {
-        WorkerStatus.PENDING,
         WorkerStatus.PROVISIONING,
         WorkerStatus.STARTING,
         WorkerStatus.STOPPING,
@@ -267,7 +268,10 @@ def unsettled(dynamodb: Any, table: str) -> list[str]:
     waiting = []
     for worker in shot.workers.values():
         if worker["status"] in TRANSITIONAL:
-            waiting.append(f"{worker['id']} {worker['status']}")
+            waiting.append(
+                f"{worker['id']} {worker['status']} (attempts {worker.get('reconcile_attempts', 0)}, "
+                f"next {worker.get('next_reconcile_at')}, error {worker.get('last_reconcile_error')})"
+            )
         problem = _open_drain_problem(worker, counts[worker["id"]], at - DEADLINE_GRACE)
         if problem:
             waiting.append(f"{worker['id']} {problem}")
