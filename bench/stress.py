@@ -611,6 +611,31 @@ def seed_fleet(options: Options, ec2: Any, fleet: Fleet) -> None:
         fleet.workers[worker.id] = KnownWorker(worker.id, pool, template.name)
 
 
+def fleet_line(dynamodb: Any, table: str) -> str:
+    from bench.stress_check import snapshot
+
+    shot = snapshot(dynamodb, table)
+    statuses = Counter(str(w["status"]) for w in shot.workers.values())
+    active = sum(
+        1 for i in shot.instances.values() if i["state"] in ("SCHEDULED", "INSTANTIATING", "RUNNING")
+    )
+    pools = Counter(str(p["status"]) for p in shot.pools.values())
+    return (
+        "workers "
+        + " ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+        + f" | active instances {active} | pools "
+        + " ".join(f"{k} {v}" for k, v in sorted(pools.items()))
+    )
+
+
+def watch(seen: Observations, dynamodb: Any, table: str, done: threading.Event, every: float = 20.0) -> None:
+    """A line every `every` seconds, so a run that stops making progress shows where it stands."""
+    started = time.monotonic()
+    while not done.wait(every):
+        ops = sum(seen.operations.values())
+        print(f"t={time.monotonic() - started:.0f}s ops {ops} | {fleet_line(dynamodb, table)}", flush=True)
+
+
 def api_fault_counts(server: ApiServer) -> Counter[str]:
     total: Counter[str] = Counter()
     for url in server.backend_urls:
@@ -727,8 +752,12 @@ def run(options: Options) -> Report:
         ]
         for thread in threads:
             thread.start()
+        progress = threading.Event()
+        watcher = threading.Thread(target=watch, args=(seen, dynamodb, table, progress), daemon=True)
+        watcher.start()
         for thread in threads:
             thread.join()
+        progress.set()
         workload_seconds = time.monotonic() - began
 
         plan.enabled = False
@@ -736,6 +765,7 @@ def run(options: Options) -> Report:
         injected = Counter(plan.summary()) + api_fault_counts(server)
         pump.stop()
         settle_seconds = quiesce(functions, pump, dynamodb, table, options.quiesce_seconds)
+        print(f"settled: {fleet_line(dynamodb, table)}", flush=True)
         report = check(seen, dynamodb, table, ec2, now())
         report.options = options.__dict__ | {"table": table}
         report.startup_seconds = startup_seconds
