@@ -234,7 +234,8 @@ class Client:
             (self.cancel_pool_drain, 1.5),
             (self.double_cancel, 1),
             (self.desired_status, 3),
-            (self.create_worker, 2),
+            (self.create_worker, 3),
+            (self.reopen_pool, 1.5),
             (self.ec2_stop, 1),
             (self.ec2_terminate, 0.6),
             (self.reconcile, 2.5),
@@ -369,7 +370,7 @@ class Client:
         self._send_drain(op, worker_id, timeout_seconds, self._then(), session)
 
     def _then(self) -> str:
-        return "terminate" if self.random.random() < 0.25 else "stop"
+        return "terminate" if self.random.random() < 0.1 else "stop"
 
     def _send_drain(
         self,
@@ -479,16 +480,17 @@ class Client:
         status, _, sent, received = self.call("cancel_pool", "POST", f"/api/v1/pools/{pool}/cancel-drain")
         if status == 200:
             self.seen.record_pool_cancel(pool, sent, received)
-        elif status == 409 and self.random.random() < 0.5:
-            # An inactive pool (its drain finished) takes no work; make it active again now and then.
-            self.call("activate_pool", "PUT", f"/api/v1/pools/{pool}", {"status": "active"})
+
+    def reopen_pool(self) -> None:
+        """A pool whose drain finished is inactive and takes no work until an operator reopens it."""
+        self.call("reopen_pool", "PUT", f"/api/v1/pools/{self.random.choice(POOLS)}", {"status": "active"})
 
     def desired_status(self) -> None:
         worker_id = self.pick_worker()
         if worker_id is None:
             return
         # Mostly RUNNING, so that stopped workers come back and the fleet keeps room for work.
-        desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [8, 2, 0.5])[0]
+        desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [8, 2, 0.3])[0]
         status, payload, sent, received = self.call(
             "desired_status",
             "PUT",
@@ -628,12 +630,12 @@ def fleet_line(dynamodb: Any, table: str) -> str:
     )
 
 
-def watch(seen: Observations, dynamodb: Any, table: str, done: threading.Event, every: float = 20.0) -> None:
+def watch(seen: Observations, fleet: Callable[[], str], done: threading.Event, every: float = 20.0) -> None:
     """A line every `every` seconds, so a run that stops making progress shows where it stands."""
     started = time.monotonic()
     while not done.wait(every):
         ops = sum(seen.operations.values())
-        print(f"t={time.monotonic() - started:.0f}s ops {ops} | {fleet_line(dynamodb, table)}", flush=True)
+        print(f"t={time.monotonic() - started:.0f}s ops {ops} | {fleet()}", flush=True)
 
 
 def api_fault_counts(server: ApiServer) -> Counter[str]:
@@ -705,6 +707,28 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def drive(clients: list[Client], options: Options, seen: Observations, fleet: Callable[[], str]) -> None:
+    """Every client on its own thread with its share of the operations; a progress line meanwhile."""
+    shares = [
+        options.ops // options.threads + (1 if i < options.ops % options.threads else 0)
+        for i in range(options.threads)
+    ]
+    threads = [
+        threading.Thread(
+            target=seen.guard, args=(client.run, share), name=f"stress-{client.index}", daemon=True
+        )
+        for client, share in zip(clients, shares, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    done = threading.Event()
+    watcher = threading.Thread(target=watch, args=(seen, fleet, done), daemon=True)
+    watcher.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+
+
 def run(options: Options) -> Report:
     """Start the stack, run the workload, quiesce and check. The stack is stopped whatever happens."""
     quiet()
@@ -740,24 +764,9 @@ def run(options: Options) -> Report:
             Client(i, options, api=server.url, fleet=fleet, seen=seen, ec2=ec2, functions=functions)
             for i in range(options.threads)
         ]
-        shares = [
-            options.ops // options.threads + (1 if i < options.ops % options.threads else 0)
-            for i in range(options.threads)
-        ]
         began = time.monotonic()
         startup_seconds = began - booting
-        threads = [
-            threading.Thread(target=seen.guard, args=(client.run, share), name=f"stress-{client.index}")
-            for client, share in zip(clients, shares, strict=True)
-        ]
-        for thread in threads:
-            thread.start()
-        progress = threading.Event()
-        watcher = threading.Thread(target=watch, args=(seen, dynamodb, table, progress), daemon=True)
-        watcher.start()
-        for thread in threads:
-            thread.join()
-        progress.set()
+        drive(clients, options, seen, lambda: fleet_line(dynamodb, table))
         workload_seconds = time.monotonic() - began
 
         plan.enabled = False

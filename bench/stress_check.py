@@ -373,10 +373,45 @@ def _pool_reactivated(shot: Snapshot, pool: str) -> list[datetime]:
     ]
 
 
+def _entries(shot: Snapshot, key: tuple[str, str], status: str) -> list[datetime]:
+    return [
+        at
+        for e in shot.audit.get(key, [])
+        if e.get("to_status") == status
+        and e.get("from_status") != status
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _began(entries: list[datetime], ack: Ack) -> datetime:
+    """When the acknowledged drain moved its entity into draining (the last such move it could have
+    made), or its acknowledgement time if the trail has none in its request's window."""
+    inside = [at for at in entries if ack.sent <= at <= ack.received]
+    return max(inside) if inside else ack.received
+
+
+def _trail(shot: Snapshot, key: tuple[str, str], start: datetime, end: datetime) -> str:
+    """The entity's audit events from a little before `start` to a little after `end`, in order."""
+    margin = timedelta(seconds=2)
+    events = [
+        f"{e.get('at')} {e.get('action')} {e.get('from_status')}->{e.get('to_status')} by {e.get('actor')}"
+        for e in shot.audit.get(key, [])
+        if (at := _time(e.get("at"))) is not None and start - margin <= at <= end + margin
+    ]
+    return " | ".join(events) or "no events"
+
+
+def _placed_at(shot: Snapshot, instance_id: str) -> str:
+    events = shot.audit.get(("instance", instance_id), [])
+    return next((str(e.get("at")) for e in events if e.get("action") == "InstancePlaced"), "?")
+
+
 def _placements_after_drains(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
     """A placement sent after a drain of its worker (or its pool) was acknowledged must have been
     refused, unless the drain ended meanwhile: the worker (pool) became RUNNING (active) again, or a
-    cancel was acknowledged, before the placement's answer."""
+    cancel was acknowledged, after the drain began and before the placement's answer. The drain began
+    at its own move into DRAINING, which commits before the acknowledgement leaves the API; a reopen
+    racing the drain request can land between the two."""
     drains: dict[str, list[Ack]] = defaultdict(list)
     for ack in seen.drain_acks:
         drains[ack.entity_id].append(ack)
@@ -391,27 +426,31 @@ def _placements_after_drains(seen: Observations, shot: Snapshot, found: dict[str
         pool_cancels[ack.entity_id].append(ack.sent)
     for placement in seen.placements:
         reopened = _entered_running(shot, placement.worker_id) + cancels[placement.worker_id]
+        entries = _entries(shot, ("worker", placement.worker_id), WorkerStatus.DRAINING)
         for ack in drains[placement.worker_id]:
-            if ack.received < placement.sent and not any(
-                ack.received < t < placement.received for t in reopened
-            ):
+            began = _began(entries, ack)
+            if ack.received < placement.sent and not any(began < t < placement.received for t in reopened):
                 found["placement onto a worker after its drain was acknowledged"].append(
                     f"instance {placement.instance_id} on {placement.worker_id} sent "
                     f"{(placement.sent - ack.received).total_seconds():.3f} s after drain generation "
-                    f"{ack.detail} was acknowledged ({placement.caller})"
+                    f"{ack.detail} was acknowledged at {ack.received.isoformat()}; worker trail: "
+                    + _trail(shot, ("worker", placement.worker_id), ack.sent, placement.received)
+                    + f"; placed at {_placed_at(shot, placement.instance_id)}"
                 )
                 break
         if not placement.pool:
             continue
         reactivated = _pool_reactivated(shot, placement.pool) + pool_cancels[placement.pool]
+        entries = _entries(shot, ("pool", placement.pool), "draining")
         for ack in pool_drains[placement.pool]:
-            if ack.received < placement.sent and not any(
-                ack.received < t < placement.received for t in reactivated
-            ):
+            began = _began(entries, ack)
+            if ack.received < placement.sent and not any(began < t < placement.received for t in reactivated):
                 found["placement into a pool after its drain was acknowledged"].append(
                     f"instance {placement.instance_id} into pool {placement.pool} (worker "
                     f"{placement.worker_id}) sent {(placement.sent - ack.received).total_seconds():.3f} s "
-                    "after the pool drain was acknowledged"
+                    f"after the pool drain was acknowledged at {ack.received.isoformat()}; pool trail: "
+                    + _trail(shot, ("pool", placement.pool), ack.sent, placement.received)
+                    + f"; placed at {_placed_at(shot, placement.instance_id)}"
                 )
                 break
 
