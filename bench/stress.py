@@ -59,7 +59,7 @@ from fleetkeeper_local.event_shapes import schedule_input
 from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.scheduler import Ec2EventPump
-from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, free_port
+from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, LocalStackError, free_port
 
 HERE = Path(__file__).resolve().parent
 SECTION = HERE / "results" / "stress.md"
@@ -486,11 +486,11 @@ class Client:
         self.call("reopen_pool", "PUT", f"/api/v1/pools/{self.random.choice(POOLS)}", {"status": "active"})
 
     def desired_status(self) -> None:
-        worker_id = self.pick_worker()
-        if worker_id is None:
-            return
         # Mostly RUNNING, so that stopped workers come back and the fleet keeps room for work.
         desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [8, 2, 0.3])[0]
+        worker_id = self.pick_stopped_worker() if desired == "RUNNING" else self.pick_worker()
+        if worker_id is None:
+            return
         status, payload, sent, received = self.call(
             "desired_status",
             "PUT",
@@ -499,6 +499,14 @@ class Client:
         )
         if status == 200:
             self._sample(payload, sent, received)
+
+    def pick_stopped_worker(self) -> str | None:
+        """Mostly a worker last seen STOPPED: an operator asks for RUNNING where it changes something."""
+        with self.fleet.lock:
+            stopped = sorted(w.id for w in self.fleet.workers.values() if w.status == "STOPPED")
+        if stopped and self.random.random() < 0.7:
+            return self.random.choice(stopped)
+        return self.pick_worker()
 
     def create_worker(self) -> None:
         with self.fleet.lock:
@@ -707,6 +715,19 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def start_stack(stack: LocalStack, attempts: int = 3) -> None:
+    """Start the emulators, again if Java was too slow to answer on a busy machine."""
+    for attempt in range(1, attempts + 1):
+        try:
+            stack.start()
+            return
+        except LocalStackError as exc:
+            if attempt == attempts:
+                raise
+            print(f"local stack did not start ({exc}); trying again", flush=True)
+            stack.dynamodb_port, stack.moto_port = free_port(), free_port()
+
+
 def drive(clients: list[Client], options: Options, seen: Observations, fleet: Callable[[], str]) -> None:
     """Every client on its own thread with its share of the operations; a progress line meanwhile."""
     shares = [
@@ -739,7 +760,7 @@ def run(options: Options) -> Report:
     stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port())
     table = f"fk-stress-{uuid.uuid4().hex[:8]}"
     with ExitStack() as cleanup:
-        stack.start()
+        start_stack(stack)
         cleanup.callback(stack.stop)
         cleanup.enter_context(environment(stack.environment()))
         resources = provision(stack, table)
