@@ -90,6 +90,7 @@ class Options:
     quiesce_seconds: float = 60.0
     report: bool = True
     log_path: str | None = None  # the API instances' log; None: a temporary file
+    note: str = ""
 
 
 def fault_spec(options: Options) -> dict[str, Any]:
@@ -825,38 +826,67 @@ def unhandled_errors(log_path: Path) -> dict[str, int]:
 # ---- the report --------------------------------------------------------------------------------------
 
 
-def section(report: Report) -> str:
+RUNS = HERE / "results" / "stress.json"
+
+
+def run_row(report: Report, note: str) -> dict[str, Any]:
     o = report.options
+    return {
+        "seed": o["seed"],
+        "ops": report.operations,
+        "threads": o["threads"],
+        "api_instances": o["api_instances"],
+        "fault_rate": o["fault_rate"],
+        "workload_seconds": round(report.workload_seconds),
+        "settle_seconds": round(report.settle_seconds),
+        "server_errors": report.server_errors,
+        "no_capacity": report.no_capacity,
+        "violations": report.violation_count,
+        "by_invariant": {name: len(found) for name, found in report.violations.items() if found},
+        "faults": report.faults,
+        "note": note,
+    }
+
+
+def section(runs: list[dict[str, Any]]) -> str:
+    """Every recorded run (one per seed, size and thread count), newest last."""
     lines = [
         "## Torture run (bench/stress.py, `make stress`)",
         "",
-        f"`python -m bench.stress --seed {o['seed']} --ops {o['ops']} --threads {o['threads']}`: "
-        f"{o['api_instances']} API instance processes, {o['workers']} seeded workers, fault rate "
-        f"{o['fault_rate']:.0%} per class, index lag {o['index_lag_seconds']} s, faults off to settle.",
+        "`python -m bench.stress --seed S --ops N --threads T`: API on instance processes, 12 seeded",
+        "workers in 3 pools, each fault class at the rate shown in every process that runs our handlers,",
+        "an index lag of 0.2 s; then faults off, the fleet settles, and every invariant is checked",
+        "(bench/stress_check.py). 503 NO_CAPACITY is the contract's answer for a full fleet, counted apart.",
         "",
-        "| ops | threads | workload | settle | 5xx | violations |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {report.operations:,} | {o['threads']} | {report.workload_seconds:.0f} s | "
-        f"{report.settle_seconds:.0f} s | {report.server_errors} | {report.violation_count} |",
-        "",
-        "Operations by kind (HTTP answers): "
-        + ", ".join(f"{op} {n}" for op, n in sorted(report.operations_by_kind.items())),
-        "",
-        "Faults injected: " + (", ".join(f"{k} {v}" for k, v in report.faults.items()) or "none"),
-        "",
-        "| invariant | violations |",
-        "|---|---:|",
-        *[f"| {name} | {len(found)} |" for name, found in report.violations.items()],
+        "| seed | ops | threads | API instances | fault rate | workload | settle | 5xx | 503 NO_CAPACITY "
+        "| violations | code |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    for r in runs:
+        lines.append(
+            f"| {r['seed']} | {r['ops']:,} | {r['threads']} | {r['api_instances']} | {r['fault_rate']:.0%} "
+            f"| {r['workload_seconds']} s | {r['settle_seconds']} s | {r['server_errors']} | "
+            f"{r['no_capacity']} | {r['violations']} | {r['note'] or '-'} |"
+        )
+    lines += ["", "Faults injected and violations by invariant, per run:", ""]
+    for r in runs:
+        faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "none"
+        broken = ", ".join(f"{k}: {v}" for k, v in r["by_invariant"].items()) or "none"
+        lines.append(f"- seed {r['seed']}, {r['ops']:,} ops: faults {faults}; violations: {broken}")
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str) -> None:
-    """Leave this run's section in bench/results/ and rebuild bench/results.md from every section."""
+def write_section(report: Report, note: str) -> None:
+    """Record this run beside the others and rebuild bench/results.md from every benchmark's section."""
     from bench.__main__ import HEADER, REPORT, SECTIONS
 
     SECTIONS.mkdir(exist_ok=True)
-    SECTION.write_text(text)
+    runs: list[dict[str, Any]] = json.loads(RUNS.read_text()) if RUNS.exists() else []
+    row = run_row(report, note)
+    same = (row["seed"], row["ops"], row["threads"])
+    runs = [r for r in runs if (r["seed"], r["ops"], r["threads"]) != same] + [row]
+    RUNS.write_text(json.dumps(runs, indent=1) + "\n")
+    SECTION.write_text(section(runs))
     parts = [HEADER] + [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
     REPORT.write_text("\n".join(parts))
 
@@ -873,6 +903,7 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--index-lag", type=float, default=default.index_lag_seconds)
     parser.add_argument("--quiesce-seconds", type=float, default=default.quiesce_seconds)
     parser.add_argument("--no-report", action="store_true", help="do not write bench/results.md")
+    parser.add_argument("--note", default="", help="what code ran, for the results table")
     args = parser.parse_args(argv)
     return Options(
         seed=args.seed,
@@ -884,6 +915,7 @@ def parse(argv: list[str]) -> Options:
         index_lag_seconds=args.index_lag,
         quiesce_seconds=args.quiesce_seconds,
         report=not args.no_report,
+        note=args.note,
     )
 
 
@@ -892,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(options)
     print(report.render())
     if options.report:
-        write_section(section(report))
+        write_section(report, options.note)
         print(f"wrote {SECTION.relative_to(HERE.parent)} and bench/results.md")
     return 1 if report.violation_count else 0
 
