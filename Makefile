@@ -10,13 +10,12 @@ CDK := node_modules/.bin/cdk
 # The CLI's own network calls (version check, telemetry) have no place in an offline synth.
 CDK_ENV := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: help install test lint typecheck unit integration infra synth run bench stress clean
+.PHONY: help install test lint typecheck unit integration infra synth run bench clean
 
 help:
 	@echo "make test   - ruff, mypy and pytest (unit, integration on the local AWS stack, infra)"
 	@echo "make run    - start the local control plane and seed a demo fleet"
 	@echo "make bench  - run the benchmarks and write bench/results.md"
-	@echo "make stress - torture run (8 clients x 5,000 ops, AWS faults on), checks invariants, writes bench/results.md"
 	@echo "make synth  - synthesize the CDK app into cdk.out/ (STAGE=dev|prod, default dev)"
 
 $(VENV)/.installed: pyproject.toml
@@ -68,5 +67,6 @@ clean:
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked.
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
-stress: install
+.PHONY: stress
+stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on; checks invariants, writes bench/results.md
 	$(PY) -m bench.stress $(STRESS_ARGS)

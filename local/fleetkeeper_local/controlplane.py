@@ -249,7 +249,7 @@ class _ApiRequestHandler(_LocalHandler):
             self.command,
             unquote(url.path),
             body=body,
-            query=dict(parse_qsl(url.query)) or None,
+            query=dict(parse_qsl(url.query, keep_blank_values=True)) or None,
             headers={k: v for k, v in self.headers.items() if k != _FORWARDED_FOR},
             caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
             source_ip=self.headers.get(_FORWARDED_FOR) or self.client_address[0],
