@@ -68,3 +68,10 @@ bench: install ## run the benchmarks and write bench/results.md
 
 clean: ## remove .venv, node_modules and every cache
 	rm -rf $(VENV) node_modules cdk.out .mypy_cache .pytest_cache .ruff_cache
+
+# The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked.
+# Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
+STRESS_ARGS ?=
+.PHONY: stress
+stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on; checks invariants, writes bench/results.md
+	$(PY) -m bench.stress $(STRESS_ARGS)

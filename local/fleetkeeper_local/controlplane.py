@@ -2,18 +2,27 @@
 
 - the drain state machine is created on moto's Step Functions from infra/statemachines/drain.asl.json;
 - its Lambda tasks run our drain_tasks handler in-process (see lambdas.py);
-- an HTTP server on 127.0.0.1 turns requests into API Gateway REST proxy events for the api handler.
+- an HTTP server on 127.0.0.1 turns requests into API Gateway REST proxy events for the api handler,
+  one event at a time per instance as Lambda runs them; several instances run as processes.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import http.client
 import io
 import json
 import os
+import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,8 +34,8 @@ import boto3
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
-from fleetkeeper_local import lambdas
-from fleetkeeper_local.stack import LocalStack, project_root
+from fleetkeeper_local import faults, lambdas
+from fleetkeeper_local.stack import LocalStack, _wait_for_http, free_port, project_root
 from functions.api.handler import handler as api_handler
 from functions.drain_tasks.handler import handler as drain_tasks_handler
 
@@ -165,71 +174,298 @@ def api_event(
     }
 
 
+# ---- the HTTP adapter: API Gateway in front of "Lambda instances" ---------------------------------
+
+# Lambda runs one event at a time per execution environment, and Powertools relies on that: the
+# resolver keeps the current event, the route's path arguments and the appended context on itself.
+# A threaded server sharing the one module-level resolver would hand one request's body, path and
+# caller to another. So every invocation in this process goes through this lock, exactly as one
+# Lambda instance serves one event; concurrency comes from running several instances (processes).
+_INVOCATION_LOCK = threading.Lock()
+
+# Instance processes answer these paths themselves (never the resolver); only the harnesses that
+# started them use them, on the instance's own port.
+LOCAL_CONTROL_PREFIX = "/_local/"
+FAULTS_ENVIRONMENT = "FLEETKEEPER_LOCAL_FAULTS"
+API_INSTANCES_ENVIRONMENT = "FLEETKEEPER_LOCAL_API_INSTANCES"
+_FORWARDED_FOR = "X-Forwarded-For"
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
+
+
 def call_api(event: dict[str, Any]) -> dict[str, Any]:
-    return dict(api_handler(event, lambdas.LocalLambdaContext(function_name="fleetkeeper-api")))
+    """Invoke the api handler with one event, one at a time in this process (one Lambda instance)."""
+    with _INVOCATION_LOCK:
+        return dict(api_handler(event, lambdas.LocalLambdaContext(function_name="fleetkeeper-api")))
 
 
-class _ApiRequestHandler(BaseHTTPRequestHandler):
-    caller = DEFAULT_CALLER
+def _respond(
+    handler: BaseHTTPRequestHandler, status: int, headers: list[tuple[str, str]], payload: bytes
+) -> None:
+    handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
 
-    def _serve(self) -> None:
-        url = urlsplit(self.path)
+
+class _LocalHandler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keeps the proxy's connections to an instance open between requests.
+    protocol_version = "HTTP/1.1"
+
+    def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
-        # API Gateway hands text bodies over as they came; undecodable bytes must not crash the adapter.
-        body = self.rfile.read(length).decode("utf-8", errors="replace") if length else None
-        event = api_event(
-            self.command,
-            unquote(url.path),
-            body=body,
-            query=dict(parse_qsl(url.query)) or None,
-            headers={k: v for k, v in self.headers.items()},
-            caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
-            source_ip=self.client_address[0],
-        )
-        response = call_api(event)
-        payload = (response.get("body") or "").encode()
-        self.send_response(int(response["statusCode"]))
-        for name, value in (response.get("headers") or {}).items():
-            self.send_header(name, str(value))
-        for name, values in (response.get("multiValueHeaders") or {}).items():
-            for value in values:
-                self.send_header(name, str(value))
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        return self.rfile.read(length) if length else b""
 
     def __getattr__(self, name: str) -> Any:
-        # Every method goes to the resolver, which answers 404 for what it does not route, as API Gateway
-        # answers a 4xx for a method it has no integration for.
+        # Every method goes to _serve; the resolver answers 404 for what it does not route, as API
+        # Gateway answers a 4xx for a method it has no integration for.
         if name.startswith("do_"):
             return self._serve
         raise AttributeError(name)
+
+    def _serve(self) -> None:
+        raise NotImplementedError
 
     def log_message(self, format: str, *args: Any) -> None:
         if os.environ.get("FLEETKEEPER_LOCAL_ACCESS_LOG"):
             super().log_message(format, *args)
 
 
+class _ApiRequestHandler(_LocalHandler):
+    """Turns one HTTP request into an API Gateway proxy event for the api handler in this process."""
+
+    caller = DEFAULT_CALLER
+
+    def _serve(self) -> None:
+        url = urlsplit(self.path)
+        raw = self._body()
+        if url.path.startswith(LOCAL_CONTROL_PREFIX):
+            self._control(url.path, raw)
+            return
+        # API Gateway hands text bodies over as they came; undecodable bytes must not crash the adapter.
+        body = raw.decode("utf-8", errors="replace") if raw else None
+        event = api_event(
+            self.command,
+            unquote(url.path),
+            body=body,
+            query=dict(parse_qsl(url.query, keep_blank_values=True)) or None,
+            headers={k: v for k, v in self.headers.items() if k != _FORWARDED_FOR},
+            caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
+            source_ip=self.headers.get(_FORWARDED_FOR) or self.client_address[0],
+        )
+        response = call_api(event)
+        headers = [(name, str(value)) for name, value in (response.get("headers") or {}).items()]
+        for name, values in (response.get("multiValueHeaders") or {}).items():
+            headers.extend((name, str(value)) for value in values)
+        _respond(self, int(response["statusCode"]), headers, (response.get("body") or "").encode())
+
+    def _control(self, path: str, raw: bytes) -> None:
+        """`GET /_local/faults`: faults injected here; `POST /_local/faults {"enabled": b}`: switch."""
+        plan = _process_fault_plan
+        if path != f"{LOCAL_CONTROL_PREFIX}faults" or plan is None:
+            _respond(self, 404, [("Content-Type", "application/json")], b'{"error": "NOT_FOUND"}')
+            return
+        if self.command == "POST":
+            plan.enabled = bool(json.loads(raw or b"{}").get("enabled", True))
+        body = json.dumps({"enabled": plan.enabled, "injected": plan.summary()}).encode()
+        _respond(self, 200, [("Content-Type", "application/json")], body)
+
+
+# ---- several instances: processes behind one front door, like Lambda's concurrency ---------------
+
+
+class _Instance:
+    """One API instance process, with the kept-alive connection of whoever holds it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._connection: http.client.HTTPConnection | None = None
+
+    def forward(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        for attempt in range(2):
+            if self._connection is None:
+                self._connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            try:
+                self._connection.request(method, path, body=body or None, headers=headers)
+                response = self._connection.getresponse()
+                payload = response.read()
+            except (ConnectionError, http.client.HTTPException):
+                # A kept-alive connection the instance closed: reconnect once.
+                self._connection.close()
+                self._connection = None
+                if attempt:
+                    raise
+                continue
+            answer = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
+            return response.status, answer, payload
+        raise AssertionError("unreachable")
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], instances: queue.Queue[_Instance]) -> None:
+        super().__init__(address, _ProxyHandler)
+        self.instances = instances
+
+
+class _ProxyHandler(_LocalHandler):
+    """Hands each request to a free instance; when all are busy it waits for one (Lambda would
+    start another instance or throttle, a local user would rather have the answer)."""
+
+    server: _ProxyServer
+
+    def _serve(self) -> None:
+        raw = self._body()
+        if urlsplit(self.path).path.startswith(LOCAL_CONTROL_PREFIX):
+            _respond(self, 404, [("Content-Type", "application/json")], b'{"error": "NOT_FOUND"}')
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers[_FORWARDED_FOR] = self.client_address[0]
+        instance = self.server.instances.get()
+        try:
+            status, answer_headers, payload = instance.forward(self.command, self.path, headers, raw)
+        finally:
+            self.server.instances.put(instance)
+        _respond(self, status, answer_headers, payload)
+
+
+def fault_plan_from_environ(index: int = 0) -> faults.FaultPlan | None:
+    """The fault plan FLEETKEEPER_LOCAL_FAULTS describes, for an API instance process.
+
+    The value is JSON: `{"seed": 7, "faults": [{"kind": "dynamodb_conflicts", "rate": 0.03}],
+    "index_lag_seconds": 0.5}`; each kind names one of the ready-made faults in faults.py. Instance
+    `index` draws from seed + index, so instances fail differently yet every run repeats.
+    """
+    raw = os.environ.get(FAULTS_ENVIRONMENT)
+    if not raw:
+        return None
+    spec = json.loads(raw)
+    made: list[faults.Fault] = []
+    for entry in spec.get("faults", []):
+        factory = FAULT_KINDS.get(entry["kind"])
+        if factory is None:
+            raise ValueError(f"{FAULTS_ENVIRONMENT}: unknown fault kind {entry['kind']!r}")
+        made.append(factory(float(entry["rate"])))
+    return faults.FaultPlan(
+        int(spec.get("seed", 0)) + index, made, index_lag_seconds=float(spec.get("index_lag_seconds", 0))
+    )
+
+
+FAULT_KINDS: dict[str, Callable[[float], faults.Fault]] = {
+    "dynamodb_conflicts": faults.dynamodb_conflicts,
+    "dynamodb_throttling": faults.dynamodb_throttling,
+    "dynamodb_throughput": faults.dynamodb_throughput,
+    "ec2_throttling": faults.ec2_throttling,
+    "ec2_server_error": faults.ec2_server_error,
+    "ec2_no_capacity": faults.ec2_no_capacity,
+    "sfn_throttling": faults.sfn_throttling,
+    "sfn_task_does_not_exist": faults.sfn_task_does_not_exist,
+    "sfn_task_timed_out": faults.sfn_task_timed_out,
+}
+
+_process_fault_plan: faults.FaultPlan | None = None
+
+
 @dataclass
 class ApiServer:
-    """The admin API on http://127.0.0.1:<port>, served by the api handler in-process."""
+    """The admin API on http://127.0.0.1:<port>.
+
+    With one instance (the default) the api handler runs in this process, one request at a time. With
+    `instances` > 1 (or FLEETKEEPER_LOCAL_API_INSTANCES) each instance is its own process, as each
+    Lambda execution environment is, and this port forwards every request to a free one; they share
+    the table and the emulators, so concurrent requests race in DynamoDB as they do on AWS. Instance
+    processes read the environment at start (activate() first) and install the fault plan that
+    FLEETKEEPER_LOCAL_FAULTS describes, each with its own seed (seed + its index).
+    """
 
     port: int = 8080
+    instances: int = field(default_factory=lambda: int(os.environ.get(API_INSTANCES_ENVIRONMENT, "1")))
+    log_path: Path | None = None  # instance processes' output goes here (default: this console)
     _server: ThreadingHTTPServer | None = field(default=None, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False, repr=False)
+    backend_urls: list[str] = field(default_factory=list, init=False)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ApiServer:
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _ApiRequestHandler)
+        if self.instances <= 1:
+            self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _ApiRequestHandler)
+        else:
+            instances: queue.Queue[_Instance] = queue.Queue()
+            try:
+                for index in range(self.instances):
+                    instances.put(self._start_instance(index))
+            except BaseException:
+                self.stop()
+                raise
+            self._server = _ProxyServer(("127.0.0.1", self.port), instances)
+        self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="api-server", daemon=True)
         self._thread.start()
         return self
+
+    def _start_instance(self, index: int) -> _Instance:
+        port = free_port()
+        env = {**os.environ, "FLEETKEEPER_LOCAL_INSTANCE_INDEX": str(index)}
+        with contextlib.ExitStack() as files:
+            output = files.enter_context(self.log_path.open("ab")) if self.log_path else None
+            process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
+                [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
+                cwd=project_root(),
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
+            )
+        self._processes.append(process)
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_http(f"{url}/openapi.json", timeout=60, process=process)
+        self.backend_urls.append(url)
+        return _Instance(port)
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        for process in self._processes:
+            process.terminate()
+        for process in self._processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self._processes.clear()
+        self.backend_urls.clear()
+
+
+def serve_instance(port: int) -> None:
+    """One API instance process, serving until SIGTERM (requests still run one at a time)."""
+    global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
+    plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _ApiRequestHandler)
+    server.daemon_threads = True
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with contextlib.ExitStack() as active:
+        if plan is not None:
+            _process_fault_plan = active.enter_context(plan.installed())
+        thread = threading.Thread(target=server.serve_forever, name="api-instance", daemon=True)
+        thread.start()
+        with contextlib.suppress(KeyboardInterrupt):
+            while not stop.wait(0.5):
+                pass
+        server.shutdown()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="one local API instance (ApiServer starts these)")
+    parser.add_argument("--port", type=int, required=True)
+    serve_instance(parser.parse_args().port)

@@ -1,0 +1,739 @@
+"""The torture run's observations and its invariant checker.
+
+The clients record what the API acknowledged, with the time each request was sent and its answer
+received (one clock: everything runs on this machine). After the run, `check` reads the whole table
+straight from DynamoDB (strongly consistent scans, not the API and not an index) and the emulated EC2,
+and judges each invariant against both. Each finding names the records involved, so a run can be
+replayed with the same seed and the finding looked up in the audit trail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleetkeeper.domain.lifecycle import ACTIVE_INSTANCE_STATES, Cause, WorkerStatus, can_transition
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
+from fleetkeeper.store.codec import deserialize
+
+# A drain whose deadline passed this long ago must have been forced and closed by now: the deadline
+# fires the Step Functions task timeout, and the reconciler's sweep forces within a cycle.
+DEADLINE_GRACE = timedelta(seconds=15)
+# A PENDING worker is not waited for: it holds no machine the checks could miss (a claimed launch is
+# adopted when its claim expires, minutes later) and no instance.
+TRANSITIONAL = frozenset(
+    {
+        WorkerStatus.PROVISIONING,
+        WorkerStatus.STARTING,
+        WorkerStatus.STOPPING,
+        WorkerStatus.TERMINATING,
+    }
+)
+# The API contract's answer when no worker has room (api/app.py maps CapacityUnavailable to 503): a
+# full fleet is neither a client mistake nor our bug. These are counted and shown, not violations.
+CONTRACT_5XX = frozenset({(503, "NO_CAPACITY")})
+LIVE_MACHINE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
+INVARIANTS = [
+    "placement onto a worker after its drain was acknowledged",
+    "placement into a pool after its drain was acknowledged",
+    "two drains acknowledged for one generation",
+    "cancel acknowledged twice for one drain",
+    "active_instances differs from the worker's active instances",
+    "active_instances negative or above capacity",
+    "drain neither terminal nor running with work and time left",
+    "drain finished while its worker still had active instances",
+    "instance forced by a drain that was no longer running",
+    "active instance on a stopped or terminated worker",
+    "worker DRAINING with nothing left to wait for",
+    "pool draining past its deadline",
+    "worker RUNNING or DRAINING on a terminated or missing machine",
+    "managed machine without a live worker",
+    "acknowledged instance end lost",
+    "worker version went backwards",
+    "audit trail does not replay through the transition table",
+    "5xx answer",
+    "harness error",
+]
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str
+    method: str
+    path: str
+    status: int
+    payload: Any
+    sent: datetime
+    received: datetime
+
+
+@dataclass(frozen=True)
+class Placement:
+    instance_id: str
+    worker_id: str
+    pool: str | None
+    caller: str
+    asked: dict[str, Any]
+    sent: datetime
+    received: datetime
+
+
+@dataclass(frozen=True)
+class Ack:
+    """An acknowledged request about one entity: its send and answer times."""
+
+    entity_id: str
+    sent: datetime
+    received: datetime
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    worker_id: str
+    version: int
+    active_instances: int
+    capacity: int
+    sent: datetime
+    received: datetime
+
+
+@dataclass
+class Observations:
+    started_at: datetime
+    calls: list[Call] = field(default_factory=list)
+    placements: list[Placement] = field(default_factory=list)
+    drain_acks: list[Ack] = field(default_factory=list)
+    cancels: list[Ack] = field(default_factory=list)
+    pool_drain_acks: list[Ack] = field(default_factory=list)
+    pool_cancels: list[Ack] = field(default_factory=list)
+    ends: list[Ack] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    external: list[tuple[str, str]] = field(default_factory=list)
+    ticks: Counter[str] = field(default_factory=Counter)
+    tick_failures: Counter[str] = field(default_factory=Counter)
+    operations: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_call(self, call: Call) -> None:
+        # Only the answers the checker judges keep their body; the rest keep their status.
+        if call.status < 500:
+            call = Call(call.op, call.method, call.path, call.status, None, call.sent, call.received)
+        with self.lock:
+            self.calls.append(call)
+
+    def record_placement(
+        self, payload: dict[str, Any], caller: str, asked: dict[str, Any], sent: datetime, received: datetime
+    ) -> None:
+        placement = Placement(
+            payload["id"], payload["worker_id"], payload.get("pool"), caller, asked, sent, received
+        )
+        with self.lock:
+            self.placements.append(placement)
+
+    def _ack(
+        self, into: list[Ack], entity_id: str, sent: datetime, received: datetime, detail: Any = None
+    ) -> None:
+        with self.lock:
+            into.append(Ack(entity_id, sent, received, detail))
+
+    def record_drain_ack(self, worker_id: str, generation: Any, sent: datetime, received: datetime) -> None:
+        self._ack(self.drain_acks, worker_id, sent, received, generation)
+
+    def record_cancel(self, worker_id: str, sent: datetime, received: datetime) -> None:
+        self._ack(self.cancels, worker_id, sent, received)
+
+    def record_pool_drain_ack(self, pool: str, sent: datetime, received: datetime) -> None:
+        self._ack(self.pool_drain_acks, pool, sent, received)
+
+    def record_pool_cancel(self, pool: str, sent: datetime, received: datetime) -> None:
+        self._ack(self.pool_cancels, pool, sent, received)
+
+    def record_end(self, instance_id: str, state: str, sent: datetime, received: datetime) -> None:
+        self._ack(self.ends, instance_id, sent, received, state)
+
+    def record_worker_sample(self, payload: dict[str, Any], sent: datetime, received: datetime) -> None:
+        sample = Sample(
+            payload["id"],
+            int(payload["version"]),
+            int(payload["active_instances"]),
+            int(payload["capacity"]),
+            sent,
+            received,
+        )
+        with self.lock:
+            self.samples.append(sample)
+
+    def record_external(self, kind: str, machine: str) -> None:
+        with self.lock:
+            self.external.append((kind, machine))
+
+    def record_tick(self, name: str, tick: Callable[[], Any]) -> None:
+        try:
+            tick()
+        except Exception:
+            # A scheduled invocation that fails is retried by its schedule; it counts, it does not stop.
+            with self.lock:
+                self.tick_failures[name] += 1
+        with self.lock:
+            self.ticks[name] += 1
+
+    def count(self, op: str) -> None:
+        with self.lock:
+            self.operations[op] += 1
+
+    def guard(self, run: Callable[[int], None], count: int) -> None:
+        try:
+            run(count)
+        except Exception:
+            with self.lock:
+                self.errors.append(traceback.format_exc())
+
+
+# ---- reading the table and EC2 -----------------------------------------------------------------------
+
+
+@dataclass
+class Snapshot:
+    workers: dict[str, dict[str, Any]]
+    instances: dict[str, dict[str, Any]]
+    pools: dict[str, dict[str, Any]]
+    audit: dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def _scan(dynamodb: Any, table: str) -> Iterator[dict[str, Any]]:
+    for page in dynamodb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
+        for item in page.get("Items", []):
+            yield deserialize(item)
+
+
+def snapshot(dynamodb: Any, table: str) -> Snapshot:
+    shot = Snapshot({}, {}, {}, defaultdict(list))
+    for item in _scan(dynamodb, table):
+        pk, sk = str(item["PK"]), str(item["SK"])
+        if pk.startswith("WORKER#") and sk == "WORKER":
+            shot.workers[item["id"]] = item
+        elif pk.startswith("INSTANCE#") and sk == "INSTANCE":
+            shot.instances[item["id"]] = item
+        elif pk.startswith("POOL#") and sk == "POOL":
+            shot.pools[item["name"]] = item
+        elif pk.startswith("AUDIT#"):
+            _, entity, entity_id = pk.split("#", 2)
+            shot.audit[(entity, entity_id)].append(item)
+    for events in shot.audit.values():
+        events.sort(key=lambda e: str(e["SK"]))
+    return shot
+
+
+def _time(value: Any) -> datetime | None:
+    return datetime.fromisoformat(str(value)) if value else None
+
+
+def _active_counts(shot: Snapshot) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for instance in shot.instances.values():
+        if instance["state"] in ACTIVE_INSTANCE_STATES:
+            counts[instance["worker_id"]] += 1
+    return counts
+
+
+def _open_drain_problem(worker: dict[str, Any], active: int, at: datetime) -> str | None:
+    drain = worker.get("drain") or {}
+    if worker["status"] != WorkerStatus.DRAINING:
+        return None
+    if drain.get("outcome") != "RUNNING":
+        return f"DRAINING with drain outcome {drain.get('outcome')}"
+    if active == 0:
+        return "DRAINING with no active instance"
+    deadline = _time(drain.get("deadline"))
+    if deadline is not None and deadline + DEADLINE_GRACE < at:
+        return f"DRAINING {(at - deadline).total_seconds():.0f} s past its deadline with {active} active"
+    return None
+
+
+def unsettled(dynamodb: Any, table: str) -> list[str]:
+    """What the quiesce phase still waits for (empty: settled)."""
+    from fleetkeeper.domain.models import utcnow
+
+    shot = snapshot(dynamodb, table)
+    at = utcnow()
+    counts = _active_counts(shot)
+    waiting = []
+    for worker in shot.workers.values():
+        if worker["status"] in TRANSITIONAL:
+            waiting.append(
+                f"{worker['id']} {worker['status']} (attempts {worker.get('reconcile_attempts', 0)}, "
+                f"next {worker.get('next_reconcile_at')}, error {worker.get('last_reconcile_error')})"
+            )
+        problem = _open_drain_problem(worker, counts[worker["id"]], at - DEADLINE_GRACE)
+        if problem:
+            waiting.append(f"{worker['id']} {problem}")
+    for pool in shot.pools.values():
+        if _pool_overdue(pool, at - DEADLINE_GRACE):
+            waiting.append(f"pool {pool['name']} draining past its deadline")
+    return waiting
+
+
+def _pool_overdue(pool: dict[str, Any], at: datetime) -> bool:
+    started = _time(pool.get("drain_started_at"))
+    timeout = pool.get("drain_timeout_seconds")
+    if pool["status"] != "draining" or started is None or not timeout:
+        return False
+    return started + timedelta(seconds=int(timeout)) + DEADLINE_GRACE < at
+
+
+def machines(ec2: Any) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for page in ec2.get_paginator("describe_instances").paginate():
+        for reservation in page.get("Reservations", []):
+            for instance in reservation.get("Instances", []):
+                found[instance["InstanceId"]] = instance
+    return found
+
+
+# ---- the check ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    violations: dict[str, list[str]]
+    operations: int
+    operations_by_kind: dict[str, int]
+    server_errors: int
+    ticks: dict[str, int]
+    tick_failures: dict[str, int]
+    options: dict[str, Any] = field(default_factory=dict)
+    startup_seconds: float = 0.0
+    workload_seconds: float = 0.0
+    settle_seconds: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+    no_capacity: int = 0
+    answers: dict[str, dict[int, int]] = field(default_factory=dict)
+    unhandled: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def violation_count(self) -> int:
+        return sum(len(found) for found in self.violations.values())
+
+    def render(self, details: int = 8) -> str:
+        o = self.options
+        lines = [
+            f"ops {self.operations} threads {o.get('threads')} seed {o.get('seed')} "
+            f"startup {self.startup_seconds:.1f} s workload {self.workload_seconds:.1f} s "
+            f"settle {self.settle_seconds:.1f} s",
+            "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.operations_by_kind.items())),
+            "answers: "
+            + "; ".join(
+                f"{op} " + " ".join(f"{code}x{n}" for code, n in counts.items())
+                for op, counts in self.answers.items()
+            ),
+            "ticks: "
+            + ", ".join(
+                f"{k} {v} (failed {self.tick_failures.get(k, 0)})" for k, v in sorted(self.ticks.items())
+            ),
+            "faults injected: " + (", ".join(f"{k} {v}" for k, v in self.faults.items()) or "none"),
+            f"5xx answers: {self.server_errors} (and {self.no_capacity} 503 NO_CAPACITY, the contract's "
+            "answer for a full fleet)",
+            "500s by exception: " + (", ".join(f"{k} x{v}" for k, v in self.unhandled.items()) or "none"),
+            f"violations = {self.violation_count}",
+        ]
+        for name, found in self.violations.items():
+            mark = "ok  " if not found else "FAIL"
+            lines.append(f"  {mark} {name}: {len(found)}")
+            lines.extend(f"       - {line}" for line in found[:details])
+            if len(found) > details:
+                lines.append(f"       ... and {len(found) - details} more")
+        return "\n".join(lines)
+
+
+def _entered_running(shot: Snapshot, worker_id: str) -> list[datetime]:
+    return [
+        at
+        for e in shot.audit.get(("worker", worker_id), [])
+        if e.get("to_status") == WorkerStatus.RUNNING
+        and e.get("from_status") != WorkerStatus.RUNNING
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _pool_reactivated(shot: Snapshot, pool: str) -> list[datetime]:
+    return [
+        at
+        for e in shot.audit.get(("pool", pool), [])
+        if e.get("to_status") == "active"
+        and e.get("from_status") != "active"
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _entries(shot: Snapshot, key: tuple[str, str], status: str) -> list[datetime]:
+    return [
+        at
+        for e in shot.audit.get(key, [])
+        if e.get("to_status") == status
+        and e.get("from_status") != status
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _began(entries: list[datetime], ack: Ack) -> datetime:
+    """When the acknowledged drain moved its entity into draining (the last such move it could have
+    made), or its acknowledgement time if the trail has none in its request's window."""
+    inside = [at for at in entries if ack.sent <= at <= ack.received]
+    return max(inside) if inside else ack.received
+
+
+def _trail(shot: Snapshot, key: tuple[str, str], start: datetime, end: datetime) -> str:
+    """The entity's audit events from a little before `start` to a little after `end`, in order."""
+    margin = timedelta(seconds=2)
+    events = [
+        f"{e.get('at')} {e.get('action')} {e.get('from_status')}->{e.get('to_status')} by {e.get('actor')}"
+        for e in shot.audit.get(key, [])
+        if (at := _time(e.get("at"))) is not None and start - margin <= at <= end + margin
+    ]
+    return " | ".join(events) or "no events"
+
+
+def _placed_at(shot: Snapshot, instance_id: str) -> str:
+    events = shot.audit.get(("instance", instance_id), [])
+    return next((str(e.get("at")) for e in events if e.get("action") == "InstancePlaced"), "?")
+
+
+def _placements_after_drains(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A placement sent after a drain of its worker (or its pool) was acknowledged must have been
+    refused, unless the drain ended meanwhile: the worker (pool) became RUNNING (active) again, or a
+    cancel was acknowledged, after the drain began and before the placement's answer. The drain began
+    at its own move into DRAINING, which commits before the acknowledgement leaves the API; a reopen
+    racing the drain request can land between the two."""
+    drains: dict[str, list[Ack]] = defaultdict(list)
+    for ack in seen.drain_acks:
+        drains[ack.entity_id].append(ack)
+    pool_drains: dict[str, list[Ack]] = defaultdict(list)
+    for ack in seen.pool_drain_acks:
+        pool_drains[ack.entity_id].append(ack)
+    cancels: dict[str, list[datetime]] = defaultdict(list)
+    for ack in seen.cancels:
+        cancels[ack.entity_id].append(ack.sent)
+    pool_cancels: dict[str, list[datetime]] = defaultdict(list)
+    for ack in seen.pool_cancels:
+        pool_cancels[ack.entity_id].append(ack.sent)
+    for placement in seen.placements:
+        reopened = _entered_running(shot, placement.worker_id) + cancels[placement.worker_id]
+        entries = _entries(shot, ("worker", placement.worker_id), WorkerStatus.DRAINING)
+        for ack in drains[placement.worker_id]:
+            began = _began(entries, ack)
+            if ack.received < placement.sent and not any(began < t < placement.received for t in reopened):
+                found["placement onto a worker after its drain was acknowledged"].append(
+                    f"instance {placement.instance_id} on {placement.worker_id} sent "
+                    f"{(placement.sent - ack.received).total_seconds():.3f} s after drain generation "
+                    f"{ack.detail} was acknowledged at {ack.received.isoformat()}; worker trail: "
+                    + _trail(shot, ("worker", placement.worker_id), ack.sent, placement.received)
+                    + f"; placed at {_placed_at(shot, placement.instance_id)}"
+                )
+                break
+        if not placement.pool:
+            continue
+        reactivated = _pool_reactivated(shot, placement.pool) + pool_cancels[placement.pool]
+        entries = _entries(shot, ("pool", placement.pool), "draining")
+        for ack in pool_drains[placement.pool]:
+            began = _began(entries, ack)
+            if ack.received < placement.sent and not any(began < t < placement.received for t in reactivated):
+                found["placement into a pool after its drain was acknowledged"].append(
+                    f"instance {placement.instance_id} into pool {placement.pool} (worker "
+                    f"{placement.worker_id}) sent {(placement.sent - ack.received).total_seconds():.3f} s "
+                    f"after the pool drain was acknowledged at {ack.received.isoformat()}; pool trail: "
+                    + _trail(shot, ("pool", placement.pool), ack.sent, placement.received)
+                    + f"; placed at {_placed_at(shot, placement.instance_id)}"
+                )
+                break
+
+
+def _drain_entries(shot: Snapshot) -> list[Ack]:
+    """Every move into DRAINING in the audit, whoever started it (a pool drain starts worker drains)."""
+    return [
+        Ack(entity_id, at, at)
+        for (entity, entity_id), events in shot.audit.items()
+        if entity == "worker"
+        for e in events
+        if e.get("to_status") == WorkerStatus.DRAINING
+        and e.get("from_status") != WorkerStatus.DRAINING
+        and (at := _time(e.get("at"))) is not None
+    ]
+
+
+def _exclusive_acks(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """Of two drains started at once, one wins; of two cancels of one drain, one wins (the other 409)."""
+    by_generation = Counter((ack.entity_id, ack.detail) for ack in seen.drain_acks)
+    for (worker_id, generation), times in by_generation.items():
+        if times > 1:
+            found["two drains acknowledged for one generation"].append(
+                f"{worker_id} generation {generation}: {times} acknowledgements"
+            )
+    for kind, cancels, starts in (
+        ("worker", seen.cancels, seen.drain_acks + _drain_entries(shot)),
+        ("pool", seen.pool_cancels, seen.pool_drain_acks),
+    ):
+        by_entity: dict[str, list[Ack]] = defaultdict(list)
+        for ack in cancels:
+            by_entity[ack.entity_id].append(ack)
+        for entity_id, acks in by_entity.items():
+            acks.sort(key=lambda a: a.sent)
+            drains = [d for d in starts if d.entity_id == entity_id]
+            for first, second in itertools.pairwise(acks):
+                # A drain may have started between the two if its answer came after the first cancel
+                # was sent and its request went out before the second cancel was answered.
+                if not any(first.sent < d.received and d.sent < second.received for d in drains):
+                    found["cancel acknowledged twice for one drain"].append(
+                        f"{kind} {entity_id}: cancels sent {first.sent.isoformat()} and "
+                        f"{second.sent.isoformat()} both answered 200, no drain acknowledged between"
+                    )
+
+
+def _slots(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    counts = _active_counts(shot)
+    for worker in shot.workers.values():
+        wid, held, capacity = worker["id"], int(worker.get("active_instances", 0)), int(worker["capacity"])
+        if held != counts[wid]:
+            found["active_instances differs from the worker's active instances"].append(
+                f"{wid} {worker['status']} v{worker['version']}: "
+                f"active_instances={held}, active instances={counts[wid]}"
+            )
+        if held < 0 or held > capacity:
+            found["active_instances negative or above capacity"].append(f"{wid}: {held} of {capacity}")
+    for sample in seen.samples:
+        if sample.active_instances < 0 or sample.active_instances > sample.capacity:
+            found["active_instances negative or above capacity"].append(
+                f"{sample.worker_id} answered {sample.active_instances} of {sample.capacity} "
+                f"at v{sample.version}"
+            )
+    for instance in shot.instances.values():
+        if instance["worker_id"] not in shot.workers and instance["state"] in ACTIVE_INSTANCE_STATES:
+            found["active_instances differs from the worker's active instances"].append(
+                f"instance {instance['id']} active on missing worker {instance['worker_id']}"
+            )
+
+
+def _drains(shot: Snapshot, at: datetime, found: dict[str, list[str]]) -> None:
+    counts = _active_counts(shot)
+    for worker in shot.workers.values():
+        drain = worker.get("drain") or {}
+        wid, active = worker["id"], counts[worker["id"]]
+        if drain.get("outcome") == "RUNNING" and worker["status"] != WorkerStatus.DRAINING:
+            found["drain neither terminal nor running with work and time left"].append(
+                f"{wid}: drain generation {drain.get('generation')} RUNNING on a {worker['status']} worker"
+            )
+        problem = _open_drain_problem(worker, active, at)
+        if problem:
+            found["worker DRAINING with nothing left to wait for"].append(
+                f"{wid} v{worker['version']} generation {drain.get('generation')}: {problem}"
+            )
+    for pool in shot.pools.values():
+        if _pool_overdue(pool, at):
+            found["pool draining past its deadline"].append(
+                f"{pool['name']}: started {pool.get('drain_started_at')}, "
+                f"timeout {pool.get('drain_timeout_seconds')} s"
+            )
+
+
+def _status_at(events: list[dict[str, Any]], at: datetime) -> str | None:
+    """The worker's status at `at`, replayed from its audit trail."""
+    status: str | None = None
+    for event in events:
+        when = _time(event.get("at"))
+        if when is None or when > at:
+            break
+        status = event.get("to_status") or status
+    return status
+
+
+def _active_spans(shot: Snapshot) -> dict[str, list[tuple[str, datetime, datetime | None, str | None]]]:
+    """worker id -> (instance id, placed at, ended at or None, end reason) from the instances' audit."""
+    spans: dict[str, list[tuple[str, datetime, datetime | None, str | None]]] = defaultdict(list)
+    for (entity, instance_id), events in shot.audit.items():
+        instance = shot.instances.get(instance_id)
+        if entity != "instance" or instance is None:
+            continue
+        placed = next((_time(e.get("at")) for e in events if e.get("action") == "InstancePlaced"), None)
+        end = next((e for e in events if e.get("to_status") in ("COMPLETED", "FAILED", "TERMINATED")), None)
+        if placed is not None:
+            ended = _time(end.get("at")) if end else None
+            spans[instance["worker_id"]].append(
+                (instance_id, placed, ended, end.get("reason") if end else None)
+            )
+    return spans
+
+
+def _drain_endings(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A drain finishes (DRAINING -> STOPPING/TERMINATING) only once its worker is empty: force ends
+    what still runs first. A drain's force ends instances only while that drain still runs."""
+    spans = _active_spans(shot)
+    for wid in shot.workers:
+        events = shot.audit.get(("worker", wid), [])
+        for event in events:
+            if event.get("from_status") != WorkerStatus.DRAINING or event.get("to_status") not in (
+                WorkerStatus.STOPPING,
+                WorkerStatus.TERMINATING,
+            ):
+                continue
+            if (event.get("details") or {}).get("cause", Cause.CONTROL) != Cause.CONTROL:
+                continue
+            at = _time(event.get("at"))
+            assert at is not None
+            still = [i for i, placed, ended, _ in spans[wid] if placed < at and (ended is None or ended > at)]
+            if still:
+                found["drain finished while its worker still had active instances"].append(
+                    f"{wid} {event['from_status']} -> {event['to_status']} at {at.isoformat()} with "
+                    f"{len(still)} active: {', '.join(still[:3])}"
+                )
+        for instance_id, _, ended, reason in spans[wid]:
+            if reason != "drain_timeout" or ended is None:
+                continue
+            status = _status_at(events, ended)
+            if status != WorkerStatus.DRAINING:
+                found["instance forced by a drain that was no longer running"].append(
+                    f"instance {instance_id} ended drain_timeout at {ended.isoformat()} "
+                    f"while {wid} was {status}"
+                )
+
+
+def _stranded(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    gone = (WorkerStatus.STOPPED, WorkerStatus.TERMINATED)
+    for instance in shot.instances.values():
+        worker = shot.workers.get(instance["worker_id"])
+        if worker is not None and instance["state"] in ACTIVE_INSTANCE_STATES and worker["status"] in gone:
+            found["active instance on a stopped or terminated worker"].append(
+                f"instance {instance['id']} {instance['state']} v{instance['version']} on "
+                f"{worker['id']} {worker['status']}"
+            )
+
+
+def _machines(shot: Snapshot, ec2_machines: dict[str, dict[str, Any]], found: dict[str, list[str]]) -> None:
+    for worker in shot.workers.values():
+        if worker["status"] not in (WorkerStatus.RUNNING, WorkerStatus.DRAINING):
+            continue
+        machine = ec2_machines.get(str(worker.get("ec2_instance_id")))
+        state = machine["State"]["Name"] if machine else "missing"
+        if state in ("terminated", "shutting-down", "missing"):
+            found["worker RUNNING or DRAINING on a terminated or missing machine"].append(
+                f"{worker['id']} {worker['status']} on {worker.get('ec2_instance_id')} ({state})"
+            )
+    live_by_machine = {
+        str(w.get("ec2_instance_id")): w
+        for w in shot.workers.values()
+        if w["status"] != WorkerStatus.TERMINATED
+    }
+    for machine_id, machine in ec2_machines.items():
+        tags = {t["Key"]: t["Value"] for t in machine.get("Tags", [])}
+        if (
+            tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE
+            or machine["State"]["Name"] not in LIVE_MACHINE_STATES
+        ):
+            continue
+        if machine_id not in live_by_machine:
+            found["managed machine without a live worker"].append(
+                f"{machine_id} {machine['State']['Name']} tagged for worker {tags.get(WORKER_ID_TAG)}"
+            )
+
+
+def _ends(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    for ack in seen.ends:
+        instance = shot.instances.get(ack.entity_id)
+        state = instance["state"] if instance else "missing"
+        if state != ack.detail:
+            found["acknowledged instance end lost"].append(
+                f"instance {ack.entity_id}: {ack.detail} acknowledged at {ack.received.isoformat()}, "
+                f"now {state} (v{instance['version'] if instance else '-'})"
+            )
+
+
+def _versions(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A read sent after another read's answer came back must not see an older version."""
+    by_worker: dict[str, list[Sample]] = defaultdict(list)
+    for sample in seen.samples:
+        by_worker[sample.worker_id].append(sample)
+    for wid, samples in by_worker.items():
+        by_answer = sorted(samples, key=lambda s: s.received)
+        highest: Sample | None = None
+        i = 0
+        for sample in sorted(samples, key=lambda s: s.sent):
+            while i < len(by_answer) and by_answer[i].received < sample.sent:
+                if highest is None or by_answer[i].version > highest.version:
+                    highest = by_answer[i]
+                i += 1
+            if highest is not None and sample.version < highest.version:
+                found["worker version went backwards"].append(
+                    f"{wid}: v{sample.version} read after v{highest.version} had been answered"
+                )
+        final = shot.workers.get(wid)
+        top = max(s.version for s in samples)
+        if final is not None and int(final["version"]) < top:
+            found["worker version went backwards"].append(
+                f"{wid}: stored v{final['version']} below answered v{top}"
+            )
+
+
+def _audit(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    for wid, worker in shot.workers.items():
+        events = shot.audit.get(("worker", wid), [])
+        previous: str | None = None
+        for event in events:
+            source, target = event.get("from_status"), event.get("to_status")
+            cause = Cause((event.get("details") or {}).get("cause", Cause.CONTROL))
+            if previous is not None and source is not None and source != previous:
+                found["audit trail does not replay through the transition table"].append(
+                    f"{wid}: {event['action']} at {event['at']} starts from {source}, "
+                    f"the trail was at {previous}"
+                )
+            moved = source is not None and target is not None and source != target
+            if moved and not can_transition(WorkerStatus(str(source)), WorkerStatus(str(target)), cause):
+                found["audit trail does not replay through the transition table"].append(
+                    f"{wid}: {event['action']} {source} -> {target} ({cause}) is not in the table"
+                )
+            previous = target if target is not None else previous
+        if previous != worker["status"]:
+            found["audit trail does not replay through the transition table"].append(
+                f"{wid}: the trail ends at {previous}, the worker is {worker['status']}"
+            )
+
+
+def _contract_answer(call: Call) -> bool:
+    error = call.payload.get("error") if isinstance(call.payload, dict) else None
+    return (call.status, error) in CONTRACT_5XX
+
+
+def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime) -> Report:
+    found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
+    shot = snapshot(dynamodb, table)
+    _placements_after_drains(seen, shot, found)
+    _exclusive_acks(seen, shot, found)
+    _slots(seen, shot, found)
+    _drains(shot, at, found)
+    _drain_endings(shot, found)
+    _stranded(shot, found)
+    _machines(shot, machines(ec2), found)
+    _ends(seen, shot, found)
+    _versions(seen, shot, found)
+    _audit(shot, found)
+    server_errors = [c for c in seen.calls if c.status >= 500 and not _contract_answer(c)]
+    found["5xx answer"] = [f"{c.op} {c.method} {c.path} -> {c.status} {c.payload}" for c in server_errors]
+    found["harness error"] = list(seen.errors)
+    answers: dict[str, Counter[int]] = defaultdict(Counter)
+    for c in seen.calls:
+        answers[c.op][c.status] += 1
+    return Report(
+        answers={op: dict(sorted(counts.items())) for op, counts in sorted(answers.items())},
+        no_capacity=sum(1 for c in seen.calls if _contract_answer(c)),
+        violations=found,
+        operations=sum(seen.operations.values()),
+        operations_by_kind=dict(seen.operations),
+        server_errors=len(server_errors),
+        ticks=dict(seen.ticks),
+        tick_failures=dict(seen.tick_failures),
+    )

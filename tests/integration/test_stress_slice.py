@@ -1,0 +1,33 @@
+"""A small slice of `make stress` inside `make test`: the same harness, fewer operations, faults on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).parents[2]
+SLICE = ["--seed", "11", "--ops", "500", "--threads", "8", "--quiesce-seconds", "30", "--no-report"]
+
+
+def test_given_500_random_operations_with_faults_on_when_the_fleet_settles_then_no_invariant_breaks() -> None:
+    # The harness starts its own stack and API instance processes; a subprocess keeps its environment,
+    # fault plan and clients out of this test process.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TABLE_NAME", "DRAIN_", "MOTO_"))}
+    run = subprocess.run(  # noqa: S603 - our own module, fixed argv
+        [sys.executable, "-m", "bench.stress", *SLICE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    summary = run.stdout[run.stdout.find("ops ") :]
+    assert "violations = 0" in run.stdout, summary + run.stderr[-3000:]
+    assert run.returncode == 0, summary
