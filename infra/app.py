@@ -13,13 +13,23 @@ from aws_cdk import App, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from infra.config import ConfigError, StageConfig, load_stage_config
+from infra.forwarding import EventForwardingStack, forwarded_regions
 from infra.stack import FleetkeeperStack
 
 
 def add_stage(app: App, config: StageConfig) -> FleetkeeperStack:
-    """The stage's stack, checked by the cdk-nag AwsSolutions pack when the app synthesizes."""
+    """The stage's stack and one event forwarder per other worker region, all checked by cdk-nag.
+
+    `cdk deploy --all -c stage=<name>` deploys them together; the forwarders are found on the main
+    stack's `forwarders`, by region.
+    """
     stack = FleetkeeperStack(app, config=config)
-    Validations.of(stack).add_plugins(AwsSolutionsChecks())
+    stack.forwarders = {
+        region: EventForwardingStack(app, config=config, region=region)
+        for region in forwarded_regions(config)
+    }
+    for checked in (stack, *stack.forwarders.values()):
+        Validations.of(checked).add_plugins(AwsSolutionsChecks())
     return stack
 
 

@@ -33,6 +33,9 @@ def stack_id(stage: str) -> str:
 
 
 class FleetkeeperStack(Stack):
+    # The stage's event forwarders in its other worker regions (infra/forwarding.py), set by the app.
+    forwarders: dict[str, Stack]
+
     def __init__(self, scope: Construct, *, config: StageConfig, **kwargs: Any) -> None:
         super().__init__(
             scope,
@@ -45,6 +48,7 @@ class FleetkeeperStack(Stack):
             **kwargs,
         )
         Tags.of(self).add("fleetkeeper:stage", config.name)
+        self.forwarders = {}
 
         messaging = Messaging(self, "Messaging", config=config)
         table = FleetTable(self, "Store", retain=config.retain)
