@@ -46,6 +46,7 @@ from typing import Any
 from botocore import handlers
 
 from fleetkeeper.cloud.clients import reset_clients
+from fleetkeeper.services.context import default_context
 
 
 class InvocationCrashed(BaseException):
@@ -351,22 +352,31 @@ class FaultPlan:
 
     @contextmanager
     def installed(self) -> Iterator[FaultPlan]:
-        """Turn the plan on for every client created inside the block (cached clients are rebuilt)."""
+        """Turn the plan on for every client created inside the block (cached clients are rebuilt).
+
+        The process-wide service context holds its clients, so it is rebuilt too: the handlers (and the
+        drain Lambda running in the emulator's thread) see the faults as well.
+        """
         specs = self._specs()
         handlers.BUILTIN_HANDLERS.extend(specs)
-        reset_clients()
+        _forget_clients()
         try:
             yield self
         finally:
             for spec in specs:
                 handlers.BUILTIN_HANDLERS.remove(spec)
-            reset_clients()
+            _forget_clients()
 
     def summary(self) -> dict[str, int]:
         counts = dict(self.injected)
         if self.index_lag_seconds > 0:
             counts["dynamodb:IndexLagHidden"] = self.hidden_by_lag
         return counts
+
+
+def _forget_clients() -> None:
+    reset_clients()
+    default_context.cache_clear()
 
 
 def _service_and_operation(event_name: str) -> tuple[str, str]:

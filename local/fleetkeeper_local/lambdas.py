@@ -76,14 +76,17 @@ class _Fault:
         )
 
 
+def _target(payload: dict[str, Any]) -> str | None:
+    drain = payload.get("drain")
+    if not isinstance(drain, dict):
+        return None
+    found = drain.get("worker_id") or drain.get("pool")
+    return str(found) if found else None
+
+
 def for_target(target: str) -> PayloadFilter:
     """Only the drain steps of this worker id or pool name."""
-
-    def matches(payload: dict[str, Any]) -> bool:
-        drain = payload.get("drain") or {}
-        return target in (drain.get("worker_id"), drain.get("pool"))
-
-    return matches
+    return lambda payload: _target(payload) == target
 
 
 class LambdaDispatcher:
@@ -94,6 +97,8 @@ class LambdaDispatcher:
         self._faults: dict[str, list[_Fault]] = {}
         self._lock = threading.Lock()
         self.invocations: list[tuple[str, str | None]] = []
+        # (function, step, target) of every invocation: which worker or pool each step served.
+        self.calls: list[tuple[str, str | None, str | None]] = []
         # (function, step, "before" | "after", target) of every injected crash, for the tests' counts.
         self.crashes: list[tuple[str, str | None, str, str | None]] = []
 
@@ -131,11 +136,14 @@ class LambdaDispatcher:
             for fault in self._faults.get(function_name, []):
                 if fault.applies(step, payload, after=after):
                     fault.remaining -= 1
-                    drain = payload.get("drain") or {}
-                    target = drain.get("worker_id") or drain.get("pool")
-                    self.crashes.append((function_name, step, "after" if after else "before", target))
+                    position = "after" if after else "before"
+                    self.crashes.append((function_name, step, position, _target(payload)))
                     return True
         return False
+
+    def runs(self, step: str, target: str) -> int:
+        """How many times one step was invoked for one worker id or pool name (crashed runs included)."""
+        return sum(1 for _, s, t in self.calls if (s, t) == (step, target))
 
     def crash_count(self, *, step: str | None = None, when: str | None = None) -> int:
         """Crashes injected so far, of one step and/or one position ("before", "after")."""
@@ -148,6 +156,7 @@ class LambdaDispatcher:
         fields = payload if isinstance(payload, dict) else {}
         step = fields.get("step")
         self.invocations.append((name, step))
+        self.calls.append((name, step, _target(fields)))
         if handler is None:
             return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
         try:
