@@ -22,9 +22,10 @@ Beyond AWS's error answers, a fault can model two things that are not errors at 
 - `lost=True`: the call answers success but never reaches AWS (a callback that never arrives, an
   execution that is never started);
 - `crash=True`: the invocation dies at that call (`InvocationCrashed`, a `BaseException`, so no
-  `except Exception` of ours can swallow it). With `after=True` the write landed first. Once a crash
-  fired, every later call through the plan dies too until `revive()`: a dead Lambda makes no clean-up
-  call, so a lease or a half-written drain stays as the crash left it.
+  `except Exception` of ours can swallow it). With `after=True` the write landed first. A `sticky`
+  crash also kills every later call through the plan, from any thread, until `revive()`: a dead Lambda
+  makes no clean-up call (no `finally` reaches AWS), so a lease or a half-written drain stays as the
+  crash left it. Use it only while nothing else runs through the plan.
 
 `skip` lets the first matching calls through, so "die after the 3rd worker write" is
 `crash_after_writes(3, ...)`. Everything is decided by the plan's seeded random and its counters, so a
@@ -85,7 +86,8 @@ class Fault:
     when: Callable[[str, dict[str, Any]], bool] | None = None  # (operation, params) -> inject?
     message: str = "injected by fleetkeeper_local.faults"
     lost: bool = False  # answer success without reaching AWS: the call silently never happened
-    crash: bool = False  # the invocation dies here (InvocationCrashed); the plan stays dead until revive()
+    crash: bool = False  # the invocation dies here (InvocationCrashed)
+    sticky: bool = False  # with crash: the whole plan stays dead until revive()
     skip: int = 0  # let this many matching calls through first
     lost_response: dict[str, Any] = field(default_factory=dict)  # the success a lost call answers
     injected: int = 0
@@ -154,28 +156,19 @@ def ec2_no_capacity(rate: float, **kw: Any) -> Fault:
     return Fault("ec2", "InsufficientInstanceCapacity", frozenset({"RunInstances"}), rate, **kw)
 
 
+_TOKEN_ANSWERS = frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"})
+
+
 def sfn_throttling(rate: float, **kw: Any) -> Fault:
     return Fault("stepfunctions", "ThrottlingException", rate=rate, **kw)
 
 
-def sfn_task_does_not_exist(rate: float, **kw: Any) -> Fault:
-    return Fault(
-        "stepfunctions",
-        "TaskDoesNotExist",
-        frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"}),
-        rate,
-        **kw,
-    )
+def sfn_task_does_not_exist(rate: float, operations: frozenset[str] = _TOKEN_ANSWERS, **kw: Any) -> Fault:
+    return Fault("stepfunctions", "TaskDoesNotExist", operations, rate, **kw)
 
 
-def sfn_task_timed_out(rate: float, **kw: Any) -> Fault:
-    return Fault(
-        "stepfunctions",
-        "TaskTimedOut",
-        frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"}),
-        rate,
-        **kw,
-    )
+def sfn_task_timed_out(rate: float, operations: frozenset[str] = _TOKEN_ANSWERS, **kw: Any) -> Fault:
+    return Fault("stepfunctions", "TaskTimedOut", operations, rate, **kw)
 
 
 def sfn_lost_callbacks(rate: float, **kw: Any) -> Fault:
@@ -196,9 +189,14 @@ def is_worker_write(operation: str, params: dict[str, Any]) -> bool:
 
 
 def crash_after_writes(
-    writes: int, *, when: Callable[[str, dict[str, Any]], bool] = is_worker_write, **kw: Any
+    writes: int,
+    *,
+    when: Callable[[str, dict[str, Any]], bool] = is_worker_write,
+    sticky: bool = True,
+    **kw: Any,
 ) -> Fault:
-    """The invocation dies right after its `writes`-th matching write landed (a reconcile cut short)."""
+    """The invocation dies right after its `writes`-th matching write landed (a reconcile cut short);
+    sticky by default, so not even its clean-up reaches AWS."""
     return Fault(
         "dynamodb",
         "Crashed",
@@ -207,6 +205,7 @@ def crash_after_writes(
         crash=True,
         skip=max(writes - 1, 0),
         limit=1,
+        sticky=sticky,
         when=when,
         **kw,
     )
@@ -252,7 +251,7 @@ class FaultPlan:
                 if self._random.random() < fault.rate:
                     fault.injected += 1
                     self.injected[fault.label] += 1
-                    if fault.crash:
+                    if fault.crash and fault.sticky:
                         self.dead = True
                     return fault
         return None
