@@ -48,6 +48,7 @@ from fleetkeeper.domain.errors import (
     IllegalTransition,
     InvalidInput,
     NotFound,
+    Unavailable,
     WorkflowUnavailable,
 )
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
@@ -68,6 +69,7 @@ _STATUS_FOR_ERROR: dict[type[FleetkeeperError], HTTPStatus] = {
     Conflict: HTTPStatus.CONFLICT,
     CapacityUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
     WorkflowUnavailable: HTTPStatus.SERVICE_UNAVAILABLE,
+    Unavailable: HTTPStatus.SERVICE_UNAVAILABLE,
 }
 MAX_IDEMPOTENCY_KEY = 128
 UNKNOWN_CALLER = "unknown-caller"

@@ -116,3 +116,39 @@ class DrainNotStartable(FleetkeeperError):
     """A drain workflow found its worker or pool in a state it cannot drain from."""
 
     code = "DRAIN_NOT_STARTABLE"
+
+
+class Unavailable(FleetkeeperError):
+    """A dependency stayed throttled, conflicted or down after bounded retries; try again later.
+
+    Nothing was written (or the write is safe to repeat): the caller may retry the same request.
+    """
+
+    code = "SERVICE_UNAVAILABLE"
+    retryable = True
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"{operation} did not go through: {reason}; retry shortly")
+        self.operation = operation
+        self.reason = reason
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"operation": self.operation, "reason": self.reason, "retryable": "true"}
+
+
+class DrainNoLongerActive(Conflict):
+    """A write made on behalf of a drain found that drain cancelled, finished or superseded.
+
+    Raised instead of ending a session for a drain that is over, so a cancel that committed first wins.
+    """
+
+    code = "DRAIN_NO_LONGER_ACTIVE"
+
+    def __init__(self, worker_id: str, generation: int, current_status: str | None, why: str) -> None:
+        super().__init__(
+            "worker", worker_id, current_status, f"drain {generation} of worker {worker_id} is over: {why}"
+        )
+        self.generation = generation
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "generation": self.generation}

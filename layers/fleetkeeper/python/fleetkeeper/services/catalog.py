@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import NAME_PATTERN, Pool, WorkerTemplate
-from fleetkeeper.services.retry import retry_conflicts
 from fleetkeeper.store.repository import FleetStore
 
 _NAME = re.compile(NAME_PATTERN)

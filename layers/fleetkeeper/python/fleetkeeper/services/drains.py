@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from fleetkeeper.cloud.ec2 import is_missing_instance
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.drain_policy import (
     deadline_passed,
     drain_deadline,
@@ -50,7 +51,6 @@ from fleetkeeper.domain.models import (
 )
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.retry import retry_conflicts
 
 WORKFLOW_ACTOR = "drain-workflow"
 _EXECUTION_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

@@ -1,4 +1,4 @@
-"""Placing instances on workers, and ending them."""
+"""Placing instances on workers."""
 
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def place_instance(
         try:
             return store.place_instance(instance, worker, actor=actor)
         except Conflict as refusal:
-            # Lost a race for this worker's last slot, or it started draining: try the next one.
+            # A failed condition: this worker's last slot went to someone else, or it started draining.
+            # Try the next one. A transaction conflict or throttling is not a refusal: the store retried
+            # it and raises Unavailable (retryable) if it persists, rather than report "no capacity".
             last_refusal = refusal
     raise CapacityUnavailable(
         f"no worker accepted the instance after {min(len(ranked), MAX_PLACEMENT_TRIES)} tries"

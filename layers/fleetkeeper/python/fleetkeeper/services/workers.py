@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, new_id
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.retry import retry_conflicts
 from fleetkeeper.services.worker_exit import finish_retirement, retire_worker
 from fleetkeeper.store.repository import FleetStore
 

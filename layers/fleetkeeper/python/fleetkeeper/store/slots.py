@@ -1,0 +1,311 @@
+"""The slot counter: placing an instance takes a slot on its worker, ending it frees the slot.
+
+Each is one transaction over the instance, the worker and an audit item (docs/data-model.md):
+- the worker's `active_instances` changes under the invariant it touches (RUNNING and below capacity;
+  above zero) and its `version` is bumped, so a writer holding an older read of the worker loses;
+- the worker's `active_instance_ids` string set gains or loses the instance's id in the same update,
+  so the set and the counter never disagree and "which instances are active on this worker" is
+  answered exactly from the worker item, not from an index that may lag behind a just-committed
+  placement.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetkeeper.domain.errors import Conflict, DrainNoLongerActive, InvalidInput, NotFound
+from fleetkeeper.domain.lifecycle import (
+    ACCEPTS_INSTANCES,
+    ACTIVE_INSTANCE_STATES,
+    InstanceState,
+    PoolStatus,
+    WorkerStatus,
+    check_instance_transition,
+)
+from fleetkeeper.domain.models import AuditEvent, DrainOutcome, Instance, Pool, Worker, utcnow
+from fleetkeeper.store import keys
+from fleetkeeper.store.codec import deserialize, load_record, serialize
+from fleetkeeper.store.instances import InstanceRepository
+from fleetkeeper.store.schema import BY_PARENT
+from fleetkeeper.store.table import Refusal, current_status, validated_copy
+
+# The worker attribute holding the ids of its active instances (a string set; absent when empty).
+ACTIVE_IDS = "active_instance_ids"
+
+
+class _CounterAtZero(Exception):
+    """The worker's counter had no slot to free; the instance is ended without it."""
+
+
+class SlotTransactions(InstanceRepository):
+    def place_instance(self, instance: Instance, worker: Worker, *, actor: str) -> Instance:
+        """Put the instance and take a slot on its worker, in one transaction.
+
+        The worker must be RUNNING with a free slot, and its pool (if any) active. Because a drain
+        start rewrites the same worker item, a placement and a drain can never both win.
+        """
+        now = utcnow()
+        stored = instance.model_copy(
+            update={
+                "worker_id": worker.id,
+                "pool": worker.pool,
+                "template": worker.template,
+                "state": InstanceState.SCHEDULED,
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        take_slot = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": serialize(keys.worker_key(worker.id)),
+                "UpdateExpression": "SET active_instances = active_instances + :one, "
+                "#v = #v + :one, updated_at = :now ADD #ids :id",
+                "ConditionExpression": "#s = :running AND active_instances < #cap",
+                "ExpressionAttributeNames": {
+                    "#s": "status",
+                    "#v": "version",
+                    "#cap": "capacity",
+                    "#ids": ACTIVE_IDS,
+                },
+                "ExpressionAttributeValues": {
+                    ":one": {"N": "1"},
+                    ":running": {"S": str(ACCEPTS_INSTANCES)},
+                    ":now": {"S": now.isoformat()},
+                    ":id": {"SS": [stored.id]},
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        items: list[dict[str, Any]] = [
+            self._put(self._instance_item(stored), "attribute_not_exists(PK)"),
+            take_slot,
+            self._audit_put(
+                AuditEvent(
+                    entity="instance",
+                    entity_id=stored.id,
+                    action="InstancePlaced",
+                    actor=actor,
+                    to_status=str(stored.state),
+                    details={"worker_id": worker.id},
+                )
+            ),
+        ]
+        refusals: dict[int, Refusal] = {
+            0: lambda _: Conflict("instance", stored.id, None, f"instance '{stored.id}' already exists"),
+            1: lambda current: _worker_refuses(worker.id, current),
+        }
+        if worker.pool:
+            pool_name = worker.pool
+            items.append(
+                self._condition_check(
+                    keys.pool_key(pool_name),
+                    "#s = :active",
+                    {":active": str(PoolStatus.ACTIVE)},
+                    {"#s": "status"},
+                )
+            )
+            refusals[3] = lambda current: _pool_refuses(pool_name, current)
+        self._transact(items, refusals, written=stored)
+        return stored
+
+    def end_instance(
+        self,
+        instance: Instance,
+        target: InstanceState,
+        *,
+        actor: str,
+        reason: str | None = None,
+        drain_generation: int | None = None,
+    ) -> Instance:
+        """End an active instance and free its slot on the worker, atomically and only once.
+
+        `instance` is the copy the caller read: if it changed since, `StaleWrite` names its state now.
+        With `drain_generation` the end is done for that drain, and only while it is still active: the
+        worker must be DRAINING with that generation still RUNNING, or `DrainNoLongerActive` is raised
+        and nothing is written, so an end can never land after a cancel that committed first.
+        """
+        if target in ACTIVE_INSTANCE_STATES:
+            raise InvalidInput("state", f"{target} is not an ending state")
+        check_instance_transition(instance.state, target)
+        updated = validated_copy(
+            instance,
+            {"state": target, "reason": reason, "version": instance.version + 1, "updated_at": utcnow()},
+        )
+        active_values = {f":a{i}": str(s) for i, s in enumerate(sorted(ACTIVE_INSTANCE_STATES))}
+        end = self._put(
+            self._instance_item(updated),
+            f"#v = :v AND #st IN ({', '.join(active_values)})",
+            {":v": instance.version, **active_values},
+            {"#v": "version", "#st": "state"},
+        )
+        drain_condition, drain_names, drain_values = _drain_still_active(drain_generation)
+        free_slot = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": serialize(keys.worker_key(instance.worker_id)),
+                "UpdateExpression": "SET active_instances = active_instances - :one, #v = #v + :one, "
+                "updated_at = :now DELETE #ids :id",
+                "ConditionExpression": "active_instances > :zero" + drain_condition,
+                "ExpressionAttributeNames": {"#v": "version", "#ids": ACTIVE_IDS, **drain_names},
+                "ExpressionAttributeValues": {
+                    ":one": {"N": "1"},
+                    ":zero": {"N": "0"},
+                    ":now": {"S": utcnow().isoformat()},
+                    ":id": {"SS": [instance.id]},
+                    **drain_values,
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+        def audit(details: dict[str, Any]) -> dict[str, Any]:
+            return self._audit_put(
+                AuditEvent(
+                    entity="instance",
+                    entity_id=instance.id,
+                    action=f"Instance{target.title()}",
+                    actor=actor,
+                    from_status=str(instance.state),
+                    to_status=str(target),
+                    reason=reason,
+                    details={"worker_id": instance.worker_id, **details},
+                )
+            )
+
+        def worker_refuses(current: dict[str, Any] | None) -> Exception:
+            if drain_generation is not None:
+                over = _drain_over(instance.worker_id, drain_generation, current)
+                if over is not None:
+                    return over
+            return _CounterAtZero()
+
+        refuse_instance = self._refuse_stale_instance(instance)
+        try:
+            self._transact(
+                [end, free_slot, audit({})], {0: refuse_instance, 1: worker_refuses}, written=updated
+            )
+        except _CounterAtZero:
+            # The worker's counter is already at zero (or the worker is gone): end the instance anyway
+            # rather than leave it active forever, and say so in its audit record.
+            anomaly = audit({"counter": "worker had no slot to free"})
+            if self._get(keys.worker_key(instance.worker_id)) is None:
+                if drain_generation is not None:
+                    raise DrainNoLongerActive(
+                        instance.worker_id, drain_generation, None, "the worker is gone"
+                    ) from None
+                self._transact([end, anomaly], {0: refuse_instance}, written=updated)
+                return updated
+            forget_id = {
+                "Update": {
+                    "TableName": self.table_name,
+                    "Key": serialize(keys.worker_key(instance.worker_id)),
+                    "UpdateExpression": "SET #v = #v + :one, updated_at = :now DELETE #ids :id",
+                    "ConditionExpression": "attribute_exists(PK)" + drain_condition,
+                    "ExpressionAttributeNames": {"#v": "version", "#ids": ACTIVE_IDS, **drain_names},
+                    "ExpressionAttributeValues": {
+                        ":one": {"N": "1"},
+                        ":now": {"S": utcnow().isoformat()},
+                        ":id": {"SS": [instance.id]},
+                        **drain_values,
+                    },
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                }
+            }
+
+            def gone_or_over(current: dict[str, Any] | None) -> Exception:
+                over = (
+                    _drain_over(instance.worker_id, drain_generation, current)
+                    if drain_generation is not None
+                    else None
+                )
+                return over or NotFound("worker", instance.worker_id)
+
+            self._transact([end, forget_id, anomaly], {0: refuse_instance, 1: gone_or_over}, written=updated)
+        return updated
+
+    def active_instances_of(self, worker_id: str) -> list[Instance]:
+        """The worker's instances that still hold a slot, exactly: read from the worker item, not an index.
+
+        The worker's `active_instance_ids` is written in the same transactions as its counter; the
+        instances are then read consistently. A worker stored before the set existed may hold active
+        instances the set does not name (its counter says how many): those are found through the
+        by_parent index and each re-read from its own item.
+        """
+        item = self._get(keys.worker_key(worker_id))
+        if item is None:
+            return self._active_from_index(worker_id, set())
+        plain = deserialize(item)
+        ids = sorted(str(i) for i in plain.get(ACTIVE_IDS) or [])
+        active = [i for i in self._batch_get(Instance, [keys.instance_key(i) for i in ids]) if i.is_active]
+        if int(plain.get("active_instances", 0)) > len(active):
+            active.extend(self._active_from_index(worker_id, {i.id for i in active}))
+        return sorted(active, key=lambda i: i.id)
+
+    def _active_from_index(self, worker_id: str, known: set[str]) -> list[Instance]:
+        items = self._query_all(
+            IndexName=BY_PARENT,
+            KeyConditionExpression="GSI2PK = :pk AND begins_with(GSI2SK, :i)",
+            ExpressionAttributeValues={":pk": {"S": f"WORKER#{worker_id}"}, ":i": {"S": "INSTANCE#"}},
+        )
+        candidates = [load_record(Instance, i) for i in items]
+        ids = [c.id for c in candidates if c.is_active and c.id not in known]
+        # The index may lag; the items themselves are the truth.
+        return [i for i in self._batch_get(Instance, [keys.instance_key(i) for i in ids]) if i.is_active]
+
+
+def _worker_refuses(worker_id: str, current: dict[str, Any] | None) -> Exception:
+    if current is None:
+        return NotFound("worker", worker_id)
+    worker = load_record(Worker, current)
+    if worker.status != ACCEPTS_INSTANCES:
+        return Conflict(
+            "worker",
+            worker_id,
+            worker.status,
+            f"worker {worker_id} is {worker.status}; only RUNNING workers accept instances",
+        )
+    return Conflict(
+        "worker",
+        worker_id,
+        worker.status,
+        f"worker {worker_id} is full ({worker.active_instances}/{worker.capacity})",
+    )
+
+
+def _pool_refuses(pool: str, current: dict[str, Any] | None) -> Exception:
+    status = current_status(Pool, current) if current else None
+    return Conflict("pool", pool, status, f"pool {pool} is {status or 'missing'}; it accepts no instances")
+
+
+def _drain_still_active(generation: int | None) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """The extra worker condition of an end done for a drain: that drain generation is still running."""
+    if generation is None:
+        return "", {}, {}
+    return (
+        " AND #s = :draining AND #d.#g = :g AND #d.#o = :drain_running",
+        {"#s": "status", "#d": "drain", "#g": "generation", "#o": "outcome"},
+        {
+            ":draining": {"S": str(WorkerStatus.DRAINING)},
+            ":g": {"N": str(generation)},
+            ":drain_running": {"S": str(DrainOutcome.RUNNING)},
+        },
+    )
+
+
+def _drain_over(
+    worker_id: str, generation: int, current: dict[str, Any] | None
+) -> DrainNoLongerActive | None:
+    """Why the drain `generation` no longer allows ending instances, or None if it still does."""
+    if current is None:
+        return DrainNoLongerActive(worker_id, generation, None, "the worker is gone")
+    worker = load_record(Worker, current)
+    if worker.status != WorkerStatus.DRAINING:
+        return DrainNoLongerActive(worker_id, generation, worker.status, f"the worker is {worker.status}")
+    if worker.drain is None or worker.drain.generation != generation:
+        now = worker.drain.generation if worker.drain else None
+        return DrainNoLongerActive(worker_id, generation, worker.status, f"the current drain is {now}")
+    if worker.drain.outcome != DrainOutcome.RUNNING:
+        return DrainNoLongerActive(worker_id, generation, worker.status, f"it ended {worker.drain.outcome}")
+    return None

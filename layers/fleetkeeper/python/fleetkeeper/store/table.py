@@ -1,0 +1,242 @@
+"""The single table: consistent reads of one record by key, queries, and transactions with one mapper.
+
+Every DynamoDB call goes through `cloud/retry.with_backoff`, so throttling, 5xx and transactions cancelled
+by a concurrent one are retried with jittered backoff and end, when they persist, as `Unavailable`.
+A transaction cancelled by a failed condition is final: `cancellation_error` turns it into the typed
+error its caller described for that item, built from the item's current state (ALL_OLD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ValidationError
+
+from fleetkeeper.cloud.retry import cancellation_reasons, with_backoff
+from fleetkeeper.domain.errors import InvalidInput, NotFound
+from fleetkeeper.domain.models import AuditEvent
+from fleetkeeper.store import keys
+from fleetkeeper.store.codec import (
+    decode_page_token,
+    encode_page_token,
+    load_record,
+    record_attributes,
+    serialize,
+    serialize_value,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+MAX_QUERY_PAGE = 1000
+# BatchGetItem reads at most 100 keys per call.
+BATCH_GET_SIZE = 100
+CONDITION_FAILED = "ConditionalCheckFailed"
+
+# What a failed condition on one item means, given that item as it is now (None when it does not exist).
+Refusal = Callable[[dict[str, Any] | None], Exception]
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    next_token: str | None
+
+
+def validated_copy(record: M, changes: Mapping[str, Any]) -> M:
+    """Apply changes and validate the result, so a bad value never reaches the table."""
+    data = record.model_dump()
+    data.update(changes)
+    try:
+        return type(record).model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidInput(field, first["msg"]) from exc
+
+
+def cancellation_error(exc: ClientError, refusals: Mapping[int, Refusal]) -> Exception | None:
+    """The typed error for a transaction cancelled by a failed condition, or None if none failed.
+
+    Reasons line up with the items sent; the first item whose condition failed decides, and its refusal
+    is given the item's current state. A condition failing on an item nobody described is a bug.
+    """
+    for index, reason in enumerate(cancellation_reasons(exc)):
+        if reason.get("Code") != CONDITION_FAILED:
+            continue
+        refusal = refusals.get(index)
+        if refusal is None:
+            return None
+        old = reason.get("Item")
+        return refusal(dict(old) if old else None)
+    return None
+
+
+def _already_written(exc: ClientError, record: BaseModel) -> bool:
+    """True when item 0's condition failed because it already holds exactly `record` (our own write)."""
+    reasons = cancellation_reasons(exc)
+    if not reasons or reasons[0].get("Code") != CONDITION_FAILED or not reasons[0].get("Item"):
+        return False
+    return load_record(type(record), reasons[0]["Item"]) == record
+
+
+def refuse_missing(kind: str, key: str, otherwise: Callable[[dict[str, Any]], Exception]) -> Refusal:
+    """A refusal that says NotFound when the item is gone, and `otherwise(current)` when it is not."""
+
+    def refuse(current: dict[str, Any] | None) -> Exception:
+        return NotFound(kind, key) if current is None else otherwise(current)
+
+    return refuse
+
+
+class TableAccess:
+    """The table and its client; the entity repositories build on these few operations."""
+
+    def __init__(self, client: DynamoDBClient, table_name: str) -> None:
+        self._client = client
+        self.table_name = table_name
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def _get(self, key: Mapping[str, str]) -> dict[str, Any] | None:
+        """The item at `key`, strongly consistent; None when absent."""
+        response = with_backoff(
+            lambda: self._client.get_item(TableName=self.table_name, Key=serialize(key), ConsistentRead=True),
+            name="GetItem",
+        )
+        item = response.get("Item")
+        return dict(item) if item else None
+
+    def _find(self, model: type[M], key: Mapping[str, str]) -> M | None:
+        """One record by key, strongly consistent; None when absent."""
+        item = self._get(key)
+        return load_record(model, item) if item else None
+
+    def _fetch(self, model: type[M], key: Mapping[str, str], kind: str, identifier: str) -> M:
+        """One record by key, strongly consistent; NotFound naming `kind` and `identifier` when absent."""
+        record = self._find(model, key)
+        if record is None:
+            raise NotFound(kind, identifier)
+        return record
+
+    def _batch_get(self, model: type[M], keys_: Sequence[Mapping[str, str]]) -> list[M]:
+        """Consistent reads of many records; missing keys are skipped, order is not kept."""
+        found: list[M] = []
+        for start in range(0, len(keys_), BATCH_GET_SIZE):
+            pending: dict[str, Any] = {
+                self.table_name: {
+                    "Keys": [serialize(k) for k in keys_[start : start + BATCH_GET_SIZE]],
+                    "ConsistentRead": True,
+                }
+            }
+            while pending:
+                response = with_backoff(
+                    lambda request=pending: self._client.batch_get_item(RequestItems=request),  # type: ignore[misc]
+                    name="BatchGetItem",
+                )
+                found.extend(
+                    load_record(model, item) for item in response["Responses"].get(self.table_name, [])
+                )
+                pending = dict(response.get("UnprocessedKeys") or {})
+        return found
+
+    def _query(self, **kwargs: Any) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        response = with_backoff(lambda: self._client.query(TableName=self.table_name, **kwargs), name="Query")
+        return [dict(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+    def _query_all(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        start: dict[str, Any] | None = None
+        while True:
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            items, start = self._query(**kwargs)
+            yield from items
+            if not start:
+                return
+
+    def _page(self, model: type[M], limit: int, next_token: str | None, **query: Any) -> Page[M]:
+        if not 1 <= limit <= MAX_QUERY_PAGE:
+            raise InvalidInput("limit", f"must be between 1 and {MAX_QUERY_PAGE}")
+        start = decode_page_token(next_token)
+        if start:
+            query["ExclusiveStartKey"] = start
+        items, last = self._query(Limit=limit, **query)
+        return Page([load_record(model, i) for i in items], encode_page_token(last))
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    def _transact(
+        self,
+        items: Sequence[Mapping[str, Any]],
+        refusals: Mapping[int, Refusal],
+        *,
+        written: BaseModel | None = None,
+    ) -> None:
+        """Write the items in one transaction; the one place a cancellation is mapped.
+
+        `refusals[i]` says what a failed condition on item i means. Conflicts with concurrent
+        transactions and throttling are retried (cloud/retry.py), then raise `Unavailable`.
+        `written` is the record item 0 stores: when a retry fails its condition because the item now is
+        exactly that record, an earlier attempt committed and only its answer was lost, so it succeeded.
+        """
+        try:
+            with_backoff(
+                lambda: self._client.transact_write_items(TransactItems=list(items)),  # type: ignore[arg-type]
+                name="TransactWriteItems",
+            )
+        except ClientError as exc:
+            if written is not None and _already_written(exc, written):
+                return
+            refused = cancellation_error(exc, refusals)
+            if refused is None:
+                raise
+            raise refused from exc
+
+    def _put(
+        self,
+        item: dict[str, Any],
+        condition: str,
+        values: Mapping[str, Any] | None = None,
+        names: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        put: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Item": serialize(item),
+            "ConditionExpression": condition,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        if values:
+            put["ExpressionAttributeValues"] = {k: serialize_value(v) for k, v in values.items()}
+        if names:
+            put["ExpressionAttributeNames"] = dict(names)
+        return {"Put": put}
+
+    def _condition_check(
+        self, key: Mapping[str, str], condition: str, values: Mapping[str, Any], names: Mapping[str, str]
+    ) -> dict[str, Any]:
+        return {
+            "ConditionCheck": {
+                "TableName": self.table_name,
+                "Key": serialize(key),
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": dict(names),
+                "ExpressionAttributeValues": {k: serialize_value(v) for k, v in values.items()},
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    def _audit_put(self, event: AuditEvent) -> dict[str, Any]:
+        item = {**keys.audit_key(event), **record_attributes(event)}
+        return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
+
+
+def current_status(model: type[BaseModel], item: Mapping[str, Any], field: str = "status") -> str | None:
+    """The status (or state) field of a stored item as a string, for the message of a conflict."""
+    value = getattr(load_record(model, item), field, None)
+    return str(value) if value is not None else None
