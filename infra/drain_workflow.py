@@ -43,6 +43,16 @@ class DrainWorkflowRef:
             resource_name=self.state_machine_name,
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
+        self.executions_arn = stack.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{self.state_machine_name}:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def grant_describe_executions(self, role: iam.IRole) -> None:
+        """The watchdog's DescribeExecution on the drain executions (services/drains/watchdog.py)."""
+        allow(role, actions=["states:DescribeExecution"], resources=[self.executions_arn])
 
     def grant_start(self, role: iam.IRole) -> None:
         allow(role, actions=["states:StartExecution"], resources=[self.state_machine_arn])

@@ -21,6 +21,8 @@ DRAIN_CANCELLED: Final = "DrainCancelled"
 DRAIN_FAILED: Final = "DrainFailed"
 DRAIN_DURATION_SECONDS: Final = "DrainDurationSeconds"
 INSTANCE_FORCE_TERMINATED: Final = "InstanceForceTerminated"
+# 1 per open drain whose execution the watchdog found missing, failed, timed out or aborted.
+DRAIN_EXECUTION_LOST: Final = "DrainExecutionLost"
 ORPHANS_TERMINATED: Final = "OrphansTerminated"
 RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
 RECONCILE_ERRORS: Final = "ReconcileErrors"
@@ -43,6 +45,7 @@ ALL_METRICS: Final = (
     *DRAIN_OUTCOMES,
     DRAIN_DURATION_SECONDS,
     INSTANCE_FORCE_TERMINATED,
+    DRAIN_EXECUTION_LOST,
     ORPHANS_TERMINATED,
     RECONCILE_DURATION_MS,
     RECONCILE_ERRORS,

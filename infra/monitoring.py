@@ -72,6 +72,11 @@ class Monitoring(Construct):
         )
         self._any("drain-failed", fleet_metric(metrics.DRAIN_FAILED), "A drain ended in ERROR.")
         self._any(
+            "drain-execution-lost",
+            fleet_metric(metrics.DRAIN_EXECUTION_LOST),
+            "The watchdog found an open drain whose execution was gone; it restarted or closed it.",
+        )
+        self._any(
             "state-machine-failed",
             state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),
             "A drain state machine execution failed.",

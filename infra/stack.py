@@ -90,6 +90,7 @@ class FleetkeeperStack(Stack):
         )
         ec2.grant_metric_reads(roles["reconcile"])
         drain.grant_start(roles["reconcile"])
+        drain.grant_describe_executions(roles["reconcile"])  # the drain watchdog
         drain.grant_task_response(roles["reconcile"], heartbeat=True)  # the sweep of waiting drains
         messaging.grant_audit(roles["reconcile"])
         messaging.grant_notify(roles["reconcile"])

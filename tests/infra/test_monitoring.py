@@ -44,6 +44,7 @@ def test_given_the_alarms_then_each_concern_of_the_issue_has_one(dev):
     expected = {
         "drain-timed-out",
         "drain-failed",
+        "drain-execution-lost",
         "state-machine-failed",
         "api-5xx-rate",
         "reconcile-not-running",
@@ -65,7 +66,12 @@ def test_given_any_alarm_then_it_notifies_the_topic_when_raised_and_cleared(synt
 
 
 @pytest.mark.parametrize(
-    ("slug", "metric"), [("drain-timed-out", "DrainTimedOut"), ("drain-failed", "DrainFailed")]
+    ("slug", "metric"),
+    [
+        ("drain-timed-out", "DrainTimedOut"),
+        ("drain-failed", "DrainFailed"),
+        ("drain-execution-lost", "DrainExecutionLost"),
+    ],
 )
 def test_given_a_drain_outcome_alarm_then_it_fires_on_the_first_occurrence(dev, slug, metric):
     alarm = alarms(dev, "dev")[slug]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from typing import Any
@@ -9,11 +10,16 @@ from typing import Any
 import boto3
 import pytest
 
+from fleetkeeper.domain.drain_policy import MAX_RECHECKS_PER_DRAIN
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.services import drains
 from tests.integration.conftest import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# History events of one heartbeat re-check cycle (AwaitEmpty timing out, Recheck, CheckProgress, the
+# next AwaitEmpty), as docs/drains.md counts them.
+EVENTS_PER_RECHECK_CYCLE = 13
 
 
 def place(plane, worker_id, **body):
@@ -267,7 +273,8 @@ def test_given_a_lost_signal_then_the_sweep_completes_the_drain(control_plane, e
     eventually(token_stored(control_plane, worker.id))
     store = control_plane.ctx.store
     store.end_instance(store.get_instance(instance["id"]), InstanceState.COMPLETED, actor="test")
-    assert drains.sweep_waiting_drains(control_plane.ctx) == {"completed": 1, "heartbeats": 0}
+    swept = drains.sweep_waiting_drains(control_plane.ctx)
+    assert (swept["completed"], swept["heartbeats"]) == (1, 0)
     assert control_plane.wait_for_execution(started["execution_arn"])["status"] == "SUCCEEDED"
     assert "Recheck" not in control_plane.states_entered(started["execution_arn"])
 
@@ -354,3 +361,29 @@ def test_given_drains_then_every_transition_is_on_the_audit_bus(
     assert stuck["id"] in alerts[0]["Message"]
     trail = [e.action for e in control_plane.ctx.store.audit_trail("worker", forced.id)]
     assert {"WorkerDrainStarted", "WorkerDrainTimedOut", "WorkerDrainCompleted"} <= set(trail)
+
+
+def test_given_rechecks_without_a_sweep_then_each_cycle_costs_a_fixed_number_of_history_events(
+    control_plane_factory, ec2_worker
+):
+    """The history bound of docs/drains.md: events per heartbeat re-check cycle, measured on the ASL."""
+    plane = control_plane_factory(heartbeat_seconds=1)
+    worker = ec2_worker()
+    place(plane, worker.id)
+    started = drain(plane, worker.id, timeout_seconds=6)
+    assert plane.wait_for_execution(started["execution_arn"], timeout=40)["status"] == "SUCCEEDED"
+    events = boto3.client("stepfunctions").get_execution_history(
+        executionArn=started["execution_arn"], maxResults=1000
+    )["events"]
+    rechecks = [
+        i for i, e in enumerate(events) if e.get("stateEnteredEventDetails", {}).get("name") == "Recheck"
+    ]
+    assert len(rechecks) >= 2
+    per_cycle = {b - a for a, b in itertools.pairwise(rechecks)}
+    assert len(per_cycle) == 1
+    (cycle,) = per_cycle
+    assert cycle <= EVENTS_PER_RECHECK_CYCLE, [e["type"] for e in events[rechecks[0] : rechecks[1]]]
+    outside_cycles = len(events) - cycle * len(rechecks)
+    # The longest drain re-checks at most MAX_RECHECKS_PER_DRAIN times, even with no sweep at all.
+    worst = outside_cycles + cycle * MAX_RECHECKS_PER_DRAIN
+    assert worst < 25_000 // 2

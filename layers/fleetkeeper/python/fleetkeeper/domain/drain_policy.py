@@ -30,6 +30,18 @@ def pool_drain_timeout(requested_seconds: int | None) -> int:
     return min(requested_seconds, MAX_DRAIN_TIMEOUT_SECONDS)
 
 
+# A Standard execution holds at most 25,000 history events. One heartbeat re-check cycle costs 13 of
+# them (docs/drains.md counts them), so at most this many re-checks per drain keeps an execution of the
+# longest drain under 12,500 events, half the limit, whatever the sweep does.
+MAX_RECHECKS_PER_DRAIN = 800
+
+
+def recheck_heartbeat(configured_seconds: int, timeout_seconds: int) -> int:
+    """The await-empty heartbeat: the configured one, stretched so a drain re-checks at most
+    MAX_RECHECKS_PER_DRAIN times over its whole timeout."""
+    return max(configured_seconds, math.ceil(timeout_seconds / MAX_RECHECKS_PER_DRAIN))
+
+
 def drain_deadline(started_at: datetime, timeout_seconds: int) -> datetime:
     return started_at + timedelta(seconds=timeout_seconds)
 

@@ -112,6 +112,15 @@ class DrainCancelled(FleetkeeperError):
     code = "DRAIN_CANCELLED"
 
 
+class DrainNotEmpty(FleetkeeperError):
+    """Raised by the finish step when work still runs before the deadline: the workflow waits again.
+
+    The class name is the Step Functions error name the state machine routes back to its re-check.
+    """
+
+    code = "DRAIN_NOT_EMPTY"
+
+
 class DrainNotStartable(FleetkeeperError):
     """A drain workflow found its worker or pool in a state it cannot drain from."""
 

@@ -44,8 +44,9 @@ DEFAULT_DRAIN_TIMEOUT_HOURS = 4.0
 # A drain shorter than a minute cannot let anything finish; it is a typo, not a policy.
 MIN_DRAIN_TIMEOUT_HOURS = 1 / 60
 DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS = 300
-# Step Functions caps a task timeout at one year; a drain deadline beyond that could never fire.
-MAX_DRAIN_TIMEOUT_SECONDS = 365 * 24 * 3600
+# A Standard execution lives at most one year. The longest drain leaves it 5 days to force and finish
+# (and the watchdog room to restart it), so its deadline always fires inside a live execution.
+MAX_DRAIN_TIMEOUT_SECONDS = 360 * 24 * 3600
 
 
 def utcnow() -> datetime:
@@ -101,6 +102,8 @@ class DrainRecord(Record):
     finished_at: datetime | None = None
     cancelled_by: str | None = None
     error: str | None = None
+    # How many times the watchdog started a new execution for this generation (execution lost).
+    restarts: int = Field(default=0, ge=0)
 
 
 class WorkerMetrics(Record):
@@ -218,6 +221,7 @@ class Pool(Record):
     drain_task_token: str | None = None
     drain_execution_arn: str | None = None
     drain_finished_at: datetime | None = None
+    drain_restarts: int = Field(default=0, ge=0)
     version: int = Field(default=0, ge=0)
 
 

@@ -1,0 +1,198 @@
+"""The workflow contract: the types that mirror infra/statemachines/drain.asl.json, and execution names."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from fleetkeeper.domain.drain_policy import (
+    deadline_passed,
+    drain_deadline,
+    recheck_heartbeat,
+    seconds_left,
+)
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import (
+    DrainRecord,
+    DrainThen,
+    Pool,
+    utcnow,
+)
+from fleetkeeper.services.context import Context
+
+WORKFLOW_ACTOR = "drain-workflow"
+_EXECUTION_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# Step Functions execution names are at most 80 characters.
+_EXECUTION_NAME_LIMIT = 80
+# A callback task's timeout must exceed its heartbeat, and both must be at least a second.
+_MINIMUM_WAIT_SECONDS = 2
+
+
+class DrainStatus(BaseModel):
+    """What a worker's latest drain is doing (seed 002's status endpoint)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str
+    status: Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR", "CANCELLED", "TIMED_OUT"]
+    worker_status: WorkerStatus
+    generation: int | None = None
+    started_at: datetime | None = None
+    deadline: datetime | None = None
+    timeout_seconds: int | None = None
+    reason: str | None = None
+    requested_by: str | None = None
+    then: DrainThen | None = None
+    active_instances: int
+    forced_instances: int = 0
+    estimated_completion: datetime | None = None
+    execution_arn: str | None = None
+    finished_at: datetime | None = None
+    cancelled_by: str | None = None
+    error: str | None = None
+    dry_run: bool = False
+    may_start: bool | None = None
+    refusal: str | None = None
+
+
+class DrainInput(BaseModel):
+    """The input of one drain execution, as the workflow passes it to every step."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: Literal["worker", "pool"]
+    worker_id: str | None = None
+    pool: str | None = None
+    generation: int
+    timeout_seconds: int
+    started_at: datetime
+    deadline: datetime
+    reason: str | None = None
+    requested_by: str
+    then: str
+    heartbeat_seconds: int
+    # 0 for the execution the request started; n for the watchdog's n-th replacement. A step of any
+    # other execution finds the drain "no longer its own" and ends (DrainCancelled).
+    restart: int = 0
+
+    @model_validator(mode="after")
+    def _names_its_target(self) -> DrainInput:
+        if (self.kind == "worker" and not self.worker_id) or (self.kind == "pool" and not self.pool):
+            raise ValueError(
+                f"a {self.kind} drain needs its {'worker_id' if self.kind == 'worker' else 'pool'}"
+            )
+        return self
+
+    def record(self, **overrides: Any) -> DrainRecord:
+        """The drain record this execution stands for, as the request wrote it."""
+        fields: dict[str, Any] = {
+            "generation": self.generation,
+            "started_at": self.started_at,
+            "deadline": self.deadline,
+            "timeout_seconds": self.timeout_seconds,
+            "reason": self.reason,
+            "requested_by": self.requested_by,
+            "then": DrainThen(self.then),
+        }
+        return DrainRecord(**{**fields, **overrides})
+
+    @property
+    def target(self) -> str:
+        """The worker id or pool name this drain serves."""
+        return self.worker_id or self.pool or ""
+
+    @property
+    def execution_name(self) -> str:
+        kind = "drain" if self.kind == "worker" else "pool"
+        return execution_name(kind, self.target, self.generation, self.restart)
+
+    @classmethod
+    def of_worker(cls, ctx: Context, worker_id: str, record: DrainRecord) -> DrainInput:
+        """The input of the execution that serves this worker drain record (restarts included)."""
+        return cls(
+            kind="worker",
+            worker_id=worker_id,
+            generation=record.generation,
+            timeout_seconds=record.timeout_seconds,
+            started_at=record.started_at,
+            deadline=record.deadline,
+            reason=record.reason,
+            requested_by=record.requested_by,
+            then=record.then.value,
+            heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
+            restart=record.restarts,
+        )
+
+    @classmethod
+    def of_pool(cls, ctx: Context, pool: Pool) -> DrainInput:
+        """The input of the execution that serves the pool's current drain (restarts included)."""
+        if pool.drain_started_at is None or pool.drain_timeout_seconds is None or pool.drain_then is None:
+            raise ValueError(f"pool {pool.name} has no drain to serve")
+        return cls(
+            kind="pool",
+            pool=pool.name,
+            generation=pool.drain_generation,
+            timeout_seconds=pool.drain_timeout_seconds,
+            started_at=pool.drain_started_at,
+            deadline=drain_deadline(pool.drain_started_at, pool.drain_timeout_seconds),
+            requested_by=pool.drain_requested_by or "unknown",
+            then=pool.drain_then.value,
+            heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
+            restart=pool.drain_restarts,
+        )
+
+
+def execution_name(kind: str, key: str, generation: int, restart: int = 0) -> str:
+    """Deterministic per (worker or pool, generation, restart): a repeated request can never start two
+    drains, and a watchdog restart of the same generation gets its own name (suffix -r<n>)."""
+    suffix = f"-g{generation}" + (f"-r{restart}" if restart else "")
+    name = f"{kind}-{_EXECUTION_NAME_UNSAFE.sub('_', key)}{suffix}"
+    if len(name) <= _EXECUTION_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return f"{kind}-{digest}{suffix}"
+
+
+def wait_plan(
+    ctx: Context, deadline: datetime, timeout_seconds: int, now: datetime | None = None
+) -> dict[str, Any]:
+    """Timeout and heartbeat for the await-empty callback task.
+
+    The heartbeat is stretched for long drains so that their re-checks cannot exhaust the execution's
+    history (see domain/drain_policy.recheck_heartbeat).
+    """
+    now = now or utcnow()
+    left = max(seconds_left(deadline, now), _MINIMUM_WAIT_SECONDS)
+    wanted = recheck_heartbeat(ctx.settings.drain_heartbeat_seconds, timeout_seconds)
+    heartbeat = max(1, min(wanted, left - 1))
+    return {"seconds_left": left, "heartbeat_seconds": heartbeat, "expired": deadline_passed(deadline, now)}
+
+
+# ---- the drain_tasks Lambda: one entry for every Task state of the state machine ---------------------
+
+
+class StepRequest(BaseModel):
+    """The Payload a Task state sends (see infra/statemachines/drain.asl.json)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: Literal[
+        "begin",
+        "await_empty",
+        "recheck",
+        "force",
+        "finish",
+        "record_error",
+        "pool_begin",
+        "pool_await_empty",
+        "pool_recheck",
+        "pool_finish",
+    ]
+    drain: DrainInput
+    task_token: str | None = None
+    error: dict[str, Any] | None = None
+    timed_out: bool = False
