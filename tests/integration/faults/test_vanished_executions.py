@@ -8,6 +8,7 @@ RUNNING with no execution behind it, and no generation ever has two live executi
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -15,7 +16,9 @@ import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome
+from fleetkeeper.domain.models import DrainOutcome, utcnow
+from fleetkeeper.services import drains
+from fleetkeeper.services.context import default_context
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, WorkerFactory, eventually
 from tests.integration.faults.support import (
@@ -24,7 +27,7 @@ from tests.integration.faults.support import (
     drain,
     drain_pool,
     place,
-    reconcile_later,
+    reconcile,
     token_stored,
 )
 
@@ -60,11 +63,21 @@ def stopping(plane: ControlPlane, worker_id: str) -> bool:
     return plane.ctx.store.get_worker(worker_id).status is WorkerStatus.STOPPING
 
 
+def cycle_past_grace() -> None:
+    """A reconcile cycle, then the watchdog as it will run once a just-written drain's start grace is over.
+
+    The cycle runs the sweep and the watchdog with the wall clock; a drain written seconds ago is still
+    in its start grace there, so the watchdog is also asked as of a later cycle.
+    """
+    reconcile()
+    drains.run_watchdog(default_context(), now=utcnow() + timedelta(minutes=10))
+
+
 def worker_watchdog(plane: ControlPlane, worker_id: str, generation: int) -> str:
     """Run reconcile cycles until the drain is restarted or closed; returns which."""
     store = plane.ctx.store
     for _ in range(CYCLES):
-        reconcile_later()
+        cycle_past_grace()
         record = store.get_worker(worker_id).drain
         assert record is not None
         assert record.generation == generation  # the watchdog never invents a new drain
@@ -194,7 +207,7 @@ def test_given_a_pool_drain_whose_execution_is_stopped_behind_our_back_then_the_
 
     how = None
     for _ in range(CYCLES):
-        reconcile_later()
+        cycle_past_grace()
         pool = store.get_pool("batch")
         assert pool.drain_generation == generation
         if pool.drain_outcome is not DrainOutcome.RUNNING:
