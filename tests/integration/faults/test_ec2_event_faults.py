@@ -36,6 +36,7 @@ class Recorder:
     def __init__(self) -> None:
         self.outcomes: Counter[str] = Counter()
         self.raised: list[BaseException] = []
+        self.log: list[tuple[Any, Any, Any]] = []
 
     def __call__(self, event: dict[str, Any]) -> Any:
         try:
@@ -44,6 +45,7 @@ class Recorder:
             self.raised.append(exc)
             raise
         self.outcomes[str(result["outcome"])] += 1
+        self.log.append((event.get("detail"), event.get("time"), result))
         return result
 
 
@@ -70,7 +72,9 @@ def test_given_a_duplicated_reordered_late_and_corrupted_stream_then_every_worke
     pump.deliver(stream.flush())
 
     expected = [S.RUNNING, S.STOPPED, S.STOPPED, S.TERMINATED, S.TERMINATED, S.RUNNING]
-    assert [store.get_worker(w.id).status for w in workers] == expected
+    assert [store.get_worker(w.id).status for w in workers] == expected, [
+        entry for entry in recorder.log if ids[0] in str(entry[0])
+    ]
     assert recorder.raised == []
     assert stream.counts["malformed"] > 0
     assert stream.counts["duplicated"] > 0
