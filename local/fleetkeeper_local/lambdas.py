@@ -99,6 +99,8 @@ class LambdaDispatcher:
         self.invocations: list[tuple[str, str | None]] = []
         # (function, step, target) of every invocation: which worker or pool each step served.
         self.calls: list[tuple[str, str | None, str | None]] = []
+        # (step, target) of every invocation whose handler returned: the step's work is all done.
+        self.returned: list[tuple[str | None, str | None]] = []
         # (function, step, "before" | "after", target) of every injected crash, for the tests' counts.
         self.crashes: list[tuple[str, str | None, str, str | None]] = []
 
@@ -145,6 +147,10 @@ class LambdaDispatcher:
         """How many times one step was invoked for one worker id or pool name (crashed runs included)."""
         return sum(1 for _, s, t in self.calls if (s, t) == (step, target))
 
+    def has_returned(self, step: str, target: str) -> bool:
+        """Whether a run of this step for this worker id or pool name has finished its handler."""
+        return (step, target) in self.returned
+
     def crash_count(self, *, step: str | None = None, when: str | None = None) -> int:
         """Crashes injected so far, of one step and/or one position ("before", "after")."""
         return sum(1 for _, s, w, _ in self.crashes if step in (None, s) and when in (None, w))
@@ -163,6 +169,7 @@ class LambdaDispatcher:
             if self._take_fault(name, step, fields, after=False):
                 raise InjectedFault(f"injected crash of {name} ({step}) before its handler ran")
             result = handler(payload, LocalLambdaContext(function_name=name))
+            self.returned.append((step, _target(fields)))
             if self._take_fault(name, step, fields, after=True):
                 raise InjectedFault(f"injected crash of {name} ({step}) after its handler ran")
         except InvocationCrashed as crashed:

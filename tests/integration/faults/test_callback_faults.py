@@ -35,6 +35,8 @@ def waiting_drain(
     instance = place(plane, worker_id=worker.id)
     started = drain(plane, worker.id)
     eventually(lambda: token_stored(plane, worker.id))
+    # Past the await step's own emptiness check: from here only a signal (or the sweep) ends the wait.
+    eventually(lambda: plane.dispatcher.has_returned("await_empty", worker.id))
     return worker, instance, started
 
 

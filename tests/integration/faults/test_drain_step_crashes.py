@@ -99,7 +99,8 @@ def test_given_recheck_crashes_before_or_after_it_ran_then_the_lost_signal_is_st
     started = {position: drain(plane, w.id) for position, w in workers.items()}
     store = plane.ctx.store
     for position, worker in workers.items():
-        eventually(partial(token_stored, plane, worker.id))
+        # Waiting, and past the await step's own count: from now on only a re-check can see it empty.
+        eventually(partial(plane.dispatcher.has_returned, "await_empty", worker.id))
         # Ended behind the service's back: no token is sent, only the heartbeat re-check can notice.
         store.end_instance(store.get_instance(instances[position]["id"]), InstanceState.COMPLETED, actor="t")
 
@@ -255,7 +256,7 @@ def test_given_pool_recheck_crashes_then_the_lost_signal_still_closes_each_pool(
     started = {position: drain_pool(plane, pool) for position, pool in pools.items()}
     store = plane.ctx.store
     for position, pool in pools.items():
-        eventually(partial(pool_waiting, plane, pool))
+        eventually(partial(plane.dispatcher.has_returned, "pool_await_empty", pool))
         store.end_instance(store.get_instance(instances[position]["id"]), InstanceState.COMPLETED, actor="t")
 
     for position, pool in pools.items():
