@@ -70,6 +70,31 @@ def test_given_pending_and_desired_terminated_then_it_is_terminated_without_a_la
     assert (step.target, step.call) == (S.TERMINATED, None)
 
 
+@pytest.mark.parametrize(
+    "launched",
+    [
+        {"launch_claimed_at": NOW - timedelta(minutes=6)},
+        {"reconcile_attempts": 1},
+    ],
+)
+def test_given_pending_desired_terminated_after_a_launch_was_claimed_then_its_machine_is_sought_first(
+    launched: dict[str, Any],
+):
+    step = step_for(worker(S.PENDING, ec2_instance_id=None, desired_status=S.TERMINATED, **launched), None)
+    assert (step.target, step.call) == (S.TERMINATED, Ec2Call.RETIRE_LAUNCHED)
+
+
+def test_given_pending_desired_terminated_while_a_launch_is_in_flight_then_it_waits_for_the_launch():
+    claimed = worker(
+        S.PENDING,
+        ec2_instance_id=None,
+        desired_status=S.TERMINATED,
+        launch_claimed_at=NOW - timedelta(minutes=1),
+    )
+    step = step_for(claimed, None)
+    assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)
+
+
 def test_given_provisioning_without_an_instance_id_then_it_fails():
     step = step_for(worker(S.PROVISIONING, ec2_instance_id=None), None)
     assert step.target == S.FAILED
@@ -274,3 +299,16 @@ def test_given_a_failed_drain_with_instances_still_running_then_the_reconciler_d
     failed = drain_record(outcome=DrainOutcome.ERROR)
     step = step_for(worker(S.DRAINING, drain=failed, active_instances=2), seen("running"))
     assert (step.outcome, step.target, step.call) == (Outcome.SKIP, None, None)
+
+
+@pytest.mark.parametrize(
+    ("retired_by", "revived"), [("discovery-gc", True), ("reconciler", False), ("api", False)]
+)
+def test_given_a_terminated_worker_when_its_machine_runs_then_only_a_gc_retirement_is_undone(
+    retired_by: str, revived: bool
+):
+    retired = worker(S.TERMINATED, terminated_by=retired_by)
+
+    step = follow_ec2(retired, seen("running"))
+
+    assert (step is not None and step.target == S.RUNNING) is revived

@@ -11,11 +11,17 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
+from fleetkeeper.domain.models import DrainRecord, DrainThen, Instance, Worker, utcnow
+from fleetkeeper.services import workers
 from fleetkeeper.services.ec2_events import STATS_SCOPE
+from fleetkeeper.services.reconcile import reconcile_fleet
+from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import faults
 from fleetkeeper_local.invocation import invoke
+from tests.integration.reconciler.support import ec2_state, ensure_template, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("handler_context")]
 
@@ -120,14 +126,18 @@ def test_given_a_terminated_worker_then_no_later_event_revives_it(store, live_wo
     assert store.get_worker(worker.id).status == S.TERMINATED
 
 
-def test_given_running_reported_for_a_draining_worker_then_nothing_changes(store, live_worker):
+def test_given_running_reported_for_a_draining_worker_then_it_stays_draining_and_holds_the_evidence(
+    store, live_worker
+):
     worker = live_worker()
     draining = store.transition_worker(worker, S.DRAINING, cause=Cause.CONTROL, actor="test")
 
     result = deliver(state_event(worker, "running"))
 
     assert result["outcome"] == "unchanged"
-    assert store.get_worker(worker.id).version == draining.version
+    held = store.get_worker(worker.id)
+    assert (held.status, held.ec2_state) == (S.DRAINING, "running")  # the evidence is held all the same
+    assert held.version == draining.version + 1
 
 
 def test_given_an_instance_no_worker_has_then_the_event_is_dropped_as_foreign(store):
@@ -219,3 +229,85 @@ def test_given_a_retirement_cut_short_when_the_event_comes_again_then_it_is_fini
     assert store.get_worker(worker.id).active_instances == 0
     ended = store.get_instance(placed.id)
     assert (ended.state, ended.reason) == (InstanceState.TERMINATED, "worker_lost")
+
+
+def test_given_an_ignored_running_event_when_an_older_stopping_arrives_then_it_is_stale(
+    ctx, store, ec2, live_worker
+):
+    worker = live_worker()
+    record = DrainRecord(
+        generation=1,
+        started_at=utcnow(),
+        deadline=utcnow() + timedelta(hours=1),
+        timeout_seconds=3600,
+        requested_by="test",
+        execution_arn="arn:aws:states:us-east-1:123456789012:execution:drain:w",
+    )
+    draining = store.transition_worker(
+        worker, S.DRAINING, cause=Cause.CONTROL, actor="test", changes={"drain": record}
+    )
+    now = utcnow()
+    ignored = deliver(state_event(worker, "running", at=now))
+
+    # A `stopping` from before the `running`, delayed by EventBridge retries.
+    late = deliver(state_event(worker, "stopping", at=now - timedelta(seconds=20)))
+    reconcile_fleet(ctx)
+
+    assert (ignored["outcome"], late["outcome"]) == ("unchanged", "stale")
+    held = store.get_worker(worker.id)
+    assert held.status == S.DRAINING
+    assert held.drain == draining.drain
+    assert ec2_state(ec2, worker.ec2_instance_id or "") == "running"
+
+
+def test_given_the_instance_index_lags_when_a_just_launched_machine_reports_then_its_worker_is_found(
+    table_name, ec2, lab_image
+):
+    plan = faults.FaultPlan(index_lag_seconds=5)
+    with plan.installed():
+        lagging = FleetStore(client("dynamodb"), table_name)
+        ensure_template(lagging)
+        worker = workers.create_worker(lagging, template="lab", region="us-east-1", actor="test")
+        machine = launch(ec2, worker.id, lab_image)
+        lagging.transition_worker(
+            worker, S.PROVISIONING, cause=Cause.CONTROL, actor="test", changes={"ec2_instance_id": machine}
+        )
+
+        result = deliver(sample("ec2_state_change_running", machine))
+
+    assert plan.hidden_by_lag >= 1
+    assert result["outcome"] == "applied"
+    assert result["worker_id"] == worker.id
+    assert lagging.get_worker(worker.id).status in (S.RUNNING, S.STARTING)
+
+
+def test_given_a_machine_tagged_for_a_worker_that_never_recorded_it_then_the_event_is_foreign(
+    store, ec2, lab_image
+):
+    ensure_template(store)
+    pending = workers.create_worker(store, template="lab", region="us-east-1", actor="test")
+    machine = launch(ec2, pending.id, lab_image)
+
+    result = deliver(sample("ec2_state_change_running", machine))
+
+    assert result["outcome"] == "foreign"
+    assert store.get_worker(pending.id).status == S.PENDING
+
+
+def test_given_a_worker_retired_on_purpose_when_a_late_running_event_arrives_then_it_stays_retired(
+    store, live_worker
+):
+    worker = live_worker()
+    ending = store.transition_worker(worker, S.TERMINATING, cause=Cause.CONTROL, actor="reconciler")
+    store.transition_worker(
+        ending,
+        S.TERMINATED,
+        cause=Cause.CONTROL,
+        actor="reconciler",
+        changes={"terminated_by": "reconciler", "terminated_reason": "desired TERMINATED"},
+    )
+
+    result = deliver(state_event(worker, "running"))
+
+    assert result["outcome"] == "not_applicable"
+    assert store.get_worker(worker.id).status == S.TERMINATED

@@ -14,6 +14,7 @@ from fleetkeeper.services import workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import LEASE_NAME, STATS_SCOPE, reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import faults
 from tests.integration.reconciler.support import ec2_state, ensure_template, instances_tagged, launch
 
 pytestmark = pytest.mark.integration
@@ -297,21 +298,49 @@ def test_given_a_worker_left_draining_by_a_finished_drain_then_it_moves_on(ctx, 
 def test_given_a_transient_launch_error_then_retry_backoff_is_persisted_and_honoured(
     make_ctx, store, lab_image
 ):
+    worker = pending_worker(store)
+    plan = faults.FaultPlan(
+        seed=3, faults=[faults.ec2_server_error(1.0, operations=frozenset({"RunInstances"}))]
+    )
+    with plan.installed():
+        ctx = make_ctx()
+        first = reconcile_fleet(ctx)
+        waiting = store.get_worker(worker.id)
+        assert waiting.next_reconcile_at is not None
+        second = reconcile_fleet(ctx, now=waiting.next_reconcile_at - timedelta(milliseconds=500))
+
+    assert first.counters["outcome_retry"] == 1
+    assert first.counters["worker_errors"] == 1
+    assert first.counters["final_errors"] == 0
+    assert waiting.status == S.PENDING
+    assert waiting.reconcile_attempts == 1
+    assert waiting.next_reconcile_at is not None
+    assert waiting.launch_claimed_at is None
+    assert "InternalError" in (waiting.last_reconcile_error or "")
+    assert second.counters["backoff_waiting"] == 1
+    assert store.get_worker(worker.id).version == waiting.version
+
+
+def test_given_a_final_launch_error_then_it_waits_the_longest_backoff_and_fails_after_ten_refusals(
+    make_ctx, store, ec2, lab_image
+):
     ctx = make_ctx(REGION_CONFIGS='{"us-east-1": {"subnet_id": "subnet-00000000000000000"}}')
     worker = pending_worker(store)
 
     first = reconcile_fleet(ctx)
     waiting = store.get_worker(worker.id)
-    assert waiting.next_reconcile_at is not None
-    second = reconcile_fleet(ctx, now=waiting.next_reconcile_at - timedelta(milliseconds=500))
+    store.update_worker(waiting, {"reconcile_attempts": 9}, actor="test", action="ManyRefusals")
+    last = reconcile_fleet(ctx, now=(waiting.next_reconcile_at or utcnow()) + timedelta(seconds=1))
 
-    assert first.counters["outcome_retry"] == 1
+    assert first.counters["final_errors"] == 1
     assert waiting.status == S.PENDING
-    assert waiting.reconcile_attempts == 1
     assert waiting.next_reconcile_at is not None
-    assert waiting.launch_claimed_at is None
-    assert second.counters["backoff_waiting"] == 1
-    assert store.get_worker(worker.id).version == waiting.version
+    assert waiting.updated_at + timedelta(seconds=45) < waiting.next_reconcile_at  # the longest backoff
+    assert last.counters["final_errors"] == 1
+    failed = store.get_worker(worker.id)
+    assert failed.status == S.FAILED
+    assert "launch refused 10 times" in (failed.status_reason or "")
+    assert instances_tagged(ec2, worker.id) == []
 
 
 def test_given_a_cycle_then_counters_are_stored_for_the_stats_endpoint(ctx: Context, store, live_worker):

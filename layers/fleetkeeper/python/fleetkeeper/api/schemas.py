@@ -17,6 +17,7 @@ from fleetkeeper.domain.models import (
     PoolDrainThen,
     Region,
     TemplateSpec,
+    UtcDatetime,
     Worker,
     WorkerTemplate,
 )
@@ -60,8 +61,9 @@ class PlaceInstanceRequest(Request):
     pool: Name | None = None
     worker_id: str | None = Field(default=None, max_length=128)
     strategy: PlacementStrategy = PlacementStrategy.PACK
-    timeslot_start: datetime | None = None
-    timeslot_end: datetime | None = None
+    # Naive times are refused with 422 naming the field; aware ones are normalised to UTC.
+    timeslot_start: UtcDatetime | None = None
+    timeslot_end: UtcDatetime | None = None
 
 
 class InstanceStateRequest(Request):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
@@ -36,6 +36,17 @@ def _valid_ec2_tags(tags: dict[str, str]) -> dict[str, str]:
 
 MAX_EC2_TAGS = 50
 Ec2Tags = Annotated[dict[str, str], AfterValidator(_valid_ec2_tags)]
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+# Every datetime that enters the domain carries a timezone and is held in UTC: a naive one is refused
+# with the field's name (comparing naive with aware raises TypeError deep inside the reconciler), an
+# aware one in any zone is normalised to UTC. Stored records always carry an offset, so loading them
+# passes through the same rule.
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_as_utc)]
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="letters, digits, '.', '_' or '-'; 1-64")]
 Region = Annotated[str, Field(pattern=REGION_PATTERN, examples=["eu-west-1"])]
@@ -88,8 +99,8 @@ class DrainRecord(Record):
     """One drain of one worker; the worker keeps its latest drain."""
 
     generation: int = Field(ge=1)
-    started_at: datetime
-    deadline: datetime
+    started_at: UtcDatetime
+    deadline: UtcDatetime
     timeout_seconds: int = Field(gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS)
     reason: str | None = Field(default=None, max_length=500)
     requested_by: str
@@ -98,8 +109,8 @@ class DrainRecord(Record):
     task_token: str | None = None
     outcome: DrainOutcome = DrainOutcome.RUNNING
     forced_instances: int = Field(default=0, ge=0)
-    timed_out_at: datetime | None = None
-    finished_at: datetime | None = None
+    timed_out_at: UtcDatetime | None = None
+    finished_at: UtcDatetime | None = None
     cancelled_by: str | None = None
     error: str | None = None
     # How many times the watchdog started a new execution for this generation (execution lost).
@@ -112,7 +123,7 @@ class WorkerMetrics(Record):
     cpu_utilization: float | None = None
     memory_utilization: float | None = None
     disk_utilization: float | None = None
-    collected_at: datetime
+    collected_at: UtcDatetime
 
 
 DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
@@ -136,19 +147,19 @@ class Worker(Record):
     terminated_by: str | None = None
     terminated_reason: str | None = None
     version: int = Field(default=0, ge=0)
-    created_at: datetime = Field(default_factory=utcnow)
-    updated_at: datetime = Field(default_factory=utcnow)
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+    updated_at: UtcDatetime = Field(default_factory=utcnow)
     # ---- reconciler bookkeeping (services/reconcile.py); written only when one of them changes ----
     # The EC2 evidence last applied, so a late or replayed EC2 event never moves the worker backwards.
     ec2_state: str | None = None
-    ec2_observed_at: datetime | None = None
+    ec2_observed_at: UtcDatetime | None = None
     # RETRY backoff that survives invocations: skip the worker until next_reconcile_at.
     reconcile_attempts: int = Field(default=0, ge=0)
-    next_reconcile_at: datetime | None = None
+    next_reconcile_at: UtcDatetime | None = None
     last_reconcile_error: str | None = Field(default=None, max_length=500)
     # Set by the one reconciler that won the right to call RunInstances for this PENDING worker.
-    launch_claimed_at: datetime | None = None
-    idle_since: datetime | None = None
+    launch_claimed_at: UtcDatetime | None = None
+    idle_since: UtcDatetime | None = None
     metrics: WorkerMetrics | None = None
 
     @field_validator("desired_status")
@@ -196,12 +207,12 @@ class Instance(Record):
     pool: Name | None = None
     state: InstanceState = InstanceState.SCHEDULED
     retry_count: int = Field(default=0, ge=0)
-    timeslot_start: datetime | None = None
-    timeslot_end: datetime | None = None
+    timeslot_start: UtcDatetime | None = None
+    timeslot_end: UtcDatetime | None = None
     reason: str | None = None
     version: int = Field(default=0, ge=0)
-    created_at: datetime = Field(default_factory=utcnow)
-    updated_at: datetime = Field(default_factory=utcnow)
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+    updated_at: UtcDatetime = Field(default_factory=utcnow)
 
     @property
     def is_active(self) -> bool:
@@ -212,7 +223,7 @@ class Pool(Record):
     name: Name
     status: PoolStatus = PoolStatus.ACTIVE
     description: str | None = Field(default=None, max_length=500)
-    drain_started_at: datetime | None = None
+    drain_started_at: UtcDatetime | None = None
     drain_timeout_seconds: int | None = Field(default=None, gt=0, le=MAX_DRAIN_TIMEOUT_SECONDS)
     drain_then: PoolDrainThen | None = None
     drain_generation: int = Field(default=0, ge=0)
@@ -220,7 +231,7 @@ class Pool(Record):
     drain_requested_by: str | None = None
     drain_task_token: str | None = None
     drain_execution_arn: str | None = None
-    drain_finished_at: datetime | None = None
+    drain_finished_at: UtcDatetime | None = None
     drain_restarts: int = Field(default=0, ge=0)
     version: int = Field(default=0, ge=0)
 
@@ -235,5 +246,5 @@ class AuditEvent(Record):
     from_status: str | None = None
     to_status: str | None = None
     reason: str | None = None
-    at: datetime = Field(default_factory=utcnow)
+    at: UtcDatetime = Field(default_factory=utcnow)
     details: dict[str, str | int | None] = Field(default_factory=dict)

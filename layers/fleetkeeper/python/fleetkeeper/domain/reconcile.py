@@ -19,6 +19,8 @@ _S = WorkerStatus
 
 BACKOFF_BASE_SECONDS = 1
 BACKOFF_MAX_SECONDS = 60
+# A launch claim older than this is from a reconciler that died mid-launch.
+LAUNCH_CLAIM_TTL = timedelta(minutes=5)
 # A drain record without an execution and without a deadline of its own gets this long to empty.
 ORPHAN_DRAIN_GRACE = timedelta(hours=4)
 
@@ -34,6 +36,8 @@ class Outcome(StrEnum):
 
 class Ec2Call(StrEnum):
     LAUNCH = "launch"
+    # Look for the machine a claimed launch may have started (by its worker-id tag) and terminate it.
+    RETIRE_LAUNCHED = "retire_launched"
     START = "start"
     STOP = "stop"
     TERMINATE = "terminate"
@@ -106,9 +110,22 @@ CONSISTENT_STATUSES: Mapping[str, frozenset[WorkerStatus]] = {
 }
 
 
+# Orphan GC's actor: the only retirement that a machine turning up again can undo.
+GC_ACTOR = "discovery-gc"
+
+
+def may_resurrect(worker: Worker) -> bool:
+    """Whether a TERMINATED worker comes back with its machine: only if orphan GC retired it (GC could
+    not see the machine and was wrong). A worker retired on purpose stays retired; its machine is leaked
+    and discovery terminates it."""
+    return worker.status == _S.TERMINATED and worker.terminated_by == GC_ACTOR
+
+
 def follow_ec2(worker: Worker, obs: Observation) -> Step | None:
     """The drift correction EC2's state forces on the worker (seed 003 mapping), or None if it agrees."""
     if obs.state is None:
+        return None
+    if worker.status == _S.TERMINATED and not may_resurrect(worker):
         return None
     if worker.status in CONSISTENT_STATUSES.get(obs.state, frozenset()):
         return None
@@ -140,8 +157,25 @@ def decide(
     return handler(worker, obs, now, provisioning_timeout)
 
 
+def launch_may_have_run(worker: Worker) -> bool:
+    """Whether RunInstances may already have started a machine for this PENDING worker."""
+    return worker.launch_claimed_at is not None or worker.reconcile_attempts > 0
+
+
 def _pending(worker: Worker, obs: Observation | None, now: datetime, timeout: timedelta) -> Step:
     if worker.desired_status == _S.TERMINATED:
+        if worker.launch_claimed_at is not None and now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
+            # Another reconciler is launching it right now: let it finish, then retire what it started.
+            return Step(Outcome.SKIP, "a launch is in flight")
+        if launch_may_have_run(worker):
+            # A machine may exist even though the worker never heard of it: find it and end it first,
+            # or it runs forever with nobody to stop it.
+            return Step(
+                Outcome.SUCCESS,
+                "abandoned after a launch was claimed",
+                target=_S.TERMINATED,
+                call=Ec2Call.RETIRE_LAUNCHED,
+            )
         return Step(Outcome.SUCCESS, "abandoned before launch", target=_S.TERMINATED)
     return Step(Outcome.SUCCESS, "launch", call=Ec2Call.LAUNCH, counter="provisioned_count")
 

@@ -1,7 +1,9 @@
 """Discovery and orphan GC (seed 001), per region.
 
 1. Discover: every managed instance (by tag, and optionally by AMI name pattern), 1000 per call.
-2. Import the live ones no worker knows; resurrect a TERMINATED worker whose machine is back.
+2. Import the live ones no worker knows; resurrect a TERMINATED worker whose machine is back after GC
+   retired it; terminate a machine whose worker was retired on purpose (or that a live worker does not
+   own): every machine carrying the managed tag belongs to a live worker or is terminated.
 3. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
@@ -26,6 +28,7 @@ from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
@@ -33,7 +36,7 @@ from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.settings import GcMode
 
-ACTOR = "discovery-gc"
+ACTOR = GC_ACTOR
 STATS_SCOPE = "discovery"
 REASON_MISSING = "EC2 instance not found during discovery"
 REASON_TERMINATED = "EC2 reports the instance terminated"
@@ -61,6 +64,10 @@ class RegionFindings:
     orphans_terminated: list[str] = field(default_factory=list)
     unimportable: list[str] = field(default_factory=list)
     untagged: list[str] = field(default_factory=list)
+    # Managed machines no live worker owns (instance ids), and those terminated this run.
+    leaked: list[str] = field(default_factory=list)
+    leaked_terminated: list[str] = field(default_factory=list)
+    errors: int = 0
 
 
 @dataclass
@@ -82,6 +89,8 @@ class DiscoveryReport:
                     "orphans": r.orphans,
                     "orphans_terminated": r.orphans_terminated,
                     "unimportable": r.unimportable,
+                    "leaked_machines": r.leaked,
+                    "leaked_machines_terminated": r.leaked_terminated,
                 }
                 for r in self.regions
             ],
@@ -101,6 +110,9 @@ def discover_and_collect(
         report.counters["discovered"] += findings.discovered
         report.counters["unimportable"] += len(findings.unimportable)
         report.counters["imported_untagged"] += len(findings.untagged)
+        report.counters["leaked_machines"] += len(findings.leaked)
+        report.counters["leaked_machines_terminated"] += len(findings.leaked_terminated)
+        report.counters["discovery_errors"] += findings.errors
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -118,6 +130,7 @@ def discover_and_collect(
             resurrected=len(findings.resurrected),
             orphans=len(findings.orphans),
             orphans_terminated=len(findings.orphans_terminated),
+            leaked_machines=len(findings.leaked),
         )
         if findings.orphans:
             _announce(ctx, report.mode, findings)
@@ -158,9 +171,19 @@ def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> N
             continue
         if templates is None:
             templates = {t.name: t for t in ctx.store.list_templates()}
-        _adopt(
-            ctx, gateway, instance, templates=templates, image_names=image_names, findings=findings, now=now
-        )
+        try:
+            _adopt(
+                ctx,
+                gateway,
+                instance,
+                templates=templates,
+                image_names=image_names,
+                findings=findings,
+                now=now,
+            )
+        except Exception:  # one machine's failure is its own; the next run tries again
+            logger.exception("machine not settled", instance_id=instance_id)
+            findings.errors += 1
 
     if ctx.settings.gc_mode is not GcMode.REPORT_ONLY:
         # An earlier import may have failed to tag its machine; keep trying, or IAM denies stopping it.
@@ -184,16 +207,16 @@ def _adopt(
     findings: RegionFindings,
     now: datetime,
 ) -> None:
-    """Resurrect the TERMINATED worker of a machine that is back, or import an unknown machine."""
+    """Settle a machine no tracked worker has: resurrect, terminate as leaked, or import it."""
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
     owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id)
-    if owner is not None:
-        if owner.status == WorkerStatus.TERMINATED:
-            _resurrect(ctx, owner, instance, findings, now, report_only=report_only)
-        return
     tagged_id = instance.tags.get(WORKER_ID_TAG)
-    if tagged_id and ctx.store.find_worker(tagged_id) is not None:
-        return  # its worker exists (e.g. PENDING, mid-launch): the reconciler links them
+    if owner is None and tagged_id:
+        # The by-instance index may lag its items: the tag names the worker, read from the base table.
+        owner = ctx.store.find_worker(tagged_id)
+    if owner is not None:
+        _settle_owned(ctx, gateway, owner, instance, findings=findings, now=now, report_only=report_only)
+        return
     template = _template_for(gateway, instance, templates, image_names)
     if template is None:
         findings.unimportable.append(instance.instance_id)
@@ -224,6 +247,56 @@ def _adopt(
         findings.imported.remove(worker.id)
         return
     _ensure_tags(gateway, instance, worker.id, template.name, findings)
+
+
+def _settle_owned(
+    ctx: Context,
+    gateway: Ec2Gateway,
+    owner: Worker,
+    instance: Ec2Instance,
+    *,
+    findings: RegionFindings,
+    now: datetime,
+    report_only: bool,
+) -> None:
+    """A machine whose worker exists: it is that worker's, back from a GC retirement, or leaked."""
+    if owner.status == WorkerStatus.PENDING:
+        return  # mid-launch: the reconciler links them (or retires the launch and its machine)
+    if owner.status == WorkerStatus.TERMINATED:
+        if owner.ec2_instance_id == instance.instance_id and may_resurrect(owner):
+            # GC retired the worker because it could not see this machine; it was wrong.
+            _resurrect(ctx, owner, instance, findings, now, report_only=report_only)
+        else:
+            # Retired on purpose (desired TERMINATED, a drain then terminate, a failed launch cleaned
+            # up, an abandoned launch): its machine must not outlive it.
+            _terminate_leaked(gateway, owner, instance, findings, report_only=report_only)
+        return
+    if owner.ec2_instance_id not in (None, instance.instance_id):
+        # A second machine for a live worker (a launch that was retried after its first answer was lost).
+        _terminate_leaked(gateway, owner, instance, findings, report_only=report_only)
+
+
+def _terminate_leaked(
+    gateway: Ec2Gateway, owner: Worker, instance: Ec2Instance, findings: RegionFindings, *, report_only: bool
+) -> None:
+    findings.leaked.append(instance.instance_id)
+    logger.warning(
+        "managed machine without a live worker",
+        instance_id=instance.instance_id,
+        worker_id=owner.id,
+        worker_status=str(owner.status),
+        state=instance.state,
+        terminated=not report_only,
+    )
+    if report_only:
+        return
+    try:
+        gateway.terminate(instance.instance_id)
+    except (ClientError, BotoCoreError) as error:
+        # Counted as leaked and not terminated; the next discovery run tries again.
+        logger.warning("leaked machine not terminated", instance_id=instance.instance_id, error=str(error))
+        return
+    findings.leaked_terminated.append(instance.instance_id)
 
 
 def _ensure_tags(

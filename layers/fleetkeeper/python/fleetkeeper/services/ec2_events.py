@@ -1,8 +1,12 @@
 """EC2 events applied within seconds: state-change notifications and spot interruption warnings.
 
-Events arrive at least once and out of order. Each worker remembers the EC2 evidence it last applied
-(`ec2_state`, `ec2_observed_at`), so a duplicate changes nothing and a late event never moves a worker
-backwards; every write is conditional, so a concurrent reconcile or API call simply wins or loses.
+Events arrive at least once and out of order. Each worker remembers the newest EC2 evidence it has seen
+(`ec2_state`, `ec2_observed_at`), whether the event moved it or not, so a duplicate changes nothing and a
+late event never moves a worker backwards; every write is conditional, so a concurrent reconcile or API
+call simply wins or loses (and the event is tried again on a fresh read).
+
+An event can arrive before the by-instance index shows the worker that just recorded the instance: the
+instance's worker-id tag then names the worker, which is read from the base table.
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.cloud.retry import is_retryable
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
+from fleetkeeper.domain.tags import WORKER_ID_TAG
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
@@ -61,7 +67,7 @@ def apply_state_change(
     """Move the instance's worker to the status EC2 reports, unless that is old news."""
     result = EventResult(EventOutcome.CONFLICT)
     for _ in range(MAX_ATTEMPTS):
-        worker = ctx.store.find_worker_by_ec2_instance(instance_id)
+        worker = find_worker_of(ctx, instance_id, region)
         if worker is None:
             return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
         # A redelivered event is how a retirement or a stop cut short (crash, throttling) gets finished;
@@ -74,7 +80,10 @@ def apply_state_change(
         if step is None:
             agrees = worker.status in CONSISTENT_STATUSES.get(state, frozenset())
             outcome = EventOutcome.UNCHANGED if agrees else EventOutcome.NOT_APPLICABLE
-            return _done(ctx, EventResult(outcome, worker.id, f"{worker.status} with EC2 {state}"))
+            ignored = EventResult(outcome, worker.id, f"{worker.status} with EC2 {state}")
+            if not _remember(ctx, worker, state, at):
+                continue  # the worker changed meanwhile: look at the event again on a fresh read
+            return _done(ctx, ignored)
         changes = dict(step.changes)
         target = step.target
         if target == WorkerStatus.RUNNING:
@@ -85,6 +94,8 @@ def apply_state_change(
                 # Running, but placement needs an address: STARTING until the reconciler reads one.
                 target = WorkerStatus.STARTING
             else:
+                if not _remember(ctx, worker, state, at):
+                    continue
                 return _done(ctx, EventResult(EventOutcome.NOT_APPLICABLE, worker.id, "no address yet"))
         try:
             _move(ctx, worker, target, changes, reason=step.reason)
@@ -100,6 +111,55 @@ def apply_state_change(
         )
         return _done(ctx, EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {target}"))
     return _done(ctx, result)
+
+
+def find_worker_of(ctx: Context, instance_id: str, region: str) -> Worker | None:
+    """The worker whose machine this is: by the index, else by the machine's worker-id tag.
+
+    The by-instance index is eventually consistent, so a worker that recorded a just-launched machine may
+    be missing from it for a while. The tag was set at launch (or by discovery's import) and the worker
+    it names is read from the base table; it counts only if it has recorded this very machine.
+    A retryable failure to describe the machine propagates, so the event is delivered again.
+    """
+    worker = ctx.store.find_worker_by_ec2_instance(instance_id)
+    if worker is not None:
+        return worker
+    try:
+        machine = ctx.ec2(region).describe([instance_id]).get(instance_id)
+    except Exception as error:
+        if is_retryable(error):
+            raise
+        logger.warning("instance tags unavailable", instance_id=instance_id, error=str(error))
+        return None
+    tagged = machine.tags.get(WORKER_ID_TAG) if machine is not None else None
+    if not tagged:
+        return None
+    owner = ctx.store.find_worker(tagged)
+    if owner is None or owner.ec2_instance_id != instance_id:
+        return None
+    return owner
+
+
+def _remember(ctx: Context, worker: Worker, state: str, at: datetime) -> bool:
+    """Hold the newest EC2 evidence on the worker even when the event moves nothing.
+
+    Without it a `stopping` delayed by retries would still look newer than anything the worker holds
+    after a later `running` was ignored (e.g. while DRAINING), and would stop a healthy machine.
+    False when the worker changed since it was read (the conditional write lost).
+    """
+    if worker.ec2_state == state and worker.ec2_observed_at == at:
+        return True
+    try:
+        ctx.store.update_worker(
+            worker,
+            {"ec2_state": state, "ec2_observed_at": at},
+            actor=ACTOR,
+            action="Ec2Observed",
+            reason=f"EC2 reports {state}",
+        )
+    except Conflict:
+        return False
+    return True
 
 
 def _addresses(ctx: Context, region: str, instance_id: str) -> dict[str, Any] | None:
@@ -134,11 +194,17 @@ def _move(
 
 
 def apply_spot_warning(
-    ctx: Context, *, instance_id: str, instance_action: str, at: datetime, now: datetime | None = None
+    ctx: Context,
+    *,
+    instance_id: str,
+    instance_action: str,
+    at: datetime,
+    region: str,
+    now: datetime | None = None,
 ) -> EventResult:
     """Start a drain whose deadline is the interruption, about two minutes after the warning."""
     now = now or utcnow()
-    worker = ctx.store.find_worker_by_ec2_instance(instance_id)
+    worker = find_worker_of(ctx, instance_id, region)
     if worker is None:
         return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
     if worker.status != WorkerStatus.RUNNING:
@@ -179,6 +245,7 @@ def handle(ctx: Context, event: Ec2StateChangeEvent | Ec2SpotWarningEvent) -> Ev
             instance_id=event.detail.instance_id,
             instance_action=event.detail.instance_action,
             at=event.time,
+            region=event.region,
         )
     return apply_state_change(
         ctx,

@@ -1,0 +1,169 @@
+"""Acting on one worker: the transition a step names, its EC2 call, and the persisted RETRY backoff."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from fleetkeeper.domain.errors import Conflict, NotFound
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Worker
+from fleetkeeper.domain.reconcile import (
+    BACKOFF_MAX_SECONDS,
+    Ec2Call,
+    Observation,
+    Outcome,
+    Step,
+    next_attempt_at,
+)
+from fleetkeeper.domain.scale_down import Verdict
+from fleetkeeper.observability import logger
+from fleetkeeper.services import drain_hooks
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
+
+ACTOR = "reconciler"
+
+
+@dataclass
+class Work:
+    """One due worker of a cycle: its step, what EC2 said, and what went wrong while planning it."""
+
+    worker: Worker
+    step: Step
+    obs: Observation | None
+    scale_down: Verdict | None = None
+    # Planning this worker failed (a bad record, a read that failed): it is backed off, nothing else.
+    error: BaseException | None = None
+    # The error is its region's failed EC2 read (counted once for the region), not the worker's own.
+    region_unreadable: bool = False
+
+    def needs_io(self) -> bool:
+        step = self.step
+        return (
+            self.error is not None
+            or step.target is not None
+            or step.call is not None
+            or step.drain_then is not None
+            or step.outcome == Outcome.RETRY
+            or self.scale_down is not None
+            or "idle_since" in step.changes
+            or (self.worker.reconcile_attempts > 0 and step.outcome != Outcome.SKIP)
+        )
+
+
+def reset_backoff(worker: Worker) -> dict[str, Any]:
+    if worker.reconcile_attempts == 0 and worker.next_reconcile_at is None:
+        return {}
+    return {"reconcile_attempts": 0, "next_reconcile_at": None, "last_reconcile_error": None}
+
+
+def start_desired_drain(
+    ctx: Context, worker: Worker, step: Step, then: DrainThen, counters: Counter[str]
+) -> Outcome:
+    """A desired STOPPED/TERMINATED on a busy worker: drain it first, so no session is cut short."""
+    started = drain_hooks.start_drain(ctx, worker.id, actor=ACTOR, reason=step.reason, then=then)
+    counters["desired_status_drains" if started else "desired_status_drain_refused"] += 1
+    return step.outcome
+
+
+def apply_step(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:
+    """The step's transition (conditional on the version read), then its EC2 call on the machine."""
+    current = apply_transition(ctx, worker, step, counters)
+    if step.call is not None and current.ec2_instance_id:
+        call_ec2(ctx, current, step.call)
+    return step.outcome
+
+
+def apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Worker:
+    changes: dict[str, Any] = dict(step.changes)
+    if step.outcome != Outcome.RETRY:
+        changes.update(reset_backoff(worker))
+    if step.target is None:
+        if not changes:
+            return worker
+        return ctx.store.update_worker(worker, changes, actor=ACTOR, action="Reconciled", reason=step.reason)
+    changes["status_reason"] = step.reason
+    if step.target == WorkerStatus.TERMINATED:
+        updated = retire_worker(
+            ctx, worker, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes
+        )
+    else:
+        updated = ctx.store.transition_worker(
+            worker, step.target, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes
+        )
+        if step.cause == Cause.EC2:
+            release_stopped_worker(ctx, updated, actor=ACTOR)
+    if step.drift:
+        counters["drift_corrections"] += 1
+    if step.counter:
+        counters[step.counter] += 1
+    logger.info(
+        "worker moved",
+        worker_id=worker.id,
+        from_status=str(worker.status),
+        to_status=str(step.target),
+        reason=step.reason,
+    )
+    return updated
+
+
+def call_ec2(ctx: Context, worker: Worker, call: Ec2Call) -> None:
+    gateway = ctx.ec2(worker.region)
+    instance_id = worker.ec2_instance_id or ""
+    if call is Ec2Call.STOP:
+        gateway.stop(instance_id)
+    elif call is Ec2Call.START:
+        gateway.start(instance_id)
+    elif call is Ec2Call.TERMINATE:
+        gateway.terminate(instance_id)
+
+
+def back_off(
+    ctx: Context, worker: Worker, now: datetime, error: str, counters: Counter[str], *, final: bool = False
+) -> None:
+    """Persist the RETRY backoff on the worker so the next invocation honours it.
+
+    A final error (one that sending the same request again cannot clear) waits the longest backoff at
+    once instead of climbing to it: the worker is looked at again, but not in a tight loop.
+    """
+    try:
+        fresh = ctx.store.get_worker(worker.id)
+        if fresh.version != worker.version and fresh.status != worker.status:
+            return  # it moved on meanwhile; the backoff belongs to a state that is gone
+        retry_at = (
+            now + timedelta(seconds=BACKOFF_MAX_SECONDS)
+            if final
+            else next_attempt_at(now, fresh.reconcile_attempts)
+        )
+        ctx.store.update_worker(
+            fresh,
+            {
+                "reconcile_attempts": fresh.reconcile_attempts + 1,
+                "next_reconcile_at": retry_at,
+                "last_reconcile_error": error[:500],
+                "launch_claimed_at": None,
+            },
+            actor=ACTOR,
+            action="ReconcileRetry",
+            reason=error[:500],
+        )
+        counters["retries_scheduled"] += 1
+    except (Conflict, NotFound):
+        counters["conflicts"] += 1
+
+
+def fail(ctx: Context, worker: Worker, reason: str, counters: Counter[str]) -> Outcome:
+    ctx.store.transition_worker(
+        worker,
+        WorkerStatus.FAILED,
+        cause=Cause.CONTROL,
+        actor=ACTOR,
+        reason=reason,
+        changes={"status_reason": reason[:500], "launch_claimed_at": None},
+    )
+    counters["provision_failures"] += 1
+    logger.warning("worker failed", worker_id=worker.id, reason=reason)
+    return Outcome.REQUEUE

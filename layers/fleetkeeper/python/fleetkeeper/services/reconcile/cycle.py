@@ -1,0 +1,375 @@
+"""The reconcile cycle: the lease, the batched reads, one isolated step per worker, the report.
+
+Mutual exclusion: a cycle holds the `reconcile` lease (a conditional write on one item) for its whole
+run; a second invocation that finds it held returns at once. On top of that every worker write is
+conditional on version and status, and a launch is claimed on the worker item before RunInstances, so
+even a cycle that outlived its lease cannot launch a second machine for the same worker.
+
+Isolation: whatever one worker raises, in planning or in acting, is logged with its id, counted
+(`worker_errors`) and backed off on that worker alone (RETRY, persisted); the other workers and the
+drain sweep go on. An EC2 read that fails for a region backs off that region's workers only.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+from botocore.exceptions import BotoCoreError
+
+from fleetkeeper.cloud import retry
+from fleetkeeper.cloud.ec2 import Ec2Instance
+from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metrics
+from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Worker, utcnow
+from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
+from fleetkeeper.observability import logger, metrics
+from fleetkeeper.services import drains
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile import provisioning
+from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
+from fleetkeeper.services.reconcile.scale_down import plan_steady_running, scale_down
+
+LEASE_NAME = "reconcile"
+STATS_SCOPE = "reconcile"
+
+# Every status but TERMINATED: the growing history is never read by the reconciler.
+RECONCILE_STATUSES = tuple(s for s in WorkerStatus if s != WorkerStatus.TERMINATED)
+# Stop starting new work when less than this is left of the invocation.
+SAFETY_MARGIN_SECONDS = 10.0
+# A PENDING worker whose launch EC2 refused (a final error) this many times in a row is FAILED: about ten
+# minutes at the longest backoff, time enough for a capacity shortage or a configuration fix.
+MAX_REFUSED_LAUNCHES = 10
+# EC2 and DynamoDB calls of one cycle run on this many threads (boto3 clients are thread-safe).
+PARALLELISM = 16
+
+# Metric names the stack's dashboard and alarms read (infra/metrics.py holds the same list).
+METRIC_DURATION_MS = "ReconcileDurationMs"
+METRIC_ERRORS = "ReconcileErrors"
+METRIC_HEARTBEAT = "ReconcileHeartbeat"
+
+
+def workers_metric(status: WorkerStatus) -> str:
+    """The gauge of workers in one status, e.g. WorkersRunning."""
+    return "Workers" + status.value.capitalize()
+
+
+def is_retryable(error: BaseException) -> bool:
+    """Whether trying again later may succeed: AWS's own classification (cloud/retry.py), plus a store
+    call that already spent its retries on a retryable error (`Unavailable`)."""
+    return isinstance(error, Unavailable) or retry.is_retryable(error)
+
+
+def _is_aws_error(error: BaseException) -> bool:
+    return retry.error_code(error) is not None or isinstance(error, BotoCoreError)
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did; counters carry the names served by GET /api/v1/stats."""
+
+    lease_acquired: bool = True
+    completed: bool = False
+    workers: int = 0
+    by_status: Counter[WorkerStatus] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)
+    duration_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lease_acquired": self.lease_acquired,
+            "workers": self.workers,
+            "duration_seconds": round(self.duration_seconds, 3),
+            "counters": dict(sorted(self.counters.items())),
+        }
+
+
+def reconcile_fleet(
+    ctx: Context,
+    *,
+    time_left: Callable[[], float] | None = None,
+    owner: str | None = None,
+    now: datetime | None = None,
+) -> CycleReport:
+    """Run one reconcile cycle over every worker needing action, unless another cycle is running."""
+    started = time.monotonic()
+    now = now or utcnow()
+    remaining = time_left or (lambda: 900.0)
+    owner = owner or uuid.uuid4().hex
+    report = CycleReport()
+    stats = ctx.stats
+    # The lease runs on the wall clock, whatever `now` the cycle decides with.
+    wall = utcnow()
+    lease_until = wall + timedelta(seconds=max(remaining(), 1.0) + SAFETY_MARGIN_SECONDS)
+    if not stats.acquire_lease(LEASE_NAME, owner, now=wall, until=lease_until):
+        report.lease_acquired = False
+        report.counters["lease_busy"] += 1
+        logger.info("another reconcile cycle holds the lease; skipping this one")
+        _publish(ctx, report, now)
+        return report
+    try:
+        try:
+            _run_cycle(ctx, report, now, remaining)
+        except Exception:
+            # Even a cycle that could not read its workers keeps the waiting drains alive.
+            _sweep_drains(ctx, report)
+            raise
+        _sweep_drains(ctx, report)
+    finally:
+        stats.release_lease(LEASE_NAME, owner, now=utcnow())
+        report.duration_seconds = time.monotonic() - started
+        _publish(ctx, report, now)
+    return report
+
+
+def _sweep_drains(ctx: Context, report: CycleReport) -> None:
+    """Keep waiting drains alive and complete those whose last signal was lost (see services/drains)."""
+    try:
+        swept = drains.sweep_waiting_drains(ctx)
+    except Exception:  # the sweep runs again next cycle
+        # The drains' own heartbeat re-check remains meanwhile.
+        logger.exception("sweep of waiting drains failed")
+        report.counters["drain_sweep_errors"] += 1
+        return
+    report.counters["drain_signals_recovered"] += swept["completed"]
+    report.counters["drain_heartbeats"] += swept["heartbeats"]
+
+
+def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
+    workers = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
+    report.workers = len(workers)
+    report.by_status = Counter(w.status for w in workers)
+    due = [w for w in workers if is_due(w, now)]
+    report.counters["outcome_skip"] += len(workers) - len(due)
+    report.counters["backoff_waiting"] += len(workers) - len(due)
+
+    observations, unreadable = _observe(ctx, due, report)
+    readings = _collect_metrics(ctx, due, now, report)
+    work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
+    try:
+        plan_steady_running(ctx, work, readings, now, report.counters)
+    except Exception:  # scale-down waits a cycle; every other step still runs
+        logger.exception("scale-down planning failed")
+        report.counters["scale_down_errors"] += 1
+        report.counters["reconcile_errors"] += 1
+
+    for item in work:
+        if not item.needs_io():
+            report.counters[f"outcome_{item.step.outcome.lower()}"] += 1
+    busy = [item for item in work if item.needs_io()]
+
+    def act_in_time(item: Work) -> tuple[Outcome, Counter[str]]:
+        if remaining() < SAFETY_MARGIN_SECONDS:
+            # Out of time: what is left waits for the next cycle rather than being cut off mid-step.
+            return Outcome.REQUEUE, Counter(deferred=1)
+        return act(ctx, item, now)
+
+    with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+        for outcome, counters in pool.map(act_in_time, busy):
+            report.counters[f"outcome_{outcome.lower()}"] += 1
+            report.counters.update(counters)
+
+    report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
+    report.completed = True
+
+
+def _plan(
+    ctx: Context,
+    worker: Worker,
+    observations: Mapping[str, Observation],
+    unreadable: Mapping[str, BaseException],
+    now: datetime,
+) -> Work:
+    """The worker's step, or the error that kept it from having one (backed off when acting)."""
+    obs = None
+    if worker.ec2_instance_id:
+        region_error = unreadable.get(worker.region)
+        if region_error is not None:
+            # Without EC2's word nothing can be decided for this worker: it waits out a backoff.
+            step = Step(Outcome.RETRY, "EC2 unreadable in its region")
+            return Work(worker, step, None, error=region_error, region_unreadable=True)
+        obs = observations[worker.ec2_instance_id]
+    try:
+        step = decide(
+            worker,
+            obs,
+            now,
+            provisioning_timeout=timedelta(seconds=ctx.settings.ec2_provisioning_timeout_seconds),
+        )
+    except Exception as error:  # a bad record affects only its own worker
+        return Work(worker, Step(Outcome.RETRY, "planning failed"), obs, error=error)
+    return Work(worker, step, obs)
+
+
+# ---- reading EC2 and CloudWatch in batches --------------------------------------------------------
+
+
+def _to_observation(instance: Ec2Instance | None, at: datetime) -> Observation:
+    if instance is None:
+        return Observation(state=None, observed_at=at)
+    return Observation(
+        state=instance.state,
+        private_ip=instance.private_ip,
+        public_ip=instance.public_ip,
+        launch_time=instance.launch_time,
+        observed_at=at,
+    )
+
+
+def _observe(
+    ctx: Context, workers: list[Worker], report: CycleReport
+) -> tuple[dict[str, Observation], dict[str, BaseException]]:
+    """instance id -> observation, and the regions EC2 could not be read in (with the error)."""
+    wanted: dict[str, set[str]] = defaultdict(set)
+    for worker in workers:
+        if worker.ec2_instance_id:
+            wanted[worker.region].add(worker.ec2_instance_id)
+    at = utcnow()
+    reads = read_instances(ctx.ec2, wanted)
+    for region, error in reads.failed.items():
+        logger.error(
+            "DescribeInstances failed", region=region, error=str(error), retryable=is_retryable(error)
+        )
+        report.counters["reconcile_errors"] += 1
+    return {iid: _to_observation(found, at) for iid, found in reads.found.items()}, dict(reads.failed)
+
+
+def _collect_metrics(
+    ctx: Context, workers: list[Worker], now: datetime, report: CycleReport
+) -> dict[str, dict[str, float]]:
+    interval = ctx.settings.metrics_interval_seconds
+    wanted: dict[str, set[str]] = defaultdict(set)
+    for worker in workers:
+        if (
+            worker.status == WorkerStatus.RUNNING
+            and worker.ec2_instance_id
+            and metrics_due(worker.id, now, interval)
+        ):
+            wanted[worker.region].add(worker.ec2_instance_id)
+    reads = read_metrics(ctx.cloudwatch, wanted, now=now, window=timedelta(seconds=max(interval, 300)))
+    for region, error in reads.failed.items():
+        # No reading only keeps idle tracking where it was; nothing else depends on it.
+        logger.error("GetMetricData failed", region=region, error=str(error), retryable=is_retryable(error))
+        report.counters["reconcile_errors"] += 1
+    report.counters["metrics_collected_count"] += len(reads.found)
+    return reads.found
+
+
+# ---- acting on one worker, isolated ----------------------------------------------------------------
+
+
+def act(ctx: Context, item: Work, now: datetime) -> tuple[Outcome, Counter[str]]:
+    """The worker's step; whatever it raises stays with this worker (logged, counted, backed off)."""
+    counters: Counter[str] = Counter()
+    worker = item.worker
+    if item.error is not None:
+        return _worker_failed(ctx, item, item.error, now, counters), counters
+    try:
+        return _dispatch(ctx, item, now, counters), counters
+    except Conflict as lost:
+        # Someone else (an EC2 event, the API, a drain) changed the worker since it was read.
+        counters["conflicts"] += 1
+        logger.info("worker changed concurrently", worker_id=worker.id, now_status=lost.current_status)
+        return Outcome.REQUEUE, counters
+    except NotFound:
+        return Outcome.SKIP, counters
+    except Exception as error:  # isolation: one worker never stops the cycle
+        return _worker_failed(ctx, item, error, now, counters), counters
+
+
+def _dispatch(ctx: Context, item: Work, now: datetime, counters: Counter[str]) -> Outcome:
+    worker, step = item.worker, item.step
+    if step.call is Ec2Call.LAUNCH:
+        return provisioning.launch(ctx, worker, now, counters)
+    if step.call is Ec2Call.RETIRE_LAUNCHED:
+        return provisioning.retire_launched(ctx, worker, step, counters)
+    if item.scale_down is not None:
+        return scale_down(ctx, worker, item.scale_down, step, counters)
+    if step.drain_then is not None:
+        return start_desired_drain(ctx, worker, step, step.drain_then, counters)
+    if step.outcome == Outcome.RETRY:
+        back_off(ctx, worker, now, step.reason, counters)
+        return Outcome.RETRY
+    return apply_step(ctx, worker, step, counters)
+
+
+def _worker_failed(
+    ctx: Context, item: Work, error: BaseException, now: datetime, counters: Counter[str]
+) -> Outcome:
+    """Log, count and back off one worker's failure; a launch refused again and again fails the worker."""
+    worker = item.worker
+    retryable = is_retryable(error)
+    from_region = item.region_unreadable
+    counters["region_unavailable" if from_region else "worker_errors"] += 1
+    if not from_region:
+        counters["reconcile_errors"] += 1
+    if not retryable:
+        counters["final_errors"] += 1
+    reason = f"{type(error).__name__}: {error}"
+    logger.warning(
+        "reconcile step failed",
+        worker_id=worker.id,
+        status=str(worker.status),
+        retryable=retryable,
+        error=reason[:500],
+        exc_info=error if not from_region else None,
+    )
+    try:
+        if item.step.call is Ec2Call.LAUNCH and _is_aws_error(error) and not retryable:
+            # EC2 refused the launch (a bad AMI or subnet, a denied call, no capacity): it is tried again
+            # at the longest backoff, and given up after MAX_REFUSED_LAUNCHES refusals in a row. The
+            # launch claim was written meanwhile, so the worker is read again.
+            fresh = ctx.store.get_worker(worker.id)
+            if fresh.status == WorkerStatus.PENDING and fresh.reconcile_attempts + 1 >= MAX_REFUSED_LAUNCHES:
+                return fail(ctx, fresh, f"launch refused {MAX_REFUSED_LAUNCHES} times: {reason}", counters)
+        back_off(ctx, worker, now, reason, counters, final=not retryable)
+    except Exception:  # the backoff is lost, not the cycle; the worker is simply due again
+        logger.exception("backoff not recorded", worker_id=worker.id)
+        counters["backoff_errors"] += 1
+    return Outcome.RETRY
+
+
+# ---- counters out: stats item and EMF --------------------------------------------------------------
+
+
+def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
+    gauges = {"running_worker_count": report.counters.pop("running_worker_count", 0)}
+    if report.lease_acquired:
+        gauges["last_cycle_workers"] = report.workers
+        gauges["last_cycle_ms"] = int(report.duration_seconds * 1000)
+    ctx.stats.record(
+        STATS_SCOPE,
+        counters=report.counters,
+        gauges=gauges if report.lease_acquired else None,
+        timestamps={"last_run_at": now} if report.lease_acquired else None,
+    )
+    report.counters["running_worker_count"] = gauges["running_worker_count"]
+    emit_counters("Reconcile", report.counters)
+    if report.lease_acquired:
+        metrics.add_metric(
+            name=METRIC_DURATION_MS, unit=MetricUnit.Milliseconds, value=report.duration_seconds * 1000
+        )
+        metrics.add_metric(
+            name=METRIC_ERRORS, unit=MetricUnit.Count, value=report.counters["reconcile_errors"]
+        )
+    if report.completed:
+        for status in RECONCILE_STATUSES:
+            metrics.add_metric(
+                name=workers_metric(status), unit=MetricUnit.Count, value=report.by_status[status]
+            )
+        metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
+
+
+def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
+    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
+    for name, value in counters.items():
+        if value:
+            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)

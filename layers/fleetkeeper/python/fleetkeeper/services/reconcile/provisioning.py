@@ -1,0 +1,175 @@
+"""Provisioning a PENDING worker: launch (claimed first), adopt a machine an earlier attempt started, or
+retire a worker abandoned after its launch was claimed without leaving its machine behind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
+from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import Worker, utcnow
+from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.observability import logger
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile.actions import ACTOR, apply_transition, fail, reset_backoff
+
+# EC2 states of a machine that is gone or going: nothing to adopt or to terminate.
+_ENDING_STATES = frozenset({"terminated", "shutting-down"})
+
+
+def launch_tags(ctx: Context, worker: Worker, template_tags: Mapping[str, str]) -> dict[str, str]:
+    """Region defaults, then template tags, then fleetkeeper's own tags, which always win."""
+    region = ctx.settings.region_configs.get(worker.region)
+    tags = {**(region.default_tags if region else {}), **template_tags}
+    tags.update(
+        {
+            "Name": f"fleetkeeper-{worker.id}",
+            MANAGED_BY_TAG: MANAGED_BY_VALUE,
+            WORKER_ID_TAG: worker.id,
+            TEMPLATE_TAG: worker.template,
+        }
+    )
+    if worker.pool:
+        tags[POOL_TAG] = worker.pool
+    return tags
+
+
+def machines_of(gateway: Ec2Gateway, worker: Worker) -> list[Ec2Instance]:
+    """The live machines tagged with this worker's id (a launch the worker never heard back from)."""
+    found = gateway.describe_managed([{"Name": f"tag:{WORKER_ID_TAG}", "Values": [worker.id]}])
+    return [machine for machine in found if machine.state not in _ENDING_STATES]
+
+
+def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) -> Outcome:
+    """Template, region config, newest AMI, RunInstances, PROVISIONING (docs/lifecycle.md)."""
+    template = ctx.store.find_template(worker.template)
+    if template is None:
+        return fail(ctx, worker, f"template '{worker.template}' not found", counters)
+    configs = ctx.settings.region_configs
+    region = configs.get(worker.region)
+    if configs and region is None:
+        return fail(ctx, worker, f"no region config for {worker.region}", counters)
+    gateway = ctx.ec2(worker.region)
+
+    if worker.launch_claimed_at is not None and now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
+        return Outcome.SKIP  # another reconciler is launching it right now
+    if launch_may_have_run(worker):
+        # A reconciler died mid-launch, or an earlier attempt failed after RunInstances may have gone
+        # through: adopt the machine it may have started instead of launching a second one.
+        adopted = next(iter(machines_of(gateway, worker)), None)
+        if adopted is not None:
+            return _provisioned(ctx, worker, adopted, now, counters, adopted=True)
+
+    image_id = gateway.newest_image(template.ami_name_filter, owners=ctx.settings.ami_owners)
+    if image_id is None:
+        return fail(ctx, worker, f"no AMI matches '{template.ami_name_filter}'", counters)
+
+    # The claim: of two reconcilers that read the same PENDING worker, only one wins this write.
+    claimed = ctx.store.update_worker(
+        worker, {"launch_claimed_at": now}, actor=ACTOR, action="LaunchClaimed", reason=image_id
+    )
+    instance = gateway.run_instance(
+        image_id=image_id,
+        instance_type=template.instance_type,
+        tags=launch_tags(ctx, worker, template.tags),
+        # Same worker and image -> same token: a retried RunInstances returns the first machine.
+        client_token=f"fk-{worker.id}-{image_id}"[:64],
+        subnet_id=region.subnet_id if region else None,
+        security_group_ids=region.security_group_ids if region else (),
+        key_name=region.key_name if region else None,
+    )
+    return _provisioned(ctx, claimed, instance, now, counters, image_id=image_id)
+
+
+def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:
+    """A PENDING worker abandoned after its launch was claimed: terminate what the launch started first.
+
+    The worker is marked TERMINATED only after the terminate calls returned; a crash in between leaves it
+    PENDING with its claim, so the next cycle looks again. Discovery terminates any machine that still
+    turns up later for this worker (see services/discovery.py).
+    """
+    # The cycle read the worker from the status index, which may lag: terminating is not conditional,
+    # so it acts only on the item as it is now.
+    fresh = ctx.store.get_worker(worker.id)
+    if fresh.version != worker.version:
+        raise StaleWrite("worker", worker.id, str(fresh.status))
+    gateway = ctx.ec2(worker.region)
+    machines = machines_of(gateway, worker)
+    for machine in machines:
+        gateway.terminate(machine.instance_id)
+        counters["abandoned_launches_terminated"] += 1
+        logger.info(
+            "machine of an abandoned launch terminated", worker_id=worker.id, instance_id=machine.instance_id
+        )
+    changes: dict[str, Any] = {"launch_claimed_at": None}
+    if machines:
+        # The worker keeps the machine's id, so its history shows what was ended.
+        # Its time makes any older event about the machine stale.
+        changes.update(
+            {
+                "ec2_instance_id": machines[0].instance_id,
+                "ec2_state": "shutting-down",
+                "ec2_observed_at": utcnow(),
+            }
+        )
+    apply_transition(
+        ctx, worker, Step(step.outcome, step.reason, target=step.target, changes=changes), counters
+    )
+    return step.outcome
+
+
+def _provisioned(
+    ctx: Context,
+    worker: Worker,
+    instance: Ec2Instance,
+    now: datetime,
+    counters: Counter[str],
+    *,
+    image_id: str | None = None,
+    adopted: bool = False,
+) -> Outcome:
+    ctx.store.transition_worker(
+        worker,
+        WorkerStatus.PROVISIONING,
+        cause=Cause.CONTROL,
+        actor=ACTOR,
+        reason="adopted an instance launched earlier" if adopted else "EC2 instance launched",
+        action="WorkerProvisioned",
+        changes={
+            "ec2_instance_id": instance.instance_id,
+            "ec2_state": instance.state,
+            "ec2_observed_at": now,
+            "launch_claimed_at": None,
+            **reset_backoff(worker),
+        },
+    )
+    counters["provisioned_count"] += 1
+    scaling_audit(
+        ctx,
+        "Worker Provisioned",
+        {
+            "worker_id": worker.id,
+            "template": worker.template,
+            "region": worker.region,
+            "pool": worker.pool,
+            "ec2_instance_id": instance.instance_id,
+            "image_id": image_id or instance.image_id,
+            "instance_type": instance.instance_type,
+            "adopted": adopted,
+        },
+    )
+    return Outcome.SUCCESS
+
+
+def scaling_audit(ctx: Context, detail_type: str, detail: Mapping[str, Any]) -> None:
+    """A scaling audit record on the audit bus; the worker's own audit item is already in the table."""
+    try:
+        ctx.audit.publish(detail_type, detail)
+    except Exception:  # the audit item in the table is the record; the event is a copy
+        logger.exception("audit event not published", detail_type=detail_type)
