@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import boto3
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.services.context import default_context
-from fleetkeeper.services.reconcile import reconcile_fleet
+from fleetkeeper.domain.models import Worker
 from fleetkeeper_local.event_shapes import schedule_input
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.lambdas import for_target
@@ -71,11 +68,6 @@ def reconcile() -> dict[str, Any]:
     """One scheduled reconcile invocation, as EventBridge Scheduler sends it."""
     report: dict[str, Any] = invoke("reconcile", schedule_input("reconcile"))
     return report
-
-
-def reconcile_later(minutes: float = 10) -> dict[str, Any]:
-    """A reconcile cycle deciding as if `minutes` had passed (grace periods and backoffs are over)."""
-    return reconcile_fleet(default_context(), now=utcnow() + timedelta(minutes=minutes)).as_dict()
 
 
 def audit_actions(plane: ControlPlane, entity: str, entity_id: str) -> list[str]:
