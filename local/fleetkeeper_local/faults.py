@@ -16,6 +16,20 @@ cached ones be created again) carries two handlers:
 
 The index lag hides, from every Query on a GSI, the items written less than `index_lag_seconds` ago, as a
 GSI that has not caught up yet would.
+
+Beyond AWS's error answers, a fault can model two things that are not errors at all:
+
+- `lost=True`: the call answers success but never reaches AWS (a callback that never arrives, an
+  execution that is never started);
+- `crash=True`: the invocation dies at that call (`InvocationCrashed`, a `BaseException`, so no
+  `except Exception` of ours can swallow it). With `after=True` the write landed first. A `sticky`
+  crash also kills every later call through the plan, from any thread, until `revive()`: a dead Lambda
+  makes no clean-up call (no `finally` reaches AWS), so a lease or a half-written drain stays as the
+  crash left it. Use it only while nothing else runs through the plan.
+
+`skip` lets the first matching calls through, so "die after the 3rd worker write" is
+`crash_after_writes(3, ...)`. Everything is decided by the plan's seeded random and its counters, so a
+seed reproduces a run.
 """
 
 from __future__ import annotations
@@ -33,9 +47,17 @@ from typing import Any
 from botocore import handlers
 
 from fleetkeeper.cloud.clients import reset_clients
+from fleetkeeper.services.context import default_context
+
+
+class InvocationCrashed(BaseException):
+    """The invocation died at this call (a Lambda killed mid-flight); never caught by `except Exception`."""
+
 
 # botocore's service ids, hyphenized, as they appear in event names.
 SERVICE_IDS = {"dynamodb": "dynamodb", "ec2": "ec2", "stepfunctions": "sfn", "sfn": "sfn", "ssm": "ssm"}
+
+_OUR_SERVICES = frozenset(SERVICE_IDS.values())
 
 _WRITE_OPERATIONS = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactWriteItems", "BatchWriteItem"})
 
@@ -63,7 +85,13 @@ class Fault:
     after: bool = False  # let the call through, then answer with the error (the write happened)
     when: Callable[[str, dict[str, Any]], bool] | None = None  # (operation, params) -> inject?
     message: str = "injected by fleetkeeper_local.faults"
+    lost: bool = False  # answer success without reaching AWS: the call silently never happened
+    crash: bool = False  # the invocation dies here (InvocationCrashed)
+    sticky: bool = False  # with crash: the whole plan stays dead until revive()
+    skip: int = 0  # let this many matching calls through first
+    lost_response: dict[str, Any] = field(default_factory=dict)  # the success a lost call answers
     injected: int = 0
+    seen: int = 0
 
     @property
     def label(self) -> str:
@@ -77,6 +105,9 @@ class Fault:
         if self.limit is not None and self.injected >= self.limit:
             return False
         return self.when is None or self.when(operation, params)
+
+    def lost_answer(self) -> dict[str, Any]:
+        return {**self.lost_response, "ResponseMetadata": {"HTTPStatusCode": 200, "RetryAttempts": 0}}
 
     def response(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:
         code, _, reason = self.error.partition("/")
@@ -125,26 +156,57 @@ def ec2_no_capacity(rate: float, **kw: Any) -> Fault:
     return Fault("ec2", "InsufficientInstanceCapacity", frozenset({"RunInstances"}), rate, **kw)
 
 
+_TOKEN_ANSWERS = frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"})
+
+
 def sfn_throttling(rate: float, **kw: Any) -> Fault:
     return Fault("stepfunctions", "ThrottlingException", rate=rate, **kw)
 
 
-def sfn_task_does_not_exist(rate: float, **kw: Any) -> Fault:
-    return Fault(
-        "stepfunctions",
-        "TaskDoesNotExist",
-        frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"}),
-        rate,
-        **kw,
-    )
+def sfn_task_does_not_exist(rate: float, operations: frozenset[str] = _TOKEN_ANSWERS, **kw: Any) -> Fault:
+    return Fault("stepfunctions", "TaskDoesNotExist", operations, rate, **kw)
 
 
-def sfn_task_timed_out(rate: float, **kw: Any) -> Fault:
+def sfn_task_timed_out(rate: float, operations: frozenset[str] = _TOKEN_ANSWERS, **kw: Any) -> Fault:
+    return Fault("stepfunctions", "TaskTimedOut", operations, rate, **kw)
+
+
+def sfn_lost_callbacks(rate: float, **kw: Any) -> Fault:
+    """SendTaskSuccess answers OK but never reaches Step Functions: the waiting task hears nothing."""
+    return Fault("stepfunctions", "LostCallback", frozenset({"SendTaskSuccess"}), rate, lost=True, **kw)
+
+
+def sfn_execution_never_starts(**kw: Any) -> Fault:
+    """The invocation dies on its way to StartExecution: the drain is recorded, no execution exists."""
+    return Fault("stepfunctions", "Crashed", frozenset({"StartExecution"}), crash=True, limit=1, **kw)
+
+
+def is_worker_write(operation: str, params: dict[str, Any]) -> bool:
+    """A DynamoDB write that touches a worker item (a status move, a claim, a drain record)."""
+    if operation not in _WRITE_OPERATIONS:
+        return False
+    return any(pk.startswith("WORKER#") for pk in _written_partitions(operation, params))
+
+
+def crash_after_writes(
+    writes: int,
+    *,
+    when: Callable[[str, dict[str, Any]], bool] = is_worker_write,
+    sticky: bool = True,
+    **kw: Any,
+) -> Fault:
+    """The invocation dies right after its `writes`-th matching write landed (a reconcile cut short);
+    sticky by default, so not even its clean-up reaches AWS."""
     return Fault(
-        "stepfunctions",
-        "TaskTimedOut",
-        frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"}),
-        rate,
+        "dynamodb",
+        "Crashed",
+        _WRITE_OPERATIONS,
+        after=True,
+        crash=True,
+        skip=max(writes - 1, 0),
+        limit=1,
+        sticky=sticky,
+        when=when,
         **kw,
     )
 
@@ -163,11 +225,16 @@ class FaultPlan:
         self.hidden_by_lag = 0
         self._written: dict[str, float] = {}
         self.enabled = True
+        self.dead = False  # a crash fault fired: every call dies until revive()
 
     def add(self, fault: Fault) -> Fault:
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def revive(self) -> None:
+        """A new invocation after a crash: calls reach AWS again (the crash faults stay spent)."""
+        self.dead = False
 
     # ---- botocore handlers -------------------------------------------------------------------------
 
@@ -178,19 +245,38 @@ class FaultPlan:
             for fault in self.faults:
                 if fault.after != after or not fault.matches(service, operation, params):
                     continue
+                if fault.seen < fault.skip:
+                    fault.seen += 1
+                    continue
                 if self._random.random() < fault.rate:
                     fault.injected += 1
                     self.injected[fault.label] += 1
+                    if fault.crash and fault.sticky:
+                        self.dead = True
                     return fault
         return None
 
-    def before_call(self, event_name: str, model: Any, params: dict[str, Any], **_: Any) -> Any:
+    def _die_if_dead(self, service: str, operation: str) -> None:
+        # Only our services: the emulator's own clients (moto's Step Functions calling Lambda) live on.
+        if self.dead and self.enabled and service in _OUR_SERVICES:
+            raise InvocationCrashed(f"the invocation is dead; {service}.{operation} never ran")
+
+    def before_call(
+        self, event_name: str, model: Any, params: dict[str, Any], context: Any = None, **_: Any
+    ) -> Any:
         service, operation = _service_and_operation(event_name)
+        self._die_if_dead(service, operation)
         raw_body = params.get("body")
         api_params = self._api_params(params, raw_body if isinstance(raw_body, dict) else {})
+        if isinstance(context, dict):
+            context["fleetkeeper_params"] = api_params  # the after-call faults target by request too
         fault = self._pick(service, operation, api_params, after=False)
         if fault is None:
             return None
+        if fault.crash:
+            raise InvocationCrashed(f"crashed before {service}.{operation}")
+        if fault.lost:
+            return _Http(200), fault.lost_answer()
         return _Http(fault.status), fault.response(operation, api_params)
 
     def after_call(
@@ -201,12 +287,15 @@ class FaultPlan:
             self._track_lag(operation, parsed, context)
         if getattr(http_response, "status_code", 500) >= 300:
             return
-        fault = self._pick(service, operation, {}, after=True)
+        api_params = context.get("fleetkeeper_params", {}) if isinstance(context, dict) else {}
+        fault = self._pick(service, operation, api_params, after=True)
         if fault is None:
             return
+        if fault.crash:
+            raise InvocationCrashed(f"crashed after {service}.{operation} landed")
         http_response.status_code = fault.status
         parsed.clear()
-        parsed.update(fault.response(operation, {}))
+        parsed.update(fault.response(operation, api_params))
 
     @staticmethod
     def _api_params(params: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -262,22 +351,31 @@ class FaultPlan:
 
     @contextmanager
     def installed(self) -> Iterator[FaultPlan]:
-        """Turn the plan on for every client created inside the block (cached clients are rebuilt)."""
+        """Turn the plan on for every client created inside the block (cached clients are rebuilt).
+
+        The process-wide service context holds its clients, so it is rebuilt too: the handlers (and the
+        drain Lambda running in the emulator's thread) see the faults as well.
+        """
         specs = self._specs()
         handlers.BUILTIN_HANDLERS.extend(specs)
-        reset_clients()
+        _forget_clients()
         try:
             yield self
         finally:
             for spec in specs:
                 handlers.BUILTIN_HANDLERS.remove(spec)
-            reset_clients()
+            _forget_clients()
 
     def summary(self) -> dict[str, int]:
         counts = dict(self.injected)
         if self.index_lag_seconds > 0:
             counts["dynamodb:IndexLagHidden"] = self.hidden_by_lag
         return counts
+
+
+def _forget_clients() -> None:
+    reset_clients()
+    default_context.cache_clear()
 
 
 def _service_and_operation(event_name: str) -> tuple[str, str]:
@@ -304,3 +402,75 @@ def _written_partitions(operation: str, body: dict[str, Any]) -> Iterator[str]:
         key = body.get("Key") or body.get("Item") or {}
         if "PK" in key:
             yield str(key["PK"].get("S", ""))
+
+
+# ---- EC2 events as EventBridge really delivers them ---------------------------------------------------
+
+
+def _malformed_copies(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """Broken variants of one event, each wrong in a different field."""
+    raw = event.get("detail")
+    detail: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return [
+        {key: value for key, value in event.items() if key != "detail"},
+        {**event, "detail": {**detail, "state": "exploded"}},
+        {**event, "detail": {**detail, "instance-id": "not-an-instance"}},
+        {**event, "time": "yesterday at noon"},
+        {**event, "detail": json.dumps(detail)},
+        {**event, "detail-type": None},
+    ]
+
+
+@dataclass
+class EventStreamFaults:
+    """Duplicates, reorders, delays and corrupts a stream of EC2 events, reproducibly from a seed.
+
+    `mutate(batch)` turns one batch of events (in the order they happened) into what a delivery would
+    hand over: an event may come twice (same id, as a redelivery does), be held back for `late_batches`
+    batches and then arrive after newer ones (keeping its original time), be followed by a malformed
+    copy, and the batch may be shuffled. Nothing is lost: `flush()` hands over what is still held.
+    """
+
+    seed: int = 0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    late: float = 0.0
+    malformed: float = 0.0
+    late_batches: int = 1
+    counts: Counter[str] = field(default_factory=Counter)
+    _held: list[tuple[int, dict[str, Any]]] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)  # noqa: S311 - reproducible faults, not secrets
+        self._lock = threading.Lock()
+
+    def mutate(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with self._lock:
+            out: list[dict[str, Any]] = []
+            released = [event for wait, event in self._held if wait <= 1]
+            self._held = [(wait - 1, event) for wait, event in self._held if wait > 1]
+            for event in events:
+                if self._random.random() < self.late:
+                    self._held.append((self.late_batches, event))
+                    self.counts["late"] += 1
+                    continue
+                out.append(event)
+                if self._random.random() < self.duplicate:
+                    out.append(json.loads(json.dumps(event)))
+                    self.counts["duplicated"] += 1
+                if self._random.random() < self.malformed:
+                    variants = _malformed_copies(event)
+                    out.append(variants[self._random.randrange(len(variants))])
+                    self.counts["malformed"] += 1
+            if len(out) > 1 and self._random.random() < self.reorder:
+                self._random.shuffle(out)
+                self.counts["reordered"] += 1
+            # Late events arrive after the newer ones, which is what makes them dangerous.
+            return out + released
+
+    def flush(self) -> list[dict[str, Any]]:
+        """Everything still held back, oldest first."""
+        with self._lock:
+            held = [event for _, event in self._held]
+            self._held = []
+            return held

@@ -20,6 +20,7 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_callback
 
 from fleetkeeper.observability import logger
+from fleetkeeper_local.faults import InvocationCrashed
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -55,10 +56,37 @@ class InjectedFault(RuntimeError):
     """A crash injected by a test, to prove that Step Functions retries recover from it."""
 
 
+# Which invocations a fault targets: the decoded payload -> crash this one?
+PayloadFilter = Callable[[dict[str, Any]], bool]
+
+
 @dataclass
 class _Fault:
     step: str | None
     remaining: int
+    after: bool = False
+    when: PayloadFilter | None = None
+
+    def applies(self, step: str | None, payload: dict[str, Any], *, after: bool) -> bool:
+        return (
+            self.remaining > 0
+            and self.after == after
+            and self.step in (None, step)
+            and (self.when is None or self.when(payload))
+        )
+
+
+def _target(payload: dict[str, Any]) -> str | None:
+    drain = payload.get("drain")
+    if not isinstance(drain, dict):
+        return None
+    found = drain.get("worker_id") or drain.get("pool")
+    return str(found) if found else None
+
+
+def for_target(target: str) -> PayloadFilter:
+    """Only the drain steps of this worker id or pool name."""
+    return lambda payload: _target(payload) == target
 
 
 class LambdaDispatcher:
@@ -69,6 +97,12 @@ class LambdaDispatcher:
         self._faults: dict[str, list[_Fault]] = {}
         self._lock = threading.Lock()
         self.invocations: list[tuple[str, str | None]] = []
+        # (function, step, target) of every invocation: which worker or pool each step served.
+        self.calls: list[tuple[str, str | None, str | None]] = []
+        # (step, target) of every invocation whose handler returned: the step's work is all done.
+        self.returned: list[tuple[str | None, str | None]] = []
+        # (function, step, "before" | "after", target) of every injected crash, for the tests' counts.
+        self.crashes: list[tuple[str, str | None, str, str | None]] = []
 
     def register(self, function_name: str, handler: Handler) -> None:
         self._handlers[function_name] = handler
@@ -79,31 +113,68 @@ class LambdaDispatcher:
         with self._lock:
             self._faults.pop(function_name, None)
 
-    def inject_failure(self, function_name: str, *, step: str | None = None, times: int = 1) -> None:
-        """Make the next `times` invocations (of one step, if given) crash before the handler runs."""
-        with self._lock:
-            self._faults.setdefault(function_name, []).append(_Fault(step, times))
+    def inject_failure(
+        self,
+        function_name: str,
+        *,
+        step: str | None = None,
+        times: int = 1,
+        after: bool = False,
+        when: PayloadFilter | None = None,
+    ) -> None:
+        """Make the next `times` invocations (of one step, if given; matching `when`, if given) crash.
 
-    def _take_fault(self, function_name: str, step: str | None) -> bool:
+        Before (the default): the function dies before its handler runs, nothing is written. After: the
+        handler runs to the end, its writes and calls land, then the invocation fails anyway (a timeout
+        or a crash on the way out), so Step Functions retries a step whose work is already done.
+        """
+        with self._lock:
+            self._faults.setdefault(function_name, []).append(_Fault(step, times, after, when))
+
+    def _take_fault(
+        self, function_name: str, step: str | None, payload: dict[str, Any], *, after: bool
+    ) -> bool:
         with self._lock:
             for fault in self._faults.get(function_name, []):
-                if fault.remaining > 0 and fault.step in (None, step):
+                if fault.applies(step, payload, after=after):
                     fault.remaining -= 1
+                    position = "after" if after else "before"
+                    self.crashes.append((function_name, step, position, _target(payload)))
                     return True
         return False
+
+    def runs(self, step: str, target: str) -> int:
+        """How many times one step was invoked for one worker id or pool name (crashed runs included)."""
+        return sum(1 for _, s, t in self.calls if (s, t) == (step, target))
+
+    def has_returned(self, step: str, target: str) -> bool:
+        """Whether a run of this step for this worker id or pool name has finished its handler."""
+        return (step, target) in self.returned
+
+    def crash_count(self, *, step: str | None = None, when: str | None = None) -> int:
+        """Crashes injected so far, of one step and/or one position ("before", "after")."""
+        return sum(1 for _, s, w, _ in self.crashes if step in (None, s) and when in (None, w))
 
     def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
         name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
         handler = self._handlers.get(name)
         payload = json.loads(body) if body else {}
-        step = payload.get("step") if isinstance(payload, dict) else None
+        fields = payload if isinstance(payload, dict) else {}
+        step = fields.get("step")
         self.invocations.append((name, step))
+        self.calls.append((name, step, _target(fields)))
         if handler is None:
             return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
         try:
-            if self._take_fault(name, step):
-                raise InjectedFault(f"injected crash of {name} ({step})")
+            if self._take_fault(name, step, fields, after=False):
+                raise InjectedFault(f"injected crash of {name} ({step}) before its handler ran")
             result = handler(payload, LocalLambdaContext(function_name=name))
+            self.returned.append((step, _target(fields)))
+            if self._take_fault(name, step, fields, after=True):
+                raise InjectedFault(f"injected crash of {name} ({step}) after its handler ran")
+        except InvocationCrashed as crashed:
+            # The fault layer killed the invocation mid-flight: Lambda reports a runtime exit.
+            return self._error(response_headers, "Runtime.ExitError", str(crashed))
         except Exception as exc:
             if not type(exc).__name__.startswith("Drain"):
                 logger.warning(

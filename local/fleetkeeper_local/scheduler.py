@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 
 from fleetkeeper_local.event_shapes import schedule_input, state_change_event
+from fleetkeeper_local.faults import EventStreamFaults
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.stack import LOCAL_REGION
 
@@ -116,7 +117,8 @@ class Ec2EventPump:
     Notification' events, because moto emits none.
 
     The first poll only takes a baseline. Afterwards every new instance and every state change is
-    delivered, in the order seen, to the ec2_events handler (or to `deliver`).
+    delivered, in the order seen, to the ec2_events handler (or to `deliver`). With `faults`, the
+    events are duplicated, reordered, delayed or corrupted as EventBridge may deliver them.
     """
 
     def __init__(
@@ -126,8 +128,10 @@ class Ec2EventPump:
         region: str = LOCAL_REGION,
         interval_seconds: float | None = None,
         deliver: Callable[[dict[str, Any]], Any] | None = None,
+        faults: EventStreamFaults | None = None,
     ) -> None:
         self._ec2 = ec2
+        self.faults = faults
         self._region = region
         self._deliver = deliver or (lambda event: invoke("ec2_events", event))
         self._states: dict[str, str] | None = None
@@ -160,11 +164,17 @@ class Ec2EventPump:
             for instance_id, state in sorted(current.items())
             if previous.get(instance_id) != state
         ]
+        if self.faults is not None:
+            events = self.faults.mutate(events)
+        return self.deliver(events)
+
+    def deliver(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Hand each event to the handler; a failed delivery is logged, the next one still goes."""
         for event in events:
             try:
                 self._deliver(event)
             except Exception:
-                log.exception("delivering %s failed", event["detail"])
+                log.exception("delivering %s failed", event.get("detail"))
         return events
 
     def start(self) -> None:

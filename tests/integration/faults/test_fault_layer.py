@@ -72,3 +72,71 @@ def test_given_an_index_lag_when_a_worker_was_just_written_then_index_queries_mi
         time.sleep(0.6)
         assert [w.id for w in lagging.iter_workers_by_status([WorkerStatus.PENDING])] == [created.id]
     assert plan.hidden_by_lag >= 1
+
+
+def test_given_a_lost_call_fault_then_the_caller_sees_success_but_nothing_reaches_aws(
+    table_name: str,
+) -> None:
+    plan = faults.FaultPlan(
+        faults=[faults.Fault("dynamodb", "Lost", frozenset({"PutItem"}), lost=True, limit=1)]
+    )
+    with plan.installed():
+        ddb = client("dynamodb")
+        ddb.put_item(TableName=table_name, Item={"PK": {"S": "lost"}, "SK": {"S": "x"}})
+        ddb.put_item(TableName=table_name, Item={"PK": {"S": "kept"}, "SK": {"S": "x"}})
+    ddb = client("dynamodb")
+    assert "Item" not in ddb.get_item(TableName=table_name, Key={"PK": {"S": "lost"}, "SK": {"S": "x"}})
+    assert "Item" in ddb.get_item(TableName=table_name, Key={"PK": {"S": "kept"}, "SK": {"S": "x"}})
+    assert plan.summary() == {"dynamodb:Lost": 1}
+
+
+def test_given_a_crash_after_two_worker_writes_then_the_second_lands_and_nothing_runs_after_it(
+    table_name: str,
+) -> None:
+    plan = faults.FaultPlan(faults=[faults.crash_after_writes(2)])
+    with plan.installed():
+        ddb = client("dynamodb")
+        ddb.put_item(TableName=table_name, Item={"PK": {"S": "POOL#p"}, "SK": {"S": "POOL"}})  # not a worker
+        ddb.put_item(TableName=table_name, Item={"PK": {"S": "WORKER#1"}, "SK": {"S": "WORKER"}})
+        with pytest.raises(faults.InvocationCrashed):
+            ddb.put_item(TableName=table_name, Item={"PK": {"S": "WORKER#2"}, "SK": {"S": "WORKER"}})
+        # A dead invocation makes no further call, not even a read or a clean-up.
+        with pytest.raises(faults.InvocationCrashed):
+            ddb.put_item(TableName=table_name, Item={"PK": {"S": "WORKER#3"}, "SK": {"S": "WORKER"}})
+        plan.revive()
+        ddb.put_item(TableName=table_name, Item={"PK": {"S": "WORKER#4"}, "SK": {"S": "WORKER"}})
+    ddb = client("dynamodb")
+    landed = {
+        n
+        for n in "1234"
+        if "Item"
+        in ddb.get_item(TableName=table_name, Key={"PK": {"S": f"WORKER#{n}"}, "SK": {"S": "WORKER"}})
+    }
+    assert landed == {"1", "2", "4"}
+    assert plan.summary() == {"dynamodb:Crashed": 1}
+
+
+def test_given_a_seed_then_the_event_stream_faults_are_reproducible_and_lose_nothing() -> None:
+    batches = [
+        [
+            {"id": f"{b}-{n}", "detail": {"instance-id": f"i-{b}{n:016x}", "state": "running"}}
+            for n in range(5)
+        ]
+        for b in range(6)
+    ]
+
+    def run(seed: int) -> tuple[list[str], dict[str, int]]:
+        stream = faults.EventStreamFaults(
+            seed=seed, duplicate=0.3, reorder=0.5, late=0.3, malformed=0.3, late_batches=2
+        )
+        out = [e for batch in batches for e in stream.mutate(batch)] + stream.flush()
+        return [str(e.get("id")) for e in out], dict(stream.counts)
+
+    first, counts = run(7)
+    assert run(7) == (first, counts)
+    assert run(8) != (first, counts)
+    # Every original arrives at least once; duplicates and malformed copies come on top.
+    assert {f"{b}-{n}" for b in range(6) for n in range(5)} <= set(first)
+    assert len(first) == 30 + counts["duplicated"] + counts["malformed"]
+    assert counts["late"] > 0
+    assert counts["reordered"] > 0
