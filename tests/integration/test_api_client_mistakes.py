@@ -89,6 +89,7 @@ def test_given_a_forged_page_token_then_422_not_500(control_plane):
         ("text/plain", '{"template": "lab"}'),
         ("application/xml", "<worker><template>lab</template></worker>"),
         ("application/x-www-form-urlencoded", "template=lab"),
+        ("multipart/form-data", '{"template": "lab"}'),  # no boundary: once a 500 from the parser
         (
             "multipart/form-data; boundary=XyZ",
             '--XyZ\r\nContent-Disposition: form-data; name="template"\r\n\r\nlab\r\n--XyZ--\r\n',

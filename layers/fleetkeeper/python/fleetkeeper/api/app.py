@@ -12,7 +12,12 @@ from typing import Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
+from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
+    OpenAPIRequestValidationMiddleware,
+)
 from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, OpenAPI
+from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
 from fleetkeeper.api import errors, idempotency
 from fleetkeeper.api.routes import drains, instances, internal, pools, stats, templates, workers
@@ -83,8 +88,28 @@ def _add_links(document: dict[str, Any]) -> None:
 _POWERTOOLS_VALIDATION_SCHEMAS: Final = ("HTTPValidationError", "ValidationError")
 
 
+class JsonBodiesOnly(OpenAPIRequestValidationMiddleware):
+    """Request validation that refuses a non-JSON body (415) before Powertools tries to parse it.
+
+    Powertools would read form and multipart bodies as fields (and fail on malformed ones with errors no
+    handler expects); the API's contract is JSON only, so the media type is checked first, in one place.
+    """
+
+    def handler(self, app: EventHandlerInstance, next_middleware: NextMiddleware) -> Response[Any]:
+        foreign = errors.foreign_content_type(app.current_event)
+        if foreign:
+            raise errors.UnsupportedMediaType(foreign)
+        response: Response[Any] = super().handler(app, next_middleware)
+        return response
+
+
 class AdminApiResolver(APIGatewayRestResolver):
     """The REST resolver whose OpenAPI document describes the bodies the API really sends."""
+
+    def __init__(self) -> None:
+        super().__init__(enable_validation=True)
+        # The resolver runs this middleware first on every validated route.
+        self._request_validation_middleware = JsonBodiesOnly()  # type: ignore[no-untyped-call]
 
     def get_openapi_schema(self, **kwargs: Any) -> OpenAPI:
         document = super().get_openapi_schema(**kwargs).model_dump(by_alias=True, exclude_none=True)
@@ -95,7 +120,7 @@ class AdminApiResolver(APIGatewayRestResolver):
         return OpenAPI.model_validate(document)
 
 
-app = AdminApiResolver(enable_validation=True)
+app = AdminApiResolver()
 app.configure_openapi(
     title=TITLE,
     version=VERSION,
@@ -116,7 +141,7 @@ app.configure_openapi(
     },
     security=[{SIGV4: []}],
 )
-app.use(middlewares=[errors.json_only, idempotency.middleware])
+app.use(middlewares=[idempotency.middleware])
 for _router in ROUTERS:
     app.include_router(_router)
 errors.register(app)

@@ -11,12 +11,9 @@ from http import HTTPStatus
 from typing import Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.event_handler.openapi.exceptions import (
-    RequestUnsupportedContentType,
-    RequestValidationError,
-)
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
+from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
     IdempotencyValidationError,
@@ -138,7 +135,7 @@ def error_response(exc: FleetkeeperError) -> Response[Any]:
     )
 
 
-def foreign_content_type(event: APIGatewayProxyEvent) -> str | None:
+def foreign_content_type(event: BaseProxyEvent) -> str | None:
     """The body's media type when it is not JSON. No Content-Type at all is read as JSON."""
     content_type = (event.headers.get("Content-Type") or event.headers.get("content-type") or "").strip()
     media_type = content_type.split(";", 1)[0].strip().lower()
@@ -175,14 +172,7 @@ def register(app: APIGatewayRestResolver) -> None:
     def on_domain_error(exc: FleetkeeperError) -> Response[Any]:
         return error_response(exc)
 
-    def on_unsupported_content_type(exc: RequestUnsupportedContentType) -> Response[Any]:
-        return error_response(UnsupportedMediaType(foreign_content_type(app.current_event) or "this type"))
-
     def on_validation_error(exc: RequestValidationError) -> Response[Any]:
-        # A form or multipart body is parsed into fields before validation; refuse it for its type first.
-        foreign = foreign_content_type(app.current_event)
-        if foreign:
-            return error_response(UnsupportedMediaType(foreign))
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(MalformedJson("the body is not valid JSON"))
@@ -222,19 +212,9 @@ def register(app: APIGatewayRestResolver) -> None:
 
     # Registered by call rather than as decorators: the resolver's decorator is untyped.
     app.exception_handler(FleetkeeperError)(on_domain_error)
-    app.exception_handler(RequestUnsupportedContentType)(on_unsupported_content_type)
     app.exception_handler(RequestValidationError)(on_validation_error)
     app.exception_handler(IdempotencyValidationError)(on_idempotency_key_reused)
     app.exception_handler(IdempotencyAlreadyInProgressError)(on_in_progress)
     app.exception_handler(RecursionError)(on_recursion)
     app.exception_handler(Exception)(on_unexpected)
     app.not_found(on_not_found)
-
-
-def json_only(resolver: APIGatewayRestResolver, next_middleware: Any) -> Response[Any]:
-    """Middleware: a body must be JSON, even one Powertools could read as form fields."""
-    foreign = foreign_content_type(resolver.current_event)
-    if foreign:
-        return error_response(UnsupportedMediaType(foreign))
-    response: Response[Any] = next_middleware(resolver)
-    return response
