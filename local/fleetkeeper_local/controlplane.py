@@ -181,7 +181,7 @@ class _ApiRequestHandler(BaseHTTPRequestHandler):
             self.command,
             unquote(url.path),
             body=body,
-            query=dict(parse_qsl(url.query)) or None,
+            query=dict(parse_qsl(url.query, keep_blank_values=True)) or None,
             headers={k: v for k, v in self.headers.items()},
             caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
             source_ip=self.client_address[0],

@@ -281,3 +281,25 @@ def test_given_many_keyed_requests_then_the_idempotent_wrapper_is_built_once(con
             "POST", "/api/v1/workers", {"template": "lab"}, headers={"Idempotency-Key": f"k{n}"}
         )
     assert idempotency._replayer.cache_info().misses == 1
+
+
+# ---- found by schemathesis ----------------------------------------------------------------------------------
+
+
+def test_given_a_method_a_route_does_not_answer_then_405_names_the_allowed_ones(control_plane):
+    status, body = control_plane.api("TRACE", "/api/v1/templates")
+    assert (status, body["error"]) == (405, "METHOD_NOT_ALLOWED")
+    assert body["details"] == {"allowed": "GET"}
+    assert control_plane.api("DELETE", "/api/v1/workers/w-1")[0] == 405
+    assert control_plane.api("TRACE", "/api/v1/nowhere")[0] == 404
+
+
+def test_given_a_whole_number_written_as_a_float_then_it_is_that_integer(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/drain", {"timeout_seconds": 1800.0}
+    )
+    assert (status, body["timeout_seconds"]) == (202, 1800)
+    spec = {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 3.0}
+    status, body = control_plane.api("PUT", "/api/v1/templates/other", spec)
+    assert (status, body["capacity"]) == (201, 3)

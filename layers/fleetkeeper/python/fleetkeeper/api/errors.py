@@ -7,6 +7,8 @@ could not start, which is rare and safe to retry. docs/api.md lists the codes.
 from __future__ import annotations
 
 import json
+import re
+from functools import cache
 from http import HTTPStatus
 from typing import Any, Final
 
@@ -61,6 +63,17 @@ class RequestInProgress(FleetkeeperError):
         super().__init__("a request with this Idempotency-Key is still running; retry in a few seconds")
 
 
+class MethodNotAllowed(FleetkeeperError):
+    code = "METHOD_NOT_ALLOWED"
+
+    def __init__(self, method: str, path: str, allowed: list[str]) -> None:
+        super().__init__(f"{path} does not answer {method}; it answers {', '.join(allowed)}")
+        self.allowed = allowed
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"allowed": ", ".join(self.allowed)}
+
+
 class ValidationFailed(FleetkeeperError):
     """A body, query, path or header value of the wrong type, shape or range."""
 
@@ -73,6 +86,7 @@ class ValidationFailed(FleetkeeperError):
 
 STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
     NotFound: HTTPStatus.NOT_FOUND,
+    MethodNotAllowed: HTTPStatus.METHOD_NOT_ALLOWED,
     InvalidInput: HTTPStatus.UNPROCESSABLE_ENTITY,
     ValidationFailed: HTTPStatus.UNPROCESSABLE_ENTITY,
     IdempotencyKeyReused: HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -91,6 +105,7 @@ RETRY_AFTER_SECONDS: Final = 5
 _DESCRIPTIONS: Final[dict[int, str]] = {
     400: "MALFORMED_JSON: the body is not JSON, or nests deeper than the API reads",
     404: "NOT_FOUND: no such entity or route",
+    405: "METHOD_NOT_ALLOWED: the path exists, the method does not",
     409: "ILLEGAL_TRANSITION, CONFLICT, DRAIN_IN_PROGRESS, NO_CAPACITY or REQUEST_IN_PROGRESS",
     415: "UNSUPPORTED_MEDIA_TYPE: the body is not application/json",
     422: "VALIDATION_FAILED, INVALID_INPUT or IDEMPOTENCY_KEY_REUSED; details name each field",
@@ -108,12 +123,13 @@ def status_of(exc: FleetkeeperError) -> HTTPStatus:
 
 def responses(success: dict[int, tuple[str, Any]], *errors: int) -> dict[int, OpenAPIResponse]:
     """A route's OpenAPI responses: its success statuses with their models, then the error statuses it
-    answers, all with the one ErrorBody. 422 is always there: every route validates its input."""
+    answers, all with the one ErrorBody. 422 is always there (every route validates its input) and so is
+    404 (a path with characters no route accepts is not found, whichever route it resembles)."""
     documented: dict[int, OpenAPIResponse] = {
         status: {"description": description, "content": {JSON: {"model": model}}}
         for status, (description, model) in success.items()
     }
-    for status in sorted({*errors, 422}):
+    for status in sorted({*errors, 404, 422}):
         documented[status] = {"description": _DESCRIPTIONS[status], "content": {JSON: {"model": ErrorBody}}}
     return documented
 
@@ -127,6 +143,8 @@ def error_response(exc: FleetkeeperError) -> Response[Any]:
         details = exc.fields
     body = ErrorBody(error=exc.code, message=exc.message, details=details)
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == HTTPStatus.SERVICE_UNAVAILABLE else None
+    if isinstance(exc, MethodNotAllowed):
+        headers = {"Allow": ", ".join(exc.allowed)}
     return Response(
         status_code=status,
         content_type=JSON,
@@ -208,7 +226,26 @@ def register(app: APIGatewayRestResolver) -> None:
         )
 
     def on_not_found(_: Exception) -> Response[Any]:
-        return error_response(NotFound("route", app.current_event.path))
+        event = app.current_event
+        allowed = allowed_methods(event.path)
+        # A path whose characters no route accepts resembles a route but is still not found.
+        if allowed and event.http_method not in allowed:
+            return error_response(MethodNotAllowed(event.http_method, event.path, allowed))
+        return error_response(NotFound("route", event.path))
+
+    @cache
+    def route_patterns() -> list[tuple[re.Pattern[str], list[str]]]:
+        paths = app.get_openapi_schema().paths or {}
+        return [
+            (
+                re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(path)) + "$"),
+                [m.upper() for m in ("get", "post", "put") if getattr(item, m, None) is not None],
+            )
+            for path, item in paths.items()
+        ]
+
+    def allowed_methods(path: str) -> list[str]:
+        return next((methods for pattern, methods in route_patterns() if pattern.match(path)), [])
 
     # Registered by call rather than as decorators: the resolver's decorator is untyped.
     app.exception_handler(FleetkeeperError)(on_domain_error)

@@ -17,6 +17,7 @@ _METHOD_ORDER: Final = ("get", "post", "put")
 _ERROR_ROWS: Final = (
     ("400", "`MALFORMED_JSON`", "the body is not JSON, or nests deeper than the API reads"),
     ("404", "`NOT_FOUND`", "no such worker, instance, template, pool or route"),
+    ("405", "`METHOD_NOT_ALLOWED`", "the path exists, not with this method; `Allow` names the ones it has"),
     (
         "409",
         "`ILLEGAL_TRANSITION`, `CONFLICT`, `DRAIN_IN_PROGRESS`",

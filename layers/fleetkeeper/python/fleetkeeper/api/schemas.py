@@ -15,6 +15,7 @@ from pydantic import (
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
+    model_validator,
 )
 
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
@@ -50,6 +51,13 @@ def _timeout_in_range(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         raise ValueError(_TIMEOUT_RANGE) from exc
 
 
+def _whole_number(value: Any) -> Any:
+    """JSON has one number type: 1800.0 is the integer 1800 (JSON Schema agrees); 1800.5 is not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _timestamp_text(value: Any) -> Any:
     """A timestamp is an ISO 8601 string: a bare number would silently mean seconds since 1970."""
     if not isinstance(value, str | datetime):
@@ -60,6 +68,7 @@ def _timestamp_text(value: Any) -> Any:
 # Strict: `true` is not 1 second and `"60"` is not a number; 0, negatives and beyond a year are refused.
 DrainTimeout = Annotated[
     int,
+    BeforeValidator(_whole_number),
     Strict(),
     Field(
         ge=MIN_DRAIN_TIMEOUT_SECONDS,
@@ -124,6 +133,13 @@ class InternalStatusRequest(Request):
 
 class TemplateRequest(TemplateSpec):
     """The template spec, strictly: `"3"` is not a capacity and `true` is not a drain timeout."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_capacity(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "capacity" in data:
+            return {**data, "capacity": _whole_number(data["capacity"])}
+        return data
 
     model_config = ConfigDict(
         strict=True,
