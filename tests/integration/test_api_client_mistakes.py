@@ -283,7 +283,7 @@ def test_given_many_keyed_requests_then_the_idempotent_wrapper_is_built_once(con
     assert idempotency._replayer.cache_info().misses == 1
 
 
-# ---- found by schemathesis ----------------------------------------------------------------------------------
+# ---- found by schemathesis ------------------------------------------------------------------------
 
 
 def test_given_a_method_a_route_does_not_answer_then_405_names_the_allowed_ones(control_plane):
