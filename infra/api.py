@@ -16,10 +16,14 @@ from infra.config import StageConfig
 from infra.permissions import acknowledge, acknowledge_aws_managed_policy, acknowledge_wildcards
 
 API_PREFIX: Final = "api"
+INTERNAL_PREFIX: Final = "internal"
 OPENAPI_PATH: Final = "openapi.json"
+DOCS_PATH: Final = "docs"
 # The verbs the API function routes; anything else never reaches Lambda.
-API_METHODS: Final = ("GET", "POST", "PUT", "PATCH", "DELETE")
+API_METHODS: Final = ("GET", "POST", "PUT")
 READ_ONLY_METHODS: Final = ("GET",)
+# The internal routes apply what EC2 observed; only tooling calls them, with its own policy.
+INTERNAL_METHODS: Final = ("POST",)
 
 _ACCESS_LOG_FIELDS: Final = {
     "requestId": apigw.AccessLogField.context_request_id(),
@@ -99,37 +103,49 @@ class AdminApi(Construct):
         )
         integration = apigw.LambdaIntegration(handler, proxy=True, allow_test_invoke=False)
         self.methods: list[apigw.Method] = []
-        proxy = self.rest_api.root.add_resource(API_PREFIX).add_resource("{proxy+}")
-        for method in API_METHODS:
-            self.methods.append(
-                proxy.add_method(
-                    method,
-                    integration,
-                    authorization_type=apigw.AuthorizationType.IAM,
-                    request_validator=validator,
-                    request_parameters={"method.request.path.proxy": True},
-                )
-            )
-        self.methods.append(
-            self.rest_api.root.add_resource(OPENAPI_PATH).add_method(
-                "GET",
-                integration,
-                authorization_type=apigw.AuthorizationType.IAM,
-                request_validator=validator,
-            )
-        )
 
+        def add_methods(resource: apigw.IResource, methods: tuple[str, ...], *, proxy: bool) -> None:
+            for method in methods:
+                self.methods.append(
+                    resource.add_method(
+                        method,
+                        integration,
+                        authorization_type=apigw.AuthorizationType.IAM,
+                        request_validator=validator,
+                        request_parameters={"method.request.path.proxy": True} if proxy else None,
+                    )
+                )
+
+        api = self.rest_api.root.add_resource(API_PREFIX)
+        add_methods(api.add_resource("{proxy+}"), API_METHODS, proxy=True)
+        # Its own resource, so tooling's grant and the operators' Deny name it exactly.
+        add_methods(api.add_resource(INTERNAL_PREFIX).add_resource("{proxy+}"), INTERNAL_METHODS, proxy=True)
+        add_methods(self.rest_api.root.add_resource(OPENAPI_PATH), READ_ONLY_METHODS, proxy=False)
+        self.swagger_ui = config.api.swagger_ui
+        if self.swagger_ui:
+            add_methods(self.rest_api.root.add_resource(DOCS_PATH), READ_ONLY_METHODS, proxy=False)
+
+        internal = self.internal_arns(INTERNAL_METHODS)
         self.operator_policy = self._invoke_policy(
             "OperatorPolicy",
             name=f"fleetkeeper-{config.name}-api-operator",
-            description="Call every fleetkeeper admin API method: reads, drains, cancels and writes.",
-            methods=API_METHODS,
+            description="Call the fleetkeeper admin API: reads, drains, cancels and writes; never the "
+            "internal routes.",
+            resources=self.method_arns(API_METHODS),
+            deny=self.internal_arns(API_METHODS),
         )
         self.read_only_policy = self._invoke_policy(
             "ReadOnlyPolicy",
             name=f"fleetkeeper-{config.name}-api-read-only",
             description="Call the fleetkeeper admin API's GET methods only.",
-            methods=READ_ONLY_METHODS,
+            resources=self.method_arns(READ_ONLY_METHODS),
+            deny=self.internal_arns(API_METHODS),
+        )
+        self.tooling_policy = self._invoke_policy(
+            "ToolingPolicy",
+            name=f"fleetkeeper-{config.name}-api-internal-tooling",
+            description="Report what EC2 observed about a worker (POST /api/internal/...): tooling only.",
+            resources=internal,
         )
 
         acknowledge(
@@ -152,29 +168,46 @@ class AdminApi(Construct):
                 "role; only apigateway.amazonaws.com can assume it.",
             )
 
+    def _arn(self, method: str, path: str) -> str:
+        return self.rest_api.arn_for_execute_api(method, path, self.stage_name)
+
     def method_arns(self, methods: tuple[str, ...]) -> list[str]:
-        arns = [
-            self.rest_api.arn_for_execute_api(method, f"/{API_PREFIX}/*", self.stage_name)
-            for method in methods
-        ]
-        arns.append(self.rest_api.arn_for_execute_api("GET", f"/{OPENAPI_PATH}", self.stage_name))
+        """The public routes (everything under /api), the contract, and the docs page when deployed."""
+        arns = [self._arn(method, f"/{API_PREFIX}/*") for method in methods]
+        arns.append(self._arn("GET", f"/{OPENAPI_PATH}"))
+        if self.swagger_ui:
+            arns.append(self._arn("GET", f"/{DOCS_PATH}"))
         return arns
 
+    def internal_arns(self, methods: tuple[str, ...]) -> list[str]:
+        return [self._arn(method, f"/{API_PREFIX}/{INTERNAL_PREFIX}/*") for method in methods]
+
     def _invoke_policy(
-        self, construct_id: str, *, name: str, description: str, methods: tuple[str, ...]
+        self,
+        construct_id: str,
+        *,
+        name: str,
+        description: str,
+        resources: list[str],
+        deny: list[str] | None = None,
     ) -> iam.ManagedPolicy:
-        resources = self.method_arns(methods)
+        statements = [iam.PolicyStatement(actions=["execute-api:Invoke"], resources=resources)]
+        if deny:
+            # /api/* above also matches /api/internal/*: an explicit Deny wins over any Allow.
+            statements.append(
+                iam.PolicyStatement(effect=iam.Effect.DENY, actions=["execute-api:Invoke"], resources=deny)
+            )
         policy = iam.ManagedPolicy(
             self,
             construct_id,
             managed_policy_name=name,
             description=description,
-            statements=[iam.PolicyStatement(actions=["execute-api:Invoke"], resources=resources)],
+            statements=statements,
         )
         acknowledge_wildcards(
             policy,
             resources,
-            "The API routes every path under /api through one proxy resource; the grant is limited to this "
-            "API, this stage and the listed HTTP methods.",
+            "The API routes every path under a prefix through one proxy resource; the grant is limited to "
+            "this API, this stage and the listed HTTP methods.",
         )
         return policy

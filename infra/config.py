@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
 
 from aws_cdk import aws_logs as logs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 STAGE_KEY: Final = "stage"
 STAGES_KEY: Final = "fleetkeeper:stages"
@@ -81,6 +81,8 @@ class ApiConfig(_Section):
     # API Gateway logs to CloudWatch through ONE role per account and region. A stack that manages it
     # overwrites whatever another stack set; turn this off where another stage already owns that setting.
     manage_account_logging_role: bool = True
+    # Swagger UI at /docs, behind the same SigV4 (AWS_IAM) authorization as every other method.
+    swagger_ui: bool = False
 
 
 class StageConfig(_Section):
@@ -103,6 +105,25 @@ class StageConfig(_Section):
     # Days an audit item is kept (the table's TTL); 0 keeps the trail forever.
     audit_retention_days: int = Field(default=365, ge=0)
     api: ApiConfig = ApiConfig()
+    # Whose AMIs a launch may use (the ec2:Owner condition on RunInstances): account ids, or "self".
+    ami_owners: tuple[Annotated[str, Field(pattern=r"^(self|amazon|\d{12})$")], ...] = Field(
+        default=("self",), min_length=1
+    )
+    # A stage that must launch only into named subnets and security groups refuses to synthesize
+    # without them, instead of granting RunInstances on any subnet and any security group.
+    require_pinned_network: bool = False
+
+    @model_validator(mode="after")
+    def _network_pinned_where_required(self) -> StageConfig:
+        if self.require_pinned_network:
+            for region, settings in self.regions.items():
+                if not settings.subnet_id:
+                    raise ValueError(f"regions.{region}.subnet_id must be set (require_pinned_network)")
+                if not settings.security_group_ids:
+                    raise ValueError(
+                        f"regions.{region}.security_group_ids must be set (require_pinned_network)"
+                    )
+        return self
 
     @field_validator("log_retention_days")
     @classmethod

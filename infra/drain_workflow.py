@@ -85,7 +85,8 @@ class DrainWorkflowRef:
 
 
 class DrainWorkflow(Construct):
-    """Standard state machine from infra/statemachines/drain.asl.json: logging ALL, X-Ray tracing."""
+    """Standard state machine from infra/statemachines/drain.asl.json: every event logged, never its
+    execution data; X-Ray tracing."""
 
     def __init__(
         self,
@@ -117,8 +118,10 @@ class DrainWorkflow(Construct):
             state_machine_type=sfn.StateMachineType.STANDARD,
             definition_body=sfn.DefinitionBody.from_file(str(ASL_FILE)),
             definition_substitutions=self.substitutions,
+            # Every event, but never execution data: inputs, outputs and task parameters carry the live
+            # callback token ($$.Task.Token is in the task payload), and a log must not hold a credential.
             logs=sfn.LogOptions(
-                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+                destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=False
             ),
             tracing_enabled=True,
         )

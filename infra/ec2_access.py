@@ -84,30 +84,40 @@ class Ec2Access(Construct):
             conditions=MANAGED_REQUEST,
             wildcard_reason=_TAGGED_INSTANCES,
         )
-        # The other resources a launch reads or creates. Their ids are decided by the launch itself
-        # (volumes, network interfaces) or by the template at run time (AMIs), unless cdk.json pins them.
-        launch_resources: list[str] = []
+        # The other resources a launch reads or creates. Volumes and network interfaces get their ids from
+        # the launch itself; AMIs are picked at run time by the template's name filter, so the grant on
+        # images is bounded by owner instead; subnet and security groups are pinned when cdk.json names
+        # them (a stage with require_pinned_network refuses to synthesize otherwise).
+        created: list[str] = []
+        network: list[str] = []
+        images: list[str] = []
         for region in self.regions:
             settings = self._config.regions[region]
-            launch_resources += [
-                self._arn(region, "image", "*", account=False),
-                self._arn(region, "volume", "*"),
-                self._arn(region, "network-interface", "*"),
-                self._arn(region, "subnet", settings.subnet_id or "*"),
-            ]
-            launch_resources += [
+            images.append(self._arn(region, "image", "*", account=False))
+            created += [self._arn(region, "volume", "*"), self._arn(region, "network-interface", "*")]
+            network.append(self._arn(region, "subnet", settings.subnet_id or "*"))
+            network += [
                 self._arn(region, "security-group", group) for group in settings.security_group_ids or ("*",)
             ]
             if settings.key_name:
-                launch_resources.append(self._arn(region, "key-pair", settings.key_name))
+                network.append(self._arn(region, "key-pair", settings.key_name))
         allow(
             role,
             actions=["ec2:RunInstances"],
-            resources=launch_resources,
+            resources=images,
+            conditions={"StringEquals": {"ec2:Owner": list(self._config.ami_owners)}},
             wildcard_reason=(
-                "A launch creates its volume and network interface and reads an AMI picked at run time by "
-                "the template's name filter, so their ids are unknown here; subnet and security groups "
-                "are pinned whenever cdk.json names them."
+                "The AMI is picked at run time by the template's name filter, so its id is unknown here; "
+                "the grant covers only images owned by the stage's ami_owners."
+            ),
+        )
+        allow(
+            role,
+            actions=["ec2:RunInstances"],
+            resources=created + network,
+            wildcard_reason=(
+                "A launch creates its volume and network interface, so their ids are unknown here; subnet "
+                "and security groups are pinned whenever cdk.json names them."
             ),
         )
         allow(

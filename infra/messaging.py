@@ -43,6 +43,8 @@ class Messaging(Construct):
                 principals=[CLOUDWATCH],
                 actions=["kms:Decrypt", "kms:GenerateDataKey"],
                 resources=["*"],
+                # Only this account's alarms: the CloudWatch service principal is shared by every account.
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
             )
         )
         self.topic = sns.Topic(

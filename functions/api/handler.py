@@ -7,7 +7,8 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from fleetkeeper.api.app import app, idempotency_config
+from fleetkeeper.api import idempotency
+from fleetkeeper.api.app import app
 from fleetkeeper.observability import logger, metrics, tracer
 
 
@@ -16,5 +17,5 @@ from fleetkeeper.observability import logger, metrics, tracer
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     # Idempotency needs the context before any idempotent call runs, to bound in-progress records.
-    idempotency_config.register_lambda_context(context)
+    idempotency.register_lambda_context(context)
     return app.resolve(event, context)

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         api = ApiServer(port=api_port).start()
         # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
         workload = _workload(args)
-        background = [LocalScheduler(), Ec2EventPump(), FleetConsole(store, default_context().audit_log)]
+        background = [LocalScheduler(), Ec2EventPump(), FleetConsole(store)]
         if workload is not None:
             background.append(workload)
         for runner in background:

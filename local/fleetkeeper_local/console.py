@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetkeeper.domain.models import Pool, Worker
-from fleetkeeper.store.audit_log import AuditLog
 from fleetkeeper.store.repository import FleetStore
 
 # The reason a drain's force step writes on the instances it terminates.
@@ -60,14 +59,12 @@ class FleetConsole:
     def __init__(
         self,
         store: FleetStore,
-        audit: AuditLog,
         *,
         printer: Callable[[str], None] = print,
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
-        self._audit = audit
         self._print = printer
         self._clock = clock
         self._interval = interval_seconds
@@ -133,7 +130,7 @@ class FleetConsole:
 
     def _why(self, worker: Worker) -> str | None:
         """The reason of the transition that led to the worker's current status."""
-        for event in self._audit.newest_first("worker", worker.id, limit=5).items:
+        for event in self._store.audit_page("worker", worker.id, limit=5).items:
             if event.to_status == worker.status and event.from_status != event.to_status:
                 return event.reason
         return worker.status_reason

@@ -37,8 +37,21 @@ PINNED_REGIONS = {
 }
 
 
-def cdk_json_context() -> dict[str, Any]:
+# prod requires pinned launch networking and cdk.json ships without it: the deployer names their own.
+PROD_NETWORK = {"subnet_id": "subnet-0feedbeef", "security_group_ids": ["sg-0feedbeef"]}
+
+
+def shipped_cdk_json_context() -> dict[str, Any]:
+    """cdk.json's context exactly as checked in."""
     context: dict[str, Any] = json.loads(CDK_JSON.read_text(encoding="utf-8"))["context"]
+    return context
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """cdk.json's context as a deployer completes it: prod's worker regions with a subnet and groups."""
+    context = shipped_cdk_json_context()
+    for region in context[STAGES_KEY]["prod"]["regions"].values():
+        region.update(PROD_NETWORK)
     return context
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.api import API_METHODS
+from infra.api import API_METHODS, INTERNAL_METHODS
+from infra.config import ConfigError, load_stage_config
+from tests.infra.conftest import shipped_cdk_json_context
 from tests.infra.helpers import flat, properties, resources
 
 STAGES = ("dev", "prod", "pinned")
@@ -13,7 +15,8 @@ STAGES = ("dev", "prod", "pinned")
 @pytest.mark.parametrize("stage", STAGES)
 def test_given_any_stage_then_every_method_requires_aws_iam(synthesized, stage):
     methods = properties(synthesized.template(stage), "AWS::ApiGateway::Method")
-    assert len(methods) == len(API_METHODS) + 1
+    docs = 1 if stage in ("dev", "pinned") else 0  # Swagger UI is a stage setting, off in prod
+    assert len(methods) == len(API_METHODS) + len(INTERNAL_METHODS) + 1 + docs
     assert {method["AuthorizationType"] for method in methods} == {"AWS_IAM"}
 
 
@@ -29,10 +32,17 @@ def test_given_the_api_then_every_method_goes_through_the_request_validator(dev)
 
 def test_given_the_proxy_resource_then_its_methods_require_the_proxy_path(dev):
     proxied = [m for m in properties(dev, "AWS::ApiGateway::Method") if "RequestParameters" in m]
-    assert sorted(m["HttpMethod"] for m in proxied) == sorted(API_METHODS)
+    assert sorted(m["HttpMethod"] for m in proxied) == sorted(API_METHODS + INTERNAL_METHODS)
     assert all(m["RequestParameters"] == {"method.request.path.proxy": True} for m in proxied)
-    paths = {r["PathPart"] for r in properties(dev, "AWS::ApiGateway::Resource")}
-    assert paths == {"api", "{proxy+}", "openapi.json"}
+    paths = sorted(r["PathPart"] for r in properties(dev, "AWS::ApiGateway::Resource"))
+    assert paths == sorted(["api", "{proxy+}", "internal", "{proxy+}", "openapi.json", "docs"])
+
+
+def test_given_prod_then_there_is_no_docs_page_and_no_patch_or_delete(prod):
+    paths = {r["PathPart"] for r in properties(prod, "AWS::ApiGateway::Resource")}
+    assert "docs" not in paths
+    verbs = {m["HttpMethod"] for m in properties(prod, "AWS::ApiGateway::Method")}
+    assert verbs == {"GET", "POST", "PUT"}
 
 
 def test_given_the_stage_then_it_is_throttled_traced_and_access_logged(dev, prod):
@@ -67,31 +77,53 @@ def test_given_the_execution_logs_then_their_group_exists_with_retention(dev):
     )
 
 
-def policy_resources(template, name):
+def policy_statements(template, name):
     (policy,) = [p for p in properties(template, "AWS::IAM::ManagedPolicy") if p["ManagedPolicyName"] == name]
-    (statement,) = policy["PolicyDocument"]["Statement"]
-    assert statement["Action"] == "execute-api:Invoke"
-    return sorted(flat(resource) for resource in statement["Resource"])
+    statements = {}
+    for statement in policy["PolicyDocument"]["Statement"]:
+        assert statement["Action"] == "execute-api:Invoke"
+        resources_ = (
+            statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+        )
+        statements[statement["Effect"]] = sorted(flat(resource) for resource in resources_)
+    return statements
 
 
-def test_given_the_operator_policy_then_it_invokes_every_method_of_this_api_stage_only(dev):
-    (api,) = resources(dev, "AWS::ApiGateway::RestApi")
-    arns = policy_resources(dev, "fleetkeeper-dev-api-operator")
-    prefix = f"arn:aws:execute-api:eu-west-1:<AWS::AccountId>:<{api}>/dev/"
-    assert arns == sorted(
-        [f"{prefix}{method}/api/*" for method in API_METHODS] + [f"{prefix}GET/openapi.json"]
+def api_prefix(template, stage="dev"):
+    (api,) = resources(template, "AWS::ApiGateway::RestApi")
+    return f"arn:aws:execute-api:eu-west-1:<AWS::AccountId>:<{api}>/{stage}/"
+
+
+def test_given_the_operator_policy_then_it_invokes_this_api_stage_but_never_the_internal_routes(dev):
+    prefix = api_prefix(dev)
+    statements = policy_statements(dev, "fleetkeeper-dev-api-operator")
+    assert statements["Allow"] == sorted(
+        [f"{prefix}{method}/api/*" for method in API_METHODS]
+        + [f"{prefix}GET/openapi.json", f"{prefix}GET/docs"]
     )
+    # /api/* also matches /api/internal/*: the explicit Deny is what keeps operators out.
+    assert statements["Deny"] == sorted(f"{prefix}{method}/api/internal/*" for method in API_METHODS)
 
 
 def test_given_the_read_only_policy_then_it_invokes_get_methods_only(dev):
-    (api,) = resources(dev, "AWS::ApiGateway::RestApi")
-    prefix = f"arn:aws:execute-api:eu-west-1:<AWS::AccountId>:<{api}>/dev/"
-    assert policy_resources(dev, "fleetkeeper-dev-api-read-only") == [
-        f"{prefix}GET/api/*",
-        f"{prefix}GET/openapi.json",
-    ]
+    prefix = api_prefix(dev)
+    statements = policy_statements(dev, "fleetkeeper-dev-api-read-only")
+    assert statements["Allow"] == [f"{prefix}GET/api/*", f"{prefix}GET/docs", f"{prefix}GET/openapi.json"]
+    assert f"{prefix}GET/api/internal/*" in statements["Deny"]
+
+
+def test_given_the_tooling_policy_then_it_invokes_the_internal_routes_only(dev):
+    prefix = api_prefix(dev)
+    statements = policy_statements(dev, "fleetkeeper-dev-api-internal-tooling")
+    assert statements == {"Allow": [f"{prefix}POST/api/internal/*"]}
 
 
 def test_given_the_pinned_account_then_policies_name_that_account(pinned):
-    arns = policy_resources(pinned, "fleetkeeper-pinned-api-read-only")
+    arns = policy_statements(pinned, "fleetkeeper-pinned-api-read-only")["Allow"]
     assert all(":123456789012:" in arn for arn in arns)
+
+
+def test_given_prod_as_shipped_without_a_subnet_then_it_refuses_to_synthesize():
+    context = {**shipped_cdk_json_context(), "stage": "prod"}
+    with pytest.raises(ConfigError, match=r"subnet_id must be set"):
+        load_stage_config(context.get)

@@ -1,4 +1,4 @@
-"""The drain state machine is the ASL file, with every placeholder substituted and logging ALL."""
+"""The drain state machine is the ASL file, every placeholder substituted, no execution data logged."""
 
 from __future__ import annotations
 
@@ -50,11 +50,12 @@ def test_given_the_definition_then_it_is_asl_with_reachable_states(synthesized, 
     assert all("Retry" in task and "Catch" in task for task in tasks)
 
 
-def test_given_the_state_machine_then_it_logs_everything_and_traces(dev):
+def test_given_the_state_machine_then_it_logs_events_without_execution_data_and_traces(dev):
+    # Execution data carries the live callback token: a log must never hold it.
     state_machine = only_state_machine(dev)
     logging = state_machine["LoggingConfiguration"]
     assert logging["Level"] == "ALL"
-    assert logging["IncludeExecutionData"] is True
+    assert logging["IncludeExecutionData"] is False
     log_group = logging["Destinations"][0]["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
     assert resources(dev, "AWS::Logs::LogGroup")[log_group]["Properties"]["LogGroupName"] == (
         "/aws/vendedlogs/states/fleetkeeper-dev-drain"

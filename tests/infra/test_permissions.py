@@ -7,7 +7,14 @@ import json
 import pytest
 
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
-from tests.infra.helpers import actions_of_function, flat, grants_of_function, properties, resources
+from tests.infra.helpers import (
+    actions_of_function,
+    flat,
+    function_properties,
+    grants_of_function,
+    properties,
+    resources,
+)
 
 LOGS_AND_TRACES = {
     "logs:CreateLogStream",
@@ -128,6 +135,23 @@ def test_given_run_instances_then_the_instance_must_be_tagged_managed_by_in_the_
     }
     others = {flat(json.loads(g.resource)).split(":")[-1].split("/")[0] for g in run if g not in on_instances}
     assert others == {"image", "volume", "network-interface", "subnet", "security-group"}
+
+
+def test_given_run_instances_then_images_are_only_those_of_the_stages_ami_owners(dev):
+    run = [g for g in grants_of_function(dev, fn("dev", "reconcile")) if g.action == "ec2:RunInstances"]
+    images = [g for g in run if ":image/" in flat(json.loads(g.resource))]
+    assert images
+    assert all(g.conditions["StringEquals"]["ec2:Owner"] in ("self", ["self"]) for g in images)
+    env = function_properties(dev, fn("dev", "reconcile"))["Environment"]["Variables"]
+    assert env["AMI_OWNERS"] == "self"
+
+
+def test_given_the_alarm_topic_key_then_only_this_accounts_cloudwatch_may_use_it(dev):
+    (key,) = properties(dev, "AWS::KMS::Key")
+    (statement,) = [
+        s for s in key["KeyPolicy"]["Statement"] if s.get("Sid") == "AllowCloudWatchAlarmsToUseTheKey"
+    ]
+    assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
 
 
 def test_given_create_tags_then_it_is_only_allowed_while_launching(dev):

@@ -99,14 +99,14 @@ def test_given_an_orphan_when_marked_terminated_then_its_instances_are_lost(cont
     status, body = control_plane.api(
         "POST",
         f"/api/internal/workers/{worker.id}/status",
-        {
-            "status": "TERMINATED",
-            "terminated_by": "discovery-gc",
-            "terminated_reason": "EC2 instance not found during discovery",
-        },
+        {"status": "TERMINATED", "terminated_reason": "EC2 instance not found during discovery"},
+        caller="arn:aws:iam::123456789012:role/discovery-gc",
     )
     assert status == 200
-    assert (body["status"], body["terminated_by"]) == ("TERMINATED", "discovery-gc")
+    assert (body["status"], body["terminated_by"]) == (
+        "TERMINATED",
+        "arn:aws:iam::123456789012:role/discovery-gc",
+    )
     assert body["active_instances"] == 0
     _, ended = control_plane.api("GET", f"/api/v1/instances/{instance['id']}")
     assert (ended["state"], ended["reason"]) == ("TERMINATED", "worker_lost")
@@ -206,16 +206,24 @@ def test_given_the_sample_drain_event_then_the_api_handler_answers_it(control_pl
     )
 
 
-def test_given_an_internal_status_call_then_the_audit_names_the_authenticated_caller(
+def test_given_an_internal_status_call_then_audit_and_terminated_by_name_the_signing_principal(
     control_plane, running_worker
 ):
     worker = running_worker()
     status, body = control_plane.api(
         "POST",
         f"/api/internal/workers/{worker.id}/status",
-        {"status": "TERMINATED", "terminated_by": "discovery-gc", "terminated_reason": "gone"},
+        {"status": "TERMINATED", "terminated_by": "someone-else", "terminated_reason": "gone"},
         caller="arn:aws:iam::123456789012:role/gc-tool",
     )
-    assert (status, body["terminated_by"]) == (200, "discovery-gc")
+    # A body cannot name the actor: the field no longer exists, and sending it is refused.
+    assert (status, body["details"][0]["field"]) == (422, "body.terminated_by")
+    status, body = control_plane.api(
+        "POST",
+        f"/api/internal/workers/{worker.id}/status",
+        {"status": "TERMINATED", "terminated_reason": "gone"},
+        caller="arn:aws:iam::123456789012:role/gc-tool",
+    )
+    assert (status, body["terminated_by"]) == (200, "arn:aws:iam::123456789012:role/gc-tool")
     last = control_plane.ctx.store.audit_trail("worker", worker.id)[-1]
     assert last.actor == "arn:aws:iam::123456789012:role/gc-tool"

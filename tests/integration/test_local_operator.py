@@ -10,7 +10,6 @@ import pytest
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.services import drains, placement
 from fleetkeeper.services.context import default_context
-from fleetkeeper.store.audit_log import AuditLog
 from fleetkeeper_local.console import FleetConsole
 from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
 from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
@@ -31,7 +30,7 @@ def test_given_a_baseline_when_a_worker_moves_then_the_console_prints_one_line_n
 ):
     worker = running_worker(pool="labs")
     lines: list[str] = []
-    console = FleetConsole(store, AuditLog(boto3.client("dynamodb"), store.table_name), printer=lines.append)
+    console = FleetConsole(store, printer=lines.append)
     console.poll_once()
     assert lines == []
 
@@ -46,7 +45,7 @@ def test_given_a_baseline_when_a_worker_moves_then_the_console_prints_one_line_n
 def test_given_a_drain_that_ends_then_the_console_says_how(control_plane, store, running_worker):
     worker = running_worker()
     lines: list[str] = []
-    console = FleetConsole(store, AuditLog(boto3.client("dynamodb"), store.table_name), printer=lines.append)
+    console = FleetConsole(store, printer=lines.append)
     console.poll_once()
 
     drains.start_worker_drain(control_plane.ctx, worker.id, actor="alice", reason="patch")

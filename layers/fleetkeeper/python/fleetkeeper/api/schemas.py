@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
+    MAX_DRAIN_TIMEOUT_SECONDS,
+    MIN_DRAIN_TIMEOUT_HOURS,
     DrainOutcome,
     DrainThen,
     Instance,
@@ -23,61 +35,173 @@ from fleetkeeper.domain.models import (
 )
 from fleetkeeper.domain.placement import PlacementStrategy
 
+# One minimum for every drain, requested or from a template: a drain shorter than a minute is a typo.
+MIN_DRAIN_TIMEOUT_SECONDS: Final = round(MIN_DRAIN_TIMEOUT_HOURS * 3600)
+_TIMEOUT_RANGE: Final = (
+    f"a whole number of seconds from {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; "
+    "leave it out for the default"
+)
+
+
+def _timeout_in_range(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Say the whole allowed range, whichever bound was broken (pydantic names only one)."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        raise ValueError(_TIMEOUT_RANGE) from exc
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON has one number type: 1800.0 is the integer 1800 (JSON Schema agrees); 1800.5 is not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _timestamp_text(value: Any) -> Any:
+    """A timestamp is an ISO 8601 string: a bare number would silently mean seconds since 1970."""
+    if not isinstance(value, str | datetime):
+        raise ValueError("an ISO 8601 timestamp with a timezone, e.g. 2026-03-01T09:00:00Z")
+    return value
+
+
+# Strict: `true` is not 1 second and `"60"` is not a number; 0, negatives and beyond a year are refused.
+DrainTimeout = Annotated[
+    int,
+    BeforeValidator(_whole_number),
+    Strict(),
+    Field(
+        ge=MIN_DRAIN_TIMEOUT_SECONDS,
+        le=MAX_DRAIN_TIMEOUT_SECONDS,
+        description=f"seconds, {_TIMEOUT_RANGE}",
+        examples=[1800],
+    ),
+    WrapValidator(_timeout_in_range),
+]
+# Timezone-aware ISO 8601 only: a naive time or an epoch number is refused, never guessed.
+# Text only (an epoch number is a client mistake), with its zone; held in UTC like every domain time.
+Timestamp = Annotated[UtcDatetime, BeforeValidator(_timestamp_text)]
+StrictFlag = Annotated[bool, Strict()]
+# Every path id fits a DynamoDB key with room to spare; longer is a client mistake, not a 500.
+MAX_ID_LENGTH: Final = 128
+
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class CreateWorkerRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"template": "lab", "pool": "labs"}]})
+
     template: Name
     region: Region | None = None
     pool: Name | None = None
 
 
 class DesiredStatusRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"desired_status": "STOPPED"}]})
+
     desired_status: Literal["RUNNING", "STOPPED", "TERMINATED"]
 
 
 class DrainRequest(Request):
-    timeout_seconds: int | None = Field(
-        default=None, description="<= 0 or absent: the template's drain timeout"
+    """Every field is optional: an empty body (or none) drains with the template's timeout, then stops."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"timeout_seconds": 1800, "reason": "kernel patch", "then": "stop", "dry_run": False}
+            ]
+        }
     )
+
+    timeout_seconds: DrainTimeout | None = None
     reason: str | None = Field(default=None, max_length=500)
     then: DrainThen = DrainThen.STOP
-    dry_run: bool = False
+    dry_run: StrictFlag = False
 
 
 class InternalStatusRequest(Request):
+    """What EC2 (or tooling reading EC2) observed. Who reported it is the signing principal, not the body."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"status": "TERMINATED", "terminated_reason": "instance not found"}]}
+    )
+
     status: WorkerStatus
-    terminated_by: str | None = Field(default=None, max_length=200)
     terminated_reason: str | None = Field(default=None, max_length=500)
 
 
-TemplateRequest = TemplateSpec
+class TemplateRequest(TemplateSpec):
+    """The template spec, strictly: `"3"` is not a capacity and `true` is not a drain timeout."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_capacity(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "capacity" in data:
+            return {**data, "capacity": _whole_number(data["capacity"])}
+        return data
+
+    model_config = ConfigDict(
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "instance_type": "m5.large",
+                    "ami_name_filter": "lab-*",
+                    "capacity": 4,
+                    "drain_timeout_hours": 4,
+                    "tags": {"team": "labs"},
+                }
+            ]
+        },
+    )
 
 
 class PlaceInstanceRequest(Request):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "pool": "labs",
+                    "strategy": "pack",
+                    "timeslot_start": "2026-03-01T09:00:00Z",
+                    "timeslot_end": "2026-03-01T12:00:00Z",
+                }
+            ]
+        }
+    )
+
     template: Name | None = None
     pool: Name | None = None
-    worker_id: str | None = Field(default=None, max_length=128)
+    worker_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_LENGTH)
     strategy: PlacementStrategy = PlacementStrategy.PACK
-    # Naive times are refused with 422 naming the field; aware ones are normalised to UTC.
-    timeslot_start: UtcDatetime | None = None
-    timeslot_end: UtcDatetime | None = None
+    timeslot_start: Timestamp | None = None
+    timeslot_end: Timestamp | None = None
 
 
 class InstanceStateRequest(Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"state": "COMPLETED", "reason": "done"}]})
+
     state: InstanceState
     reason: str | None = Field(default=None, max_length=500)
 
 
 class PoolRequest(Request):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"description": "lab sessions", "status": "active"}]}
+    )
+
     description: str | None = Field(default=None, max_length=500)
     status: Literal["active", "inactive"] | None = None
 
 
 class PoolDrainRequest(Request):
-    timeout_seconds: int | None = Field(default=None, description="<= 0 or absent: 300 seconds")
+    """Every field is optional: an empty body (or none) drains for 300 seconds and then does nothing."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"timeout_seconds": 600, "then": "none"}]})
+
+    timeout_seconds: DrainTimeout | None = None
     then: PoolDrainThen = PoolDrainThen.NONE
 
 
@@ -204,11 +328,28 @@ class Stats(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    field: str
+    field: str = Field(description="where: body.<field>, query.<name>, path.<name> or header.<name>")
     reason: str
 
 
 class ErrorBody(BaseModel):
-    error: str
+    """Every error the API answers, 4xx and 5xx alike (including 422 validation failures)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "error": "VALIDATION_FAILED",
+                    "message": "invalid request: body.timeout_seconds",
+                    "details": [{"field": "body.timeout_seconds", "reason": _TIMEOUT_RANGE}],
+                }
+            ]
+        }
+    )
+
+    error: str = Field(description="a stable code, e.g. NOT_FOUND, VALIDATION_FAILED, NO_CAPACITY")
     message: str
-    details: list[ErrorDetail] | dict[str, str | int | None] | None = None
+    details: list[ErrorDetail] | dict[str, str | int | None] | None = Field(
+        default=None,
+        description="the fields at fault (a list), or facts about the entity (an object); absent if none",
+    )

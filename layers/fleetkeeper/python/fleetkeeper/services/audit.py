@@ -16,7 +16,7 @@ def events(
 ) -> Page[AuditEvent]:
     """One page of the entity's events; NotFound when it never existed (an empty trail of a real one
     is an empty page)."""
-    page = ctx.audit_log.newest_first(entity, entity_id, limit=limit, next_token=next_token)
+    page = ctx.store.audit_page(entity, entity_id, limit=limit, next_token=next_token)
     if not page.items and next_token is None:
         # Raises NotFound for an unknown id, so a typo is not read as "nothing happened".
         if entity == "worker":

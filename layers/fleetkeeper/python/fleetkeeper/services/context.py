@@ -11,7 +11,6 @@ from fleetkeeper.cloud.events import AuditBus, Notifier
 from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
-from fleetkeeper.store.audit_log import AuditLog
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.stats import StatsStore
 
@@ -29,10 +28,6 @@ class Context:
 
     def cloudwatch(self, region: str | None = None) -> MetricsGateway:
         return MetricsGateway(client("cloudwatch", region))
-
-    @property
-    def audit_log(self) -> AuditLog:
-        return AuditLog(client("dynamodb"), self.settings.table_name)
 
     @property
     def stats(self) -> StatsStore:

@@ -168,11 +168,16 @@ class TableAccess:
     def _page(self, model: type[M], limit: int, next_token: str | None, **query: Any) -> Page[M]:
         if not 1 <= limit <= MAX_QUERY_PAGE:
             raise InvalidInput("limit", f"must be between 1 and {MAX_QUERY_PAGE}")
-        start = decode_page_token(next_token)
-        if start:
-            query["ExclusiveStartKey"] = start
-        items, last = self._query(Limit=limit, **query)
-        return Page([load_record(model, i) for i in items], encode_page_token(last))
+        start = decode_page_token(next_token, query)
+        try:
+            items, last = self._query(Limit=limit, **query, **({"ExclusiveStartKey": start} if start else {}))
+        except ClientError as exc:
+            # The token was checked against the query; should DynamoDB still refuse it as a start key,
+            # that is the client's token, not our bug.
+            if start and exc.response.get("Error", {}).get("Code") == "ValidationException":
+                raise InvalidInput("next_token", "is not a token this API issued") from exc
+            raise
+        return Page([load_record(model, i) for i in items], encode_page_token(last, query))
 
     # ---- writes ------------------------------------------------------------------------------
 

@@ -9,10 +9,12 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import BaseModel, Field
 
+from fleetkeeper.api.errors import responses
+from fleetkeeper.api.params import PageToken, ResourceName, WorkerId
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.services import audit
 from fleetkeeper.services.context import default_context
-from fleetkeeper.store.audit_log import MAX_AUDIT_PAGE
+from fleetkeeper.store.audit import MAX_AUDIT_PAGE
 
 router = Router()  # type: ignore[no-untyped-call]  # Powertools leaves its __init__ unannotated
 
@@ -43,19 +45,27 @@ def _page(entity: audit.AuditedEntity, entity_id: str, limit: int, next_token: s
     return AuditPage(items=[AuditEventView.of(e) for e in page.items], next_token=page.next_token)
 
 
-@router.get("/api/v1/workers/<worker_id>/events")
+@router.get(
+    "/api/v1/workers/<worker_id>/events",
+    summary="The worker's audit trail, newest first",
+    responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
+)
 def worker_events(
-    worker_id: str,
+    worker_id: WorkerId,
     limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 50,
-    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+    next_token: PageToken = None,
 ) -> AuditPage:
     return _page("worker", worker_id, limit, next_token)
 
 
-@router.get("/api/v1/pools/<name>/events")
+@router.get(
+    "/api/v1/pools/<name>/events",
+    summary="The pool's audit trail, newest first",
+    responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
+)
 def pool_events(
-    name: str,
+    name: ResourceName,
     limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 50,
-    next_token: Annotated[str | None, Query(max_length=2048)] = None,
+    next_token: PageToken = None,
 ) -> AuditPage:
     return _page("pool", name, limit, next_token)

@@ -1,0 +1,162 @@
+"""docs/api.md, rendered from the OpenAPI contract so the reference cannot drift from the code.
+
+Regenerate with `python -m fleetkeeper.api.reference > docs/api.md`; tests/unit/test_api_reference.py
+fails when the checked-in file differs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from fleetkeeper.api.errors import RETRY_AFTER_SECONDS, STATUS_FOR_ERROR
+from fleetkeeper.api.idempotency import HEADER, MAX_KEY_LENGTH
+from fleetkeeper.api.schemas import MIN_DRAIN_TIMEOUT_SECONDS
+from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
+
+_METHOD_ORDER: Final = ("get", "post", "put")
+
+_ERROR_ROWS: Final = (
+    ("400", "`MALFORMED_JSON`", "the body is not JSON, or nests deeper than the API reads"),
+    ("404", "`NOT_FOUND`", "no such worker, instance, template, pool or route"),
+    ("405", "`METHOD_NOT_ALLOWED`", "the path exists, not with this method; `Allow` names the ones it has"),
+    (
+        "409",
+        "`ILLEGAL_TRANSITION`, `CONFLICT`, `DRAIN_IN_PROGRESS`",
+        "the entity's state does not allow this; `details.current_status` says which",
+    ),
+    ("409", "`NO_CAPACITY`", "no free slot for the placement: an answer about the fleet, it never pages"),
+    ("409", "`REQUEST_IN_PROGRESS`", f"a request with the same `{HEADER}` is still running; retry shortly"),
+    ("415", "`UNSUPPORTED_MEDIA_TYPE`", "a body with any Content-Type other than `application/json`"),
+    ("422", "`VALIDATION_FAILED`, `INVALID_INPUT`", "a value of the wrong type, shape or range, named"),
+    ("422", "`IDEMPOTENCY_KEY_REUSED`", f"the `{HEADER}` was already used with a different body"),
+    ("500", "`INTERNAL`", "a bug of ours (it raises the API 5xx alarm)"),
+    (
+        "503",
+        "`WORKFLOW_UNAVAILABLE`",
+        f"the drain workflow could not start after retries; nothing changed; retry after `Retry-After` "
+        f"({RETRY_AFTER_SECONDS} s). Rare, and counted by the 5xx alarm on purpose",
+    ),
+)
+_ERROR_TABLE: Final = "\n".join(
+    ["| status | error codes | meaning |", "|---|---|---|"]
+    + [f"| {status} | {codes} | {meaning} |" for status, codes, meaning in _ERROR_ROWS]
+)
+
+_PREAMBLE: Final = f"""# Admin API reference
+
+Generated from the OpenAPI contract (`GET /openapi.json`) by `python -m fleetkeeper.api.reference`;
+do not edit by hand. Swagger UI serves the same contract at `GET /docs` (locally, and on AWS where the
+stage enables `api.swagger_ui` in cdk.json, behind the same IAM authorization).
+
+## Authentication
+
+Every request is signed with AWS Signature Version 4 (API Gateway `AWS_IAM` authorization). Who signed is
+the actor of every change: audit entries, `requested_by`, `cancelled_by` and `terminated_by` all name the
+signing principal, never a field of the body. The stack exports three IAM policies: operator (every
+public route), read-only (GET), and internal tooling (`POST /api/internal/...` only, which the other two
+explicitly deny).
+
+## Errors
+
+Every error is an `ErrorBody`: `{{"error": CODE, "message": text, "details": ...}}`. For 422 `details`
+lists `{{"field", "reason"}}` for each bad value (`body.<field>`, `query.<name>`, `path.<name>`,
+`header.<name>` or a bare name for checks made after parsing); for 404 and 409 it describes the entity.
+
+{_ERROR_TABLE}
+
+Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not a boolean, and a timestamp
+is an ISO 8601 string with a timezone (a naive time or an epoch number is refused). A drain timeout is a
+whole number of seconds from {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for
+the default (the template's timeout for a worker, 300 s for a pool). An empty drain body means all defaults.
+
+## Pages
+
+List routes return `next_token` while more items remain. A token is opaque and bound to the query that
+issued it: it carries the start key and a fingerprint of the query (index, key condition, filters). It is
+checked, not signed, so no secret has to be provisioned: a token used with other filters, or whose start
+key lies outside the query's partition, is a 422 naming `next_token`, and a client can never start a page
+outside a query it may run anyway.
+
+## Idempotency
+
+`POST` and `PUT` accept an `{HEADER}` header (at most {MAX_KEY_LENGTH} characters). The first response
+is kept for the stage's `idempotency_ttl_seconds` and replayed for the same key, caller, method, path and
+body; the body is compared as parsed JSON, so key order and whitespace do not matter. The same key with a
+different body is a 422 `IDEMPOTENCY_KEY_REUSED`.
+
+## Routes
+"""
+
+
+def _schema_name(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return str(schema["$ref"]).rsplit("/", 1)[-1]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            names = [_schema_name(part) for part in schema[key] if part.get("type") != "null"]
+            return " | ".join(names) + (" (optional)" if len(names) < len(schema[key]) else "")
+    return str(schema.get("type", "object"))
+
+
+def _request_example(document: dict[str, Any], body: dict[str, Any]) -> Any:
+    schema = body["content"]["application/json"]["schema"]
+    name = _schema_name(schema).split(" ")[0]
+    component = document["components"]["schemas"].get(name, {})
+    examples = component.get("examples") or []
+    return examples[0] if examples else None
+
+
+def render(document: dict[str, Any]) -> str:
+    """The Markdown reference of an OpenAPI document (the one `contract()` returns)."""
+    lines = [_PREAMBLE]
+    for path in sorted(document["paths"]):
+        for method in _METHOD_ORDER:
+            operation = document["paths"][path].get(method)
+            if operation is None:
+                continue
+            lines.append(f"### `{method.upper()} {path}`\n")
+            parameters = operation.get("parameters") or []
+            if parameters:
+                lines.append("| parameter | in | required | type |")
+                lines.append("|---|---|---|---|")
+                for parameter in parameters:
+                    schema = parameter.get("schema", {})
+                    bounds = [
+                        f"{key} {schema[key]}"
+                        for key in ("minLength", "maxLength", "minimum", "maximum", "pattern")
+                        if key in schema
+                    ]
+                    kind = _schema_name(schema) + (f" ({', '.join(bounds)})" if bounds else "")
+                    required = "yes" if parameter.get("required") else "no"
+                    lines.append(f"| `{parameter['name']}` | {parameter['in']} | {required} | {kind} |")
+                lines.append("")
+            body = operation.get("requestBody")
+            if body:
+                schema = body["content"]["application/json"]["schema"]
+                lines.append(f"Body: `{_schema_name(schema)}` (application/json)")
+                example = _request_example(document, body)
+                if example is not None:
+                    lines.append("\n```json\n" + json.dumps(example, sort_keys=True) + "\n```")
+                lines.append("")
+            lines.append("| status | answer |")
+            lines.append("|---|---|")
+            for status in sorted(operation["responses"], key=int):
+                response = operation["responses"][status]
+                content = response.get("content", {}).get("application/json", {}).get("schema", {})
+                model = _schema_name(content) if content else ""
+                description = response.get("description", "").replace("|", "\\|")
+                lines.append(f"| {status} | `{model}`: {description} |")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def covered_error_codes() -> set[str]:
+    """The error codes the mapping knows; the reference's table must name every one of them."""
+    return {kind.code for kind in STATUS_FOR_ERROR}
+
+
+if __name__ == "__main__":
+    from fleetkeeper.api.app import contract
+
+    print(render(contract()), end="")

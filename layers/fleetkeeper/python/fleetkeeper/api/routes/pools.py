@@ -1,0 +1,54 @@
+"""Pools: named groups of workers that placement can target and drains can empty."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from aws_lambda_powertools.event_handler import Response
+
+from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.params import ResourceName
+from fleetkeeper.api.principal import caller
+from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
+from fleetkeeper.domain.lifecycle import PoolStatus
+from fleetkeeper.services import catalog
+from fleetkeeper.services.context import default_context
+
+router = new_router()
+
+
+@router.get(
+    "/api/v1/pools",
+    responses=responses({200: ("every pool", PoolList)}),
+)
+def list_pools() -> PoolList:
+    return PoolList(items=[PoolView.of(p) for p in default_context().store.list_pools()])
+
+
+@router.get(
+    "/api/v1/pools/<name>",
+    responses=responses({200: ("the pool", PoolView)}, 404),
+)
+def get_pool(name: ResourceName) -> PoolView:
+    store = default_context().store
+    pool = store.get_pool(name)
+    return PoolView.of(pool, active_instances=store.pool_active_instances(name))
+
+
+@router.put(
+    "/api/v1/pools/<name>",
+    responses=responses(
+        {200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 400, 409, 415
+    ),
+)
+def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
+    pool, created = catalog.put_pool(
+        default_context().store,
+        name,
+        actor=caller(router.current_event),
+        description=body.description,
+        status=PoolStatus(body.status) if body.status else None,
+    )
+    status = HTTPStatus.CREATED if created else HTTPStatus.OK
+    return Response(status_code=status, content_type=JSON, body=PoolView.of(pool))

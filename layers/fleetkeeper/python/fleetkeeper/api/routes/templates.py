@@ -1,0 +1,52 @@
+"""Worker templates: what a worker runs on and how long its drains may take."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from aws_lambda_powertools.event_handler import Response
+
+from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.params import ResourceName
+from fleetkeeper.api.principal import caller
+from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.schemas import TemplateList, TemplateRequest, TemplateView
+from fleetkeeper.domain.models import WorkerTemplate
+from fleetkeeper.services import catalog
+from fleetkeeper.services.context import default_context
+
+router = new_router()
+
+
+@router.get(
+    "/api/v1/templates",
+    responses=responses({200: ("every template", TemplateList)}),
+)
+def list_templates() -> TemplateList:
+    return TemplateList(items=[TemplateView.of(t) for t in default_context().store.list_templates()])
+
+
+@router.get(
+    "/api/v1/templates/<name>",
+    responses=responses({200: ("the template", TemplateView)}, 404),
+)
+def get_template(name: ResourceName) -> TemplateView:
+    return TemplateView.of(default_context().store.get_template(name))
+
+
+@router.put(
+    "/api/v1/templates/<name>",
+    responses=responses(
+        {200: ("the template, replaced", TemplateView), 201: ("the template, created", TemplateView)},
+        400,
+        409,
+        415,
+    ),
+)
+def put_template(name: ResourceName, body: TemplateRequest) -> Response[TemplateView]:
+    store = default_context().store
+    existed = store.find_template(name) is not None
+    template = WorkerTemplate.model_validate({"name": name, **body.model_dump()})
+    stored = catalog.put_template(store, template, actor=caller(router.current_event))
+    status = HTTPStatus.OK if existed else HTTPStatus.CREATED
+    return Response(status_code=status, content_type=JSON, body=TemplateView.of(stored))

@@ -1,0 +1,82 @@
+"""Workers: list, create, read, and the desired status an operator asks for."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Query
+
+from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.params import PageToken, WorkerId
+from fleetkeeper.api.principal import caller
+from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.schemas import (
+    CreateWorkerRequest,
+    DesiredStatusRequest,
+    WorkerPage,
+    WorkerView,
+)
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.services import workers
+from fleetkeeper.services.context import default_context
+
+router = new_router()
+
+
+@router.get(
+    "/api/v1/workers",
+    responses=responses({200: ("one page of workers", WorkerPage)}),
+)
+def list_workers(
+    *,
+    status: Annotated[WorkerStatus | None, Query()] = None,
+    region: Annotated[str | None, Query(max_length=32)] = None,
+    pool: Annotated[str | None, Query(max_length=64)] = None,
+    template: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    next_token: PageToken = None,
+) -> WorkerPage:
+    page = default_context().store.list_workers(
+        status=status, region=region, pool=pool, template=template, limit=limit, next_token=next_token
+    )
+    return WorkerPage(items=[WorkerView.of(w) for w in page.items], next_token=page.next_token)
+
+
+@router.post(
+    "/api/v1/workers",
+    responses=responses({201: ("the new worker, PENDING", WorkerView)}, 400, 409, 415),
+)
+def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
+    context = default_context()
+    worker = workers.create_worker(
+        context.store,
+        template=body.template,
+        region=body.region or context.settings.default_region,
+        pool=body.pool,
+        actor=caller(router.current_event),
+    )
+    return Response(status_code=HTTPStatus.CREATED, content_type=JSON, body=WorkerView.of(worker))
+
+
+@router.get(
+    "/api/v1/workers/<worker_id>",
+    responses=responses({200: ("the worker", WorkerView)}, 404),
+)
+def get_worker(worker_id: WorkerId) -> WorkerView:
+    return WorkerView.of(default_context().store.get_worker(worker_id))
+
+
+@router.put(
+    "/api/v1/workers/<worker_id>/desired-status",
+    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+)
+def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> WorkerView:
+    worker = workers.set_desired_status(
+        default_context().store,
+        worker_id,
+        WorkerStatus(body.desired_status),
+        actor=caller(router.current_event),
+    )
+    return WorkerView.of(worker)

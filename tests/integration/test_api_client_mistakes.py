@@ -1,0 +1,305 @@
+"""Regression tests: every client mistake found by fuzzing the API is a 4xx naming what is wrong."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from fleetkeeper.api import idempotency
+
+pytestmark = pytest.mark.integration
+
+LONG_ID = "w" * 3000
+WRITE_ROUTES = (
+    ("POST", "/api/v1/workers", {"template": "lab"}),
+    ("PUT", "/api/v1/templates/lab", {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 1}),
+    ("PUT", "/api/v1/pools/labs", {"description": "x"}),
+    ("POST", "/api/v1/instances", {"template": "lab"}),
+)
+
+
+def _template(control_plane: Any, capacity: int = 4) -> None:
+    status, _ = control_plane.api(
+        "PUT",
+        "/api/v1/templates/lab",
+        {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": capacity},
+    )
+    assert status in (200, 201)
+
+
+def _token(payload: Any) -> str:
+    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+
+
+def _untoken(token: str) -> dict[str, Any]:
+    payload: dict[str, Any] = json.loads(base64.urlsafe_b64decode(token.encode()))
+    return payload
+
+
+# ---- page tokens ------------------------------------------------------------------------------------
+
+
+def test_given_a_page_token_when_used_with_another_query_then_422_names_next_token(control_plane):
+    _template(control_plane)
+    for _ in range(2):
+        control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    _, page = control_plane.api("GET", "/api/v1/workers", query={"status": "PENDING", "limit": "1"})
+    token = page["next_token"]
+
+    status, body = control_plane.api("GET", "/api/v1/workers", query={"next_token": token})
+    assert status == 422
+    assert body["details"][0]["field"] == "next_token"
+    status, _ = control_plane.api("GET", "/api/v1/instances", query={"next_token": token})
+    assert status == 422
+
+
+def test_given_a_forged_page_token_then_422_not_500(control_plane):
+    _template(control_plane)
+    for _ in range(2):
+        control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    _, page = control_plane.api("GET", "/api/v1/workers", query={"status": "PENDING", "limit": "1"})
+    issued = _untoken(page["next_token"])
+    key = issued["k"]
+    forgeries = [
+        _token({"PK": "x", "SK": "y"}),  # the old token shape: a bare start key
+        _token({"k": {**key, "GSI1PK": "WORKER_STATUS#RUNNING"}, "q": issued["q"]}),  # another partition
+        _token({"k": {**key, "SK": "S" * 1100}, "q": issued["q"]}),  # longer than a key may be
+        _token({"k": {**key, "extra": "1"}, "q": issued["q"]}),  # not the index's key attributes
+        _token({"k": {**key, "PK": 7}, "q": issued["q"]}),  # not a string key
+        _token([1, 2]),
+        "%%%",
+    ]
+    for forged in forgeries:
+        status, body = control_plane.api(
+            "GET", "/api/v1/workers", query={"status": "PENDING", "next_token": forged}
+        )
+        assert (status, body["details"][0]["field"]) == (422, "next_token"), forged
+
+
+# ---- content types, ids, nesting ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content_type", "raw"),
+    [
+        ("text/plain", '{"template": "lab"}'),
+        ("application/xml", "<worker><template>lab</template></worker>"),
+        ("application/x-www-form-urlencoded", "template=lab"),
+        ("multipart/form-data", '{"template": "lab"}'),  # no boundary: once a 500 from the parser
+        (
+            "multipart/form-data; boundary=XyZ",
+            '--XyZ\r\nContent-Disposition: form-data; name="template"\r\n\r\nlab\r\n--XyZ--\r\n',
+        ),
+    ],
+)
+def test_given_a_non_json_body_on_a_write_route_then_415_and_nothing_is_created(
+    control_plane, content_type, raw
+):
+    _template(control_plane)
+    for method, path, _ in WRITE_ROUTES:
+        status, body = control_plane.api(method, path, raw=raw, headers={"Content-Type": content_type})
+        assert (status, body["error"]) == (415, "UNSUPPORTED_MEDIA_TYPE"), (method, path)
+    assert control_plane.api("GET", "/api/v1/workers")[1]["items"] == []
+
+
+def test_given_json_with_a_charset_then_it_is_accepted(control_plane):
+    _template(control_plane)
+    status, _ = control_plane.api(
+        "POST",
+        "/api/v1/workers",
+        raw='{"template": "lab"}',
+        headers={"Content-Type": "application/json; charset=utf-8"},
+    )
+    assert status == 201
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "parameter"),
+    [
+        ("GET", f"/api/v1/workers/{LONG_ID}", "path.worker_id"),
+        ("GET", f"/api/v1/workers/{LONG_ID}/drain", "path.worker_id"),
+        ("POST", f"/api/v1/workers/{LONG_ID}/cancel-drain", "path.worker_id"),
+        ("GET", f"/api/v1/instances/{LONG_ID}", "path.instance_id"),
+        ("GET", f"/api/v1/templates/{LONG_ID}", "path.name"),
+        ("GET", f"/api/v1/pools/{LONG_ID}", "path.name"),
+    ],
+)
+def test_given_an_id_longer_than_a_key_then_422_names_the_parameter(control_plane, method, path, parameter):
+    status, body = control_plane.api(method, path)
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [parameter]
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 100_000])
+def test_given_json_nested_very_deep_then_400(control_plane, depth):
+    raw = "[" * depth + "]" * depth
+    status, body = control_plane.api("POST", "/api/v1/workers", raw=raw)
+    assert status in (400, 422)
+    if depth >= 1000:
+        assert (status, body["error"]) == (400, "MALFORMED_JSON")
+
+
+# ---- strict models --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("drain", "field"),
+    [
+        ({"timeout_seconds": True}, "body.timeout_seconds"),
+        ({"timeout_seconds": "60"}, "body.timeout_seconds"),
+        ({"timeout_seconds": 60.5}, "body.timeout_seconds"),
+        ({"timeout_seconds": 30}, "body.timeout_seconds"),
+        ({"timeout_seconds": 0}, "body.timeout_seconds"),
+        ({"timeout_seconds": -5}, "body.timeout_seconds"),
+        ({"timeout_seconds": 1_000_000_000}, "body.timeout_seconds"),
+        ({"dry_run": 0}, "body.dry_run"),
+        ({"dry_run": "true"}, "body.dry_run"),
+    ],
+)
+def test_given_a_drain_value_that_is_not_what_it_says_then_422_names_the_field(
+    control_plane, running_worker, drain, field
+):
+    worker = running_worker()
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", drain)
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [field]
+    if field == "body.timeout_seconds" and not isinstance(drain[field.split(".")[1]], bool | str):
+        assert "from 60 to 31536000" in body["details"][0]["reason"]
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+def test_given_a_pool_drain_timeout_below_a_minute_then_422(control_plane):
+    control_plane.api("PUT", "/api/v1/pools/labs", {})
+    status, body = control_plane.api("POST", "/api/v1/pools/labs/drain", {"timeout_seconds": -1})
+    assert (status, body["details"][0]["field"]) == (422, "body.timeout_seconds")
+
+
+def test_given_an_empty_drain_body_then_the_defaults_apply(control_plane, running_worker):
+    worker = running_worker(drain_timeout_hours=2)
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw="")
+    assert (status, body["timeout_seconds"]) == (202, 7200)
+    control_plane.api("PUT", "/api/v1/pools/labs", {})
+    status, body = control_plane.api("POST", "/api/v1/pools/labs/drain", {})
+    assert (status, body["drain_timeout_seconds"]) == (202, 300)
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"capacity": "3"}, "body.capacity"),
+        ({"capacity": True}, "body.capacity"),
+        ({"drain_timeout_hours": True}, "body.drain_timeout_hours"),
+        ({"drain_timeout_hours": 0.001}, "body.drain_timeout_hours"),
+    ],
+)
+def test_given_a_template_value_that_is_not_what_it_says_then_422(control_plane, template, field):
+    spec = {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": 2, **template}
+    status, body = control_plane.api("PUT", "/api/v1/templates/lab", spec)
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [field]
+
+
+@pytest.mark.parametrize(
+    "slot",
+    [
+        {"timeslot_start": 0},
+        {"timeslot_start": 1_700_000_000},
+        {"timeslot_start": "2026-03-01T09:00:00"},
+        {"timeslot_end": "2026-03-01T09:00:00"},
+    ],
+)
+def test_given_a_timestamp_that_is_a_number_or_naive_then_422_names_it(control_plane, running_worker, slot):
+    worker = running_worker()
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, **slot})
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [f"body.{next(iter(slot))}"]
+
+
+def test_given_an_aware_timestamp_then_the_instance_is_placed(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST",
+        "/api/v1/instances",
+        {"worker_id": worker.id, "timeslot_start": "2026-03-01T09:00:00+01:00"},
+    )
+    assert status == 201
+    placed = datetime.fromisoformat(body["timeslot_start"])
+    assert placed == datetime(2026, 3, 1, 8, tzinfo=UTC)
+
+
+# ---- capacity -------------------------------------------------------------------------------------------
+
+
+def test_given_no_free_slot_then_placement_is_409_no_capacity_not_a_5xx(control_plane, running_worker):
+    worker = running_worker(capacity=1)
+    assert control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id})[0] == 201
+    status, body = control_plane.api("POST", "/api/v1/instances", {"template": "lab"})
+    assert (status, body["error"]) == (409, "NO_CAPACITY")
+
+
+# ---- idempotency ----------------------------------------------------------------------------------------
+
+
+def test_given_one_key_and_the_same_json_in_another_order_then_the_first_response_is_replayed(
+    control_plane,
+):
+    _template(control_plane)
+    control_plane.api("PUT", "/api/v1/pools/labs", {})
+    headers = {"Idempotency-Key": "create-1"}
+    first = control_plane.api(
+        "POST", "/api/v1/workers", raw='{"template": "lab", "pool": "labs"}', headers=headers
+    )
+    again = control_plane.api(
+        "POST", "/api/v1/workers", raw='{ "pool":"labs","template":"lab" }', headers=headers
+    )
+    assert first[0] == 201
+    assert again == first
+    assert len(control_plane.api("GET", "/api/v1/workers")[1]["items"]) == 1
+
+
+def test_given_one_key_and_another_body_then_422_idempotency_key_reused_and_nothing_runs(control_plane):
+    _template(control_plane)
+    control_plane.api("PUT", "/api/v1/pools/labs", {})
+    headers = {"Idempotency-Key": "create-2"}
+    assert control_plane.api("POST", "/api/v1/workers", {"template": "lab"}, headers=headers)[0] == 201
+    status, body = control_plane.api(
+        "POST", "/api/v1/workers", {"template": "lab", "pool": "labs"}, headers=headers
+    )
+    assert (status, body["error"]) == (422, "IDEMPOTENCY_KEY_REUSED")
+    assert len(control_plane.api("GET", "/api/v1/workers")[1]["items"]) == 1
+
+
+def test_given_many_keyed_requests_then_the_idempotent_wrapper_is_built_once(control_plane):
+    _template(control_plane)
+    idempotency._replayer.cache_clear()
+    for n in range(3):
+        control_plane.api(
+            "POST", "/api/v1/workers", {"template": "lab"}, headers={"Idempotency-Key": f"k{n}"}
+        )
+    assert idempotency._replayer.cache_info().misses == 1
+
+
+# ---- found by schemathesis ------------------------------------------------------------------------
+
+
+def test_given_a_method_a_route_does_not_answer_then_405_names_the_allowed_ones(control_plane):
+    status, body = control_plane.api("TRACE", "/api/v1/templates")
+    assert (status, body["error"]) == (405, "METHOD_NOT_ALLOWED")
+    assert body["details"] == {"allowed": "GET"}
+    assert control_plane.api("DELETE", "/api/v1/workers/w-1")[0] == 405
+    assert control_plane.api("TRACE", "/api/v1/nowhere")[0] == 404
+
+
+def test_given_a_whole_number_written_as_a_float_then_it_is_that_integer(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/drain", {"timeout_seconds": 1800.0}
+    )
+    assert (status, body["timeout_seconds"]) == (202, 1800)
+    spec = {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 3.0}
+    status, body = control_plane.api("PUT", "/api/v1/templates/other", spec)
+    assert (status, body["capacity"]) == (201, 3)
