@@ -47,10 +47,11 @@ $(UV): requirements/tools.txt .python-version
 	@touch $@
 
 # Exactly the locked set (uv pip sync removes anything else), then this project, editable, built by the
-# locked setuptools.
-$(VENV)/.installed: $(UV) requirements/dev.txt pyproject.toml
+# locked setuptools; then each isolated tool (requirements/tool-*.txt) in its own virtualenv under .tools/.
+$(VENV)/.installed: $(UV) requirements/dev.txt pyproject.toml $(wildcard requirements/tool-*.txt)
 	$(UV) pip sync --quiet --require-hashes --python $(PY) requirements/dev.txt
 	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraints requirements/tools.txt -e .
+	$(PY) -m infra.dependencies isolated-tools
 	@touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -109,4 +110,4 @@ bench: install
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache

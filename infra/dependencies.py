@@ -8,6 +8,9 @@
   the versions of lambda.txt for the packages both hold. `make install` installs exactly this file.
 - `requirements/tools.txt`: the installer (uv, at dev.txt's version) and the build backend of
   `[build-system].requires`, so that bootstrapping and the editable install are hash-checked too.
+- `requirements/tool-<name>.txt`: one per entry of `[tool.fleetkeeper.isolated-tools]`, a command-line
+  tool that cannot share `.venv` with the runtime pins (checkov, for one, pins boto3 exactly). `make
+  install` gives each its own virtualenv under `.tools/<name>`; `tool_executable(name)` finds it.
 
 Re-resolving keeps every pin the files already hold unless `--upgrade` is given, so `make lock` after an
 edit of pyproject.toml changes only what the edit needs. The files name no index: installs use the
@@ -41,6 +44,8 @@ LAMBDA_LOCK: Final = ROOT / REQUIREMENTS_DIR / "lambda.txt"
 DEV_LOCK: Final = ROOT / REQUIREMENTS_DIR / "dev.txt"
 TOOLS_LOCK: Final = ROOT / REQUIREMENTS_DIR / "tools.txt"
 LOCKS: Final = (LAMBDA_LOCK, DEV_LOCK, TOOLS_LOCK)
+ISOLATED_LOCK_PREFIX: Final = "tool-"
+ISOLATED_TOOLS_DIR: Final = ROOT / ".tools"
 # What the lock files' headers name as the way to regenerate them.
 LOCK_COMMAND: Final = "make lock"
 
@@ -183,10 +188,52 @@ def compile_locks(root: Path = ROOT, *, upgrade: bool = False) -> None:
     if not uv_pins:
         raise DependencyError("the dev extra must name uv: `make install` installs with it")
     tools = [*_pyproject(root)["build-system"]["requires"], f"uv=={uv_pins[0].version}"]
+    inputs = {tools_lock: tools}
+    isolated = _pyproject(root).get("tool", {}).get("fleetkeeper", {}).get("isolated-tools", {})
+    for name, requirements in isolated.items():
+        inputs[f"{REQUIREMENTS_DIR}/{ISOLATED_LOCK_PREFIX}{name}.txt"] = list(requirements)
+    for old in (root / REQUIREMENTS_DIR).glob(f"{ISOLATED_LOCK_PREFIX}*.txt"):
+        if f"{REQUIREMENTS_DIR}/{old.name}" not in inputs:
+            old.unlink()
     with tempfile.TemporaryDirectory() as scratch:
-        tools_in = Path(scratch) / "tools.in"
-        tools_in.write_text("\n".join(tools) + "\n", encoding="utf-8")
-        _run([uv, *common, *universal, "--no-annotate", str(tools_in), "--output-file", tools_lock], root)
+        for output, requirements in inputs.items():
+            source = Path(scratch) / "requirements.in"
+            source.write_text("\n".join(requirements) + "\n", encoding="utf-8")
+            _run([uv, *common, *universal, "--no-annotate", str(source), "--output-file", output], root)
+
+
+def isolated_locks(root: Path = ROOT) -> list[Path]:
+    return sorted((root / REQUIREMENTS_DIR).glob(f"{ISOLATED_LOCK_PREFIX}*.txt"))
+
+
+def install_isolated_tools() -> None:
+    """Each isolated tool's lock, exactly, into its own virtualenv on this interpreter."""
+    uv = uv_executable()
+    for lock in isolated_locks():
+        target = ISOLATED_TOOLS_DIR / lock.stem.removeprefix(ISOLATED_LOCK_PREFIX)
+        if not (target / "bin" / "python").exists():
+            _run([uv, "venv", "--quiet", "--python", sys.executable, str(target)], ROOT)
+        _run(
+            [
+                uv,
+                "pip",
+                "sync",
+                "--quiet",
+                "--require-hashes",
+                "--python",
+                str(target / "bin" / "python"),
+                str(lock),
+            ],
+            ROOT,
+        )
+
+
+def tool_executable(name: str) -> Path:
+    """The command of an isolated tool, installed by `make install`."""
+    path = ISOLATED_TOOLS_DIR / name / "bin" / name
+    if not path.exists():
+        raise DependencyError(f"{name} is not installed: run `make install`")
+    return path
 
 
 def stale_locks() -> list[str]:
@@ -196,15 +243,17 @@ def stale_locks() -> list[str]:
         shutil.copy2(PYPROJECT, copy / PYPROJECT.name)
         shutil.copy2(PYTHON_VERSION_FILE, copy / PYTHON_VERSION_FILE.name)
         (copy / REQUIREMENTS_DIR).mkdir()
-        for lock in LOCKS:
-            if lock.exists():
-                shutil.copy2(lock, copy / REQUIREMENTS_DIR / lock.name)
+        committed = [lock for lock in (*LOCKS, *isolated_locks()) if lock.exists()]
+        for lock in committed:
+            shutil.copy2(lock, copy / REQUIREMENTS_DIR / lock.name)
         compile_locks(copy)
-        return [
-            f"{REQUIREMENTS_DIR}/{lock.name}"
-            for lock in LOCKS
-            if not lock.exists() or lock.read_bytes() != (copy / REQUIREMENTS_DIR / lock.name).read_bytes()
-        ]
+        resolved = {lock.name: lock.read_bytes() for lock in (copy / REQUIREMENTS_DIR).glob("*.txt")}
+        current = {lock.name: lock.read_bytes() for lock in committed}
+        return sorted(
+            f"{REQUIREMENTS_DIR}/{name}"
+            for name in resolved.keys() | current.keys()
+            if resolved.get(name) != current.get(name)
+        )
 
 
 def layer_key() -> str:
@@ -326,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock.add_argument("--upgrade", action="store_true", help="move every pin to the newest allowed version")
     commands.add_parser("check", help="fail when the lock files disagree with pyproject.toml")
     commands.add_parser("layer", help="build the Lambda dependency layer from requirements/lambda.txt")
+    commands.add_parser("isolated-tools", help="install each requirements/tool-<name>.txt into .tools/<name>")
     args = parser.parse_args(argv)
     try:
         if args.command == "lock":
@@ -339,6 +389,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 1
+        elif args.command == "isolated-tools":
+            install_isolated_tools()
         else:
             print(os.path.relpath(layer_dir(), ROOT))
     except DependencyError as exc:
