@@ -65,19 +65,19 @@ install: $(VENV)/.installed node_modules/.installed layer
 
 # The Lambda dependency layer, installed from requirements/lambda.txt for arm64 (wheels only, no Docker);
 # synthesis builds it too when it is missing.
-layer: $(VENV)/.installed
+layer: $(VENV)/.installed ## build the Lambda dependency layer from requirements/lambda.txt
 	$(PY) -m infra.dependencies layer
 
-lock: $(UV)
+lock: $(UV) ## re-resolve requirements/*.txt after editing dependencies in pyproject.toml
 	$(PY) -m infra.dependencies lock
 
-lock-upgrade: $(UV)
+lock-upgrade: $(UV) ## move every locked dependency to its newest allowed version
 	$(PY) -m infra.dependencies lock --upgrade
 
-lock-check: $(UV)
+lock-check: $(UV) ## fail when requirements/*.txt disagree with pyproject.toml
 	$(PY) -m infra.dependencies check
 
-deps-report: install
+deps-report: install ## regenerate docs/dependencies.md (what ships to Lambda)
 	$(PY) -m infra.deps_report
 
 lint: install
