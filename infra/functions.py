@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
@@ -16,6 +16,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.config import StageConfig
+from infra.dependencies import LAMBDA_PYTHON, layer_dir
 from infra.permissions import acknowledge
 
 ROOT: Final = Path(__file__).resolve().parents[1]
@@ -24,11 +25,10 @@ LAYER_DIR: Final = ROOT / "layers" / "fleetkeeper"
 # Local caches and build leftovers must not change the asset hash or ship to Lambda.
 ASSET_EXCLUDES: Final = ["**/__pycache__", "**/*.pyc", "**/*.egg-info", ".mypy_cache", ".pytest_cache"]
 
-RUNTIME: Final = lambda_.Runtime.PYTHON_3_12
+# The runtime runs the Python minor version the tests run on (.python-version); the dependency layer is
+# built for it and for this CPU (infra/dependencies.py), so the three move together.
+RUNTIME: Final = lambda_.Runtime(f"python{LAMBDA_PYTHON}", lambda_.RuntimeFamily.PYTHON)
 ARCHITECTURE: Final = lambda_.Architecture.ARM_64
-# The AWS-managed Powertools v3 layer (it also carries pydantic v2), built per Python version and CPU.
-POWERTOOLS_LAYER_ACCOUNT: Final = "017000801446"
-POWERTOOLS_LAYER_NAME: Final = "AWSLambdaPowertoolsPythonV3-python312-arm64"
 POWERTOOLS_LOG_LEVELS: Final = {
     "DEBUG": lambda_.ApplicationLogLevel.DEBUG,
     "INFO": lambda_.ApplicationLogLevel.INFO,
@@ -143,12 +143,15 @@ class Functions(Construct):
             compatible_architectures=[ARCHITECTURE],
             description="fleetkeeper package (domain, store, cloud, services)",
         )
-        region = Stack.of(self).region
-        self.powertools_layer = lambda_.LayerVersion.from_layer_version_arn(
+        # Our own build of requirements/lambda.txt rather than the AWS-managed Powertools layer and the
+        # runtime's boto3: the versions the tests ran are the versions that deploy (docs/dependencies.md).
+        self.dependencies_layer = lambda_.LayerVersion(
             self,
-            "PowertoolsLayer",
-            f"arn:aws:lambda:{region}:{POWERTOOLS_LAYER_ACCOUNT}:layer:{POWERTOOLS_LAYER_NAME}"
-            f":{config.powertools_layer_version}",
+            "DependenciesLayer",
+            code=lambda_.Code.from_asset(str(layer_dir())),
+            compatible_runtimes=[RUNTIME],
+            compatible_architectures=[ARCHITECTURE],
+            description="fleetkeeper third-party dependencies, from requirements/lambda.txt",
         )
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
@@ -192,7 +195,7 @@ class Functions(Construct):
             memory_size=spec.memory_mb,
             timeout=spec.timeout,
             role=role,
-            layers=[self.powertools_layer, self.shared_layer],
+            layers=[self.dependencies_layer, self.shared_layer],
             environment=environment,
             tracing=lambda_.Tracing.ACTIVE,
             log_group=log_group,
@@ -206,8 +209,8 @@ class Functions(Construct):
         acknowledge(
             function,
             "L1",
-            f"{RUNTIME.name} is pinned together with the Powertools layer {POWERTOOLS_LAYER_NAME}, which "
-            "is built for that Python version; both move together in infra/functions.py.",
+            f"{RUNTIME.name} is the Python the tests run on (.python-version) and the dependency layer is "
+            "built for; moving to a newer runtime is a change of that file and a `make lock`.",
         )
         self.by_name[spec.name] = function
         self.roles[spec.name] = role

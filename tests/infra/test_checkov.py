@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
+
+from infra.dependencies import tool_executable
 
 # Each check checkov runs that this stack deliberately does not meet, and why.
 SKIPPED: Final[dict[str, str]] = {
@@ -34,7 +35,7 @@ STAGES: Final = ("dev", "prod", "pinned")
 
 
 def checkov(*templates: Path) -> list[dict[str, Any]]:
-    command = [str(Path(sys.executable).with_name("checkov")), "--framework", "cloudformation"]
+    command = [str(tool_executable("checkov")), "--framework", "cloudformation"]
     for template in templates:
         command += ["-f", str(template)]
     command += ["--skip-check", ",".join(SKIPPED), "--compact", "--quiet", "-o", "json"]

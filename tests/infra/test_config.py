@@ -31,7 +31,6 @@ def test_given_cdk_json_when_a_stage_is_selected_then_its_settings_validate(stag
     config = load(cdk_json_context(), stage)
     assert config.name == stage
     assert config.regions
-    assert config.powertools_layer_version >= 1
 
 
 def test_given_cdk_json_then_prod_keeps_data_and_dev_does_not():

@@ -64,13 +64,13 @@ def test_given_a_function_then_it_runs_python_on_arm64_with_xray_and_json_logs(d
 
 
 @pytest.mark.parametrize("function", FUNCTIONS)
-def test_given_a_function_then_it_loads_the_pinned_powertools_layer_and_the_shared_layer(dev, function):
+def test_given_a_function_then_it_loads_our_dependency_layer_and_the_shared_layer_and_no_other(dev, function):
     layers = function_properties(dev, name("dev", function))["Layers"]
-    version = stage_settings("dev")["powertools_layer_version"]
-    assert layers[0] == (
-        f"arn:aws:lambda:eu-west-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python312-arm64:{version}"
-    )
-    assert layers[1]["Ref"] in resources(dev, "AWS::Lambda::LayerVersion")
+    layer_resources = resources(dev, "AWS::Lambda::LayerVersion")
+    descriptions = [layer_resources[layer["Ref"]]["Properties"]["Description"] for layer in layers]
+    assert len(descriptions) == 2
+    assert descriptions[0].startswith("fleetkeeper third-party dependencies")
+    assert descriptions[1].startswith("fleetkeeper package")
 
 
 def test_given_the_functions_then_each_has_its_own_log_group_and_role(dev):
@@ -164,7 +164,11 @@ def _asset_dir(synthesized, code):
 
 
 def test_given_the_shared_layer_then_its_asset_is_the_fleetkeeper_package_without_caches(synthesized, dev):
-    (layer,) = properties(dev, "AWS::Lambda::LayerVersion")
+    (layer,) = [
+        layer
+        for layer in properties(dev, "AWS::Lambda::LayerVersion")
+        if layer["Description"].startswith("fleetkeeper package")
+    ]
     asset: Path = _asset_dir(synthesized, layer["Content"])
     assert (asset / "python" / "fleetkeeper" / "store" / "schema.py").is_file()
     assert not list(asset.rglob("__pycache__"))
