@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +186,9 @@ class Functions:
     """The scheduled and event-driven handlers, each one invocation at a time, as one Lambda instance."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {"reconcile": threading.Lock(), "discover": threading.Lock()}
+        self._locks: dict[str, threading.Lock] = {
+            name: threading.Lock() for name in ("reconcile", "discover", "ec2_events")
+        }
 
     def reconcile(self) -> Any:
         with self._locks["reconcile"]:
@@ -195,6 +197,29 @@ class Functions:
     def discover(self) -> Any:
         with self._locks["discover"]:
             return invoke("discover", schedule_input("discover", region=LOCAL_REGION))
+
+    def spot_warning(self, machine: str, action: str, warned_at: datetime) -> Any:
+        with self._locks["ec2_events"]:
+            return invoke("ec2_events", spot_warning_event(machine, action, warned_at))
+
+
+# EC2 warns a spot instance two minutes before it interrupts it.
+SPOT_NOTICE_SECONDS = 120
+
+
+def spot_warning_event(machine: str, action: str, warned_at: datetime) -> dict[str, Any]:
+    """An `EC2 Spot Instance Interruption Warning` as EventBridge delivers it (events/ has a sample)."""
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "EC2 Spot Instance Interruption Warning",
+        "source": "aws.ec2",
+        "account": ACCOUNT,
+        "time": warned_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "region": LOCAL_REGION,
+        "resources": [f"arn:aws:ec2:{LOCAL_REGION}:{ACCOUNT}:instance/{machine}"],
+        "detail": {"instance-id": machine, "instance-action": action},
+    }
 
 
 # ---- the clients -----------------------------------------------------------------------------------
@@ -227,7 +252,8 @@ class Client:
             (self.place_in_pool, 14),
             (self.place_on_worker, 10),
             (self.report_state, 24),
-            (self.drain_short, 3),
+            (self.drain_short, 2),
+            (self.spot_warning, 2),
             (self.drain_long, 2),
             (self.double_drain, 1.5),
             (self.cancel_drain, 5),
@@ -390,9 +416,25 @@ class Client:
             self.seen.record_drain_ack(worker_id, payload.get("generation"), sent, received)
 
     def drain_short(self) -> None:
+        # The shortest drain the API accepts (a deadline under a minute is refused as a typo); drains with
+        # only seconds left come from late spot warnings (spot_warning).
         worker_id = self.pick_worker()
         if worker_id is not None:
-            self._drain("drain_short", worker_id, self.random.randint(2, 8))
+            self._drain("drain_short", worker_id, self.random.randint(60, 90))
+
+    def spot_warning(self) -> None:
+        """A spot interruption warning delivered late: its drain has seconds left and is forced at once.
+
+        The ec2_events handler takes it as EventBridge would hand it over, one invocation at a time in
+        this process, while the API instances keep serving the other clients.
+        """
+        machine = self._machine()
+        if machine is None:
+            return
+        seconds_left = self.random.randint(2, 8)
+        warned_at = now() - timedelta(seconds=SPOT_NOTICE_SECONDS - seconds_left)
+        action = "stop" if self.random.random() < 0.7 else "terminate"
+        self.seen.record_tick("spot_warning", lambda: self.functions.spot_warning(machine, action, warned_at))
 
     def drain_long(self) -> None:
         worker_id = self.pick_worker()
@@ -404,7 +446,7 @@ class Client:
         worker_id = self.pick_worker()
         if worker_id is None:
             return
-        timeout = self.random.randint(3, 30)
+        timeout = self.random.randint(60, 120)
         # `then` is drawn here, not in the threads, so the client's sequence of choices stays fixed.
         thens = [self._then(), self._then()]
         threads = [
@@ -469,7 +511,7 @@ class Client:
         for member in members:
             self.fleet.heat(worker_id=member)
         body = {
-            "timeout_seconds": self.random.choice([3, 10, 60]),
+            "timeout_seconds": self.random.choice([60, 75, 90]),
             "then": self.random.choices(["none", "stop"], [4, 1])[0],
         }
         status, _, sent, received = self.call("drain_pool", "POST", f"/api/v1/pools/{pool}/drain", body)

@@ -16,6 +16,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from fleetkeeper_cli import app as cli_app
 from fleetkeeper_cli.app import app
 
 pytestmark = [pytest.mark.slow]
@@ -55,6 +56,9 @@ class Cli:
     def __init__(self, api: str) -> None:
         self.api = api
         self.runner = CliRunner()
+        # Wide enough that no table cell wraps the text a test looks for, whatever terminal (or none)
+        # the test run has: rich sizes a console without a terminal from its environment.
+        cli_app.console.width = 200
 
     def __call__(self, *args: str) -> tuple[int, str]:
         # Wide enough that no table cell wraps the text a test looks for.
@@ -150,7 +154,16 @@ def test_given_a_busy_worker_when_its_deadline_passes_then_the_wait_reports_forc
     worker_id = new_worker(cli, instances=1)
 
     code, output = cli(
-        "drain", worker_id, "--timeout", "2s", "--wait", "--interval", "0.3", "--output", "json"
+        # The shortest drain the API accepts: a deadline under a minute is refused as a typo.
+        "drain",
+        worker_id,
+        "--timeout",
+        "60s",
+        "--wait",
+        "--interval",
+        "1",
+        "--output",
+        "json",
     )
 
     assert code == 1, output
