@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.api import idempotency
+from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -168,7 +169,7 @@ def test_given_a_drain_value_that_is_not_what_it_says_then_422_names_the_field(
     assert status == 422
     assert [d["field"] for d in body["details"]] == [field]
     if field == "body.timeout_seconds" and not isinstance(drain[field.split(".")[1]], bool | str):
-        assert "from 60 to 31536000" in body["details"][0]["reason"]
+        assert f"from 60 to {MAX_DRAIN_TIMEOUT_SECONDS}" in body["details"][0]["reason"]
     assert control_plane.ctx.store.get_worker(worker.id).drain is None
 
 

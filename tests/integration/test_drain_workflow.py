@@ -376,7 +376,7 @@ def test_given_rechecks_without_a_sweep_then_each_cycle_costs_a_fixed_number_of_
     plane = control_plane_factory(heartbeat_seconds=1)
     worker = ec2_worker()
     place(plane, worker.id)
-    started = drain(plane, worker.id, timeout_seconds=6)
+    started = short_drain(plane, worker.id, 6)
     assert plane.wait_for_execution(started["execution_arn"], timeout=40)["status"] == "SUCCEEDED"
     events = boto3.client("stepfunctions").get_execution_history(
         executionArn=started["execution_arn"], maxResults=1000

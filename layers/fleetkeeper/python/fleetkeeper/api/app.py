@@ -100,6 +100,10 @@ class JsonBodiesOnly(OpenAPIRequestValidationMiddleware):
         foreign = errors.foreign_content_type(app.current_event)
         if foreign:
             raise errors.UnsupportedMediaType(foreign)
+        # No body of ours nests deeply; refusing one before parsing keeps the answer the same whatever
+        # the interpreter's recursion limits (a parser may or may not give up on its own).
+        if errors.json_depth(app.current_event.body or "") > errors.MAX_JSON_DEPTH:
+            raise errors.MalformedJson(f"the body nests deeper than {errors.MAX_JSON_DEPTH} levels")
         response: Response[Any] = super().handler(app, next_middleware)
         return response
 
