@@ -209,6 +209,13 @@ def _respond(
     handler.wfile.write(payload)
 
 
+class _LocalServer(ThreadingHTTPServer):
+    # The standard library listens with a backlog of 5; a burst of concurrent clients beyond that gets
+    # its connections reset before any request is read. API Gateway queues far more than that.
+    request_queue_size = 128
+    daemon_threads = True
+
+
 class _LocalHandler(BaseHTTPRequestHandler):
     # HTTP/1.1 keeps the proxy's connections to an instance open between requests.
     protocol_version = "HTTP/1.1"
@@ -304,7 +311,7 @@ class _Instance:
         raise AssertionError("unreachable")
 
 
-class _ProxyServer(ThreadingHTTPServer):
+class _ProxyServer(_LocalServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], instances: queue.Queue[_Instance]) -> None:
@@ -396,7 +403,7 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         if self.instances <= 1:
-            self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _ApiRequestHandler)
+            self._server = _LocalServer(("127.0.0.1", self.port), _ApiRequestHandler)
         else:
             instances: queue.Queue[_Instance] = queue.Queue()
             try:
@@ -449,7 +456,7 @@ def serve_instance(port: int) -> None:
     """One API instance process, serving until SIGTERM (requests still run one at a time)."""
     global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
     plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
-    server = ThreadingHTTPServer(("127.0.0.1", port), _ApiRequestHandler)
+    server = _LocalServer(("127.0.0.1", port), _ApiRequestHandler)
     server.daemon_threads = True
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
