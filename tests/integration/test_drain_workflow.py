@@ -259,12 +259,24 @@ def test_given_a_lost_signal_then_the_heartbeat_recheck_completes_the_drain(
     plane = control_plane_factory(heartbeat_seconds=2)
     worker = ec2_worker()
     instance = place(plane, worker.id)
-    started = drain(plane, worker.id)
+    # Ten minutes: short enough that the heartbeat is not stretched (long drains re-check less often, see
+    # recheck_heartbeat), long enough that only the heartbeat, not the deadline, can end the wait in time.
+    started = drain(plane, worker.id, timeout_seconds=600)
     eventually(token_stored(plane, worker.id))
     # End the instance behind the service's back: nobody sends the token.
     store = plane.ctx.store
     store.end_instance(store.get_instance(instance["id"]), InstanceState.COMPLETED, actor="test")
-    assert plane.wait_for_execution(started["execution_arn"], timeout=20)["status"] == "SUCCEEDED"
+    assert plane.wait_for_execution(started["execution_arn"], timeout=30)["status"] == "SUCCEEDED"
+    timeouts = [
+        e["taskTimedOutEventDetails"]["error"]
+        for e in boto3.client("stepfunctions").get_execution_history(executionArn=started["execution_arn"])[
+            "events"
+        ]
+        if "taskTimedOutEventDetails" in e
+    ]
+    # One timed-out wait, minutes before the deadline: the heartbeat's. (moto names it States.Timeout where
+    # AWS says States.HeartbeatTimeout; the state machine routes both to the re-check.)
+    assert len(timeouts) == 1
     entered = plane.states_entered(started["execution_arn"])
     assert "Recheck" in entered
     assert "Force" not in entered
