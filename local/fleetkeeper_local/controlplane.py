@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.client
 import io
 import json
@@ -78,12 +79,23 @@ class LocalResources:
         }
 
 
+@functools.cache
+def _setup_client(service: str, endpoint: str | None) -> Any:
+    """Clients for provisioning, one per service and endpoint: the test suite provisions a control plane
+    for nearly every test, and a new client costs more CPU than the calls it makes."""
+    return boto3.client(service, endpoint_url=endpoint)  # type: ignore[call-overload]
+
+
+def _setup(service: str) -> Any:
+    return _setup_client(service, os.environ.get("AWS_ENDPOINT_URL"))
+
+
 def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) -> LocalResources:
     """Create the table, the drain_tasks function, the state machine, the audit bus and the topic."""
     suffix = suffix or uuid.uuid4().hex[:8]
     stack.create_table(table_name)
     lambdas.install().register(f"fleetkeeper-drain-tasks-{suffix}", drain_tasks_handler)
-    iam = boto3.client("iam")
+    iam = _setup("iam")
     role_name = f"fleetkeeper-local-{suffix}"
     trust = {
         "Version": "2012-10-17",
@@ -96,22 +108,22 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
         ],
     }
     role_arn = iam.create_role(RoleName=role_name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
-    function_arn = boto3.client("lambda").create_function(
+    function_arn = _setup("lambda").create_function(
         FunctionName=f"fleetkeeper-drain-tasks-{suffix}",
         Runtime="python3.12",
         Role=role_arn,
         Handler="handler.handler",
         Code={"ZipFile": _placeholder_zip()},
     )["FunctionArn"]
-    state_machine_arn = boto3.client("stepfunctions").create_state_machine(
+    state_machine_arn = _setup("stepfunctions").create_state_machine(
         name=f"fleetkeeper-drain-{suffix}",
         definition=drain_definition(function_arn),
         roleArn=role_arn,
         type="STANDARD",
     )["stateMachineArn"]
     bus_name = f"fleetkeeper-audit-{suffix}"
-    boto3.client("events").create_event_bus(Name=bus_name)
-    topic_arn = boto3.client("sns").create_topic(Name=f"fleetkeeper-alerts-{suffix}")["TopicArn"]
+    _setup("events").create_event_bus(Name=bus_name)
+    topic_arn = _setup("sns").create_topic(Name=f"fleetkeeper-alerts-{suffix}")["TopicArn"]
     return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn)
 
 

@@ -103,6 +103,7 @@ class LocalStack:
     data_dir: Path | None = None  # None keeps DynamoDB Local in memory
     _dynamodb: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _moto: ThreadedMotoServer | None = field(default=None, init=False, repr=False)
+    _dynamodb_admin: Any = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_environ(cls) -> LocalStack:
@@ -216,13 +217,16 @@ class LocalStack:
             self._dynamodb = None
 
     def dynamodb_client(self) -> Any:
-        return boto3.client(
-            "dynamodb",
-            endpoint_url=self.dynamodb_endpoint,
-            region_name=LOCAL_REGION,
-            aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        )
+        """One client per stack: tables are made and dropped for every test."""
+        if self._dynamodb_admin is None:
+            self._dynamodb_admin = boto3.client(
+                "dynamodb",
+                endpoint_url=self.dynamodb_endpoint,
+                region_name=LOCAL_REGION,
+                aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
+        return self._dynamodb_admin
 
     def create_table(self, table_name: str) -> None:
         """Create the fleetkeeper table from the shared definition, unless it exists."""

@@ -1,4 +1,4 @@
-"""One local control plane (`python -m fleetkeeper_local run`) per test session, on free ports."""
+"""One local control plane (`python -m fleetkeeper_local run`) for the e2e tests, on free ports."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("e2e-control-plane"))
 
 
-@pytest.fixture(scope="session")
+# Package scope: the control plane reconciles every second, so it stops as soon as the e2e tests are done
+# rather than taking CPU from the rest of the session.
+@pytest.fixture(scope="package")
 def control_plane_url() -> Iterator[str]:
     api_port = free_port()
     env = {

@@ -124,8 +124,11 @@ class ControlPlane:
         return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
 
 
-def eventually(probe: Callable[[], Any], timeout: float = 15, interval: float = 0.05) -> Any:
-    """Poll until probe returns something truthy; fail with the last value after timeout."""
+def eventually(probe: Callable[[], Any], timeout: float = 15, interval: float = 0.1) -> Any:
+    """Poll until probe returns something truthy; fail with the last value after timeout.
+
+    Each probe is a call to an emulator running on the same two cores as the code under test, so the
+    interval trades a little latency for CPU the system under test needs."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:

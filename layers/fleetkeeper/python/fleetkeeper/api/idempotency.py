@@ -37,8 +37,9 @@ Replay = Callable[..., StoredResponse]
 
 
 @cache
-def _replayer(table_name: str, ttl_seconds: int) -> tuple[IdempotencyConfig, Replay]:
-    """The idempotent wrapper, built once per table (once per Lambda container)."""
+def _replayer(table_name: str, ttl_seconds: int, dynamodb: Any) -> tuple[IdempotencyConfig, Replay]:
+    """The idempotent wrapper, built once per table and client (once per Lambda container). It uses the
+    process's shared client: its own would parse the DynamoDB model again on the first request."""
     config = IdempotencyConfig(
         event_key_jmespath="[key, caller, method, path]",
         payload_validation_jmespath="body",
@@ -51,6 +52,7 @@ def _replayer(table_name: str, ttl_seconds: int) -> tuple[IdempotencyConfig, Rep
         sort_key_attr=SORT_KEY,
         static_pk_value="IDEMPOTENCY",
         expiry_attr=TTL_ATTRIBUTE,
+        boto3_client=dynamodb,
     )
 
     @idempotent_function(  # type: ignore[untyped-decorator]  # Powertools' decorator is unannotated
@@ -63,8 +65,8 @@ def _replayer(table_name: str, ttl_seconds: int) -> tuple[IdempotencyConfig, Rep
 
 
 def _current() -> tuple[IdempotencyConfig, Replay]:
-    settings = default_context().settings
-    return _replayer(settings.table_name, settings.idempotency_ttl_seconds)
+    ctx = default_context()
+    return _replayer(ctx.settings.table_name, ctx.settings.idempotency_ttl_seconds, ctx.dynamodb_client)
 
 
 def register_lambda_context(context: LambdaContext) -> None:

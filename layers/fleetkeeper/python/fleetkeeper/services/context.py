@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
@@ -28,6 +29,11 @@ class Context:
 
     def cloudwatch(self, region: str | None = None) -> MetricsGateway:
         return MetricsGateway(client("cloudwatch", region))
+
+    @property
+    def dynamodb_client(self) -> Any:
+        """The shared DynamoDB client, for libraries that keep records in the table (idempotency)."""
+        return client("dynamodb")
 
     @property
     def stats(self) -> StatsStore:
