@@ -41,9 +41,10 @@ $(UV): requirements/tools.txt .python-version
 	@touch $@
 
 # Exactly the locked set (uv pip sync removes anything else), then this project, editable, built by the
-# locked setuptools.
+# locked setuptools. Bytecode is compiled once here: with PYTHONDONTWRITEBYTECODE set (as on many CI
+# machines) every test process would otherwise compile each module it imports, every time.
 $(VENV)/.installed: $(UV) requirements/dev.txt pyproject.toml
-	$(UV) pip sync --quiet --require-hashes --python $(PY) requirements/dev.txt
+	$(UV) pip sync --quiet --require-hashes --compile-bytecode --python $(PY) requirements/dev.txt
 	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraints requirements/tools.txt -e .
 	@touch $@
 

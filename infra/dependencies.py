@@ -59,7 +59,7 @@ LAMBDA_UNZIPPED_LIMIT_BYTES: Final = 250 * 1024 * 1024
 
 LAYER_BUILD_DIR: Final = ROOT / "build" / "dependency-layer"
 # Bump when the way the layer is built changes, so a build by the old recipe is not reused.
-LAYER_RECIPE: Final = "1"
+LAYER_RECIPE: Final = "2"
 
 _PIN = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)\s*(?:;\s*(?P<marker>[^\\]+?))?\s*\\?$"
@@ -220,6 +220,7 @@ def install_isolated_tools() -> None:
                 "sync",
                 "--quiet",
                 "--require-hashes",
+                "--compile-bytecode",
                 "--python",
                 str(target / "bin" / "python"),
                 str(lock),
@@ -307,6 +308,7 @@ def build_layer(target: Path) -> None:
             ROOT,
         )
         _drop_scripts(staging / "python")
+        _compile_bytecode(staging / "python")
         try:
             staging.rename(target)
         except OSError:
@@ -318,6 +320,34 @@ def build_layer(target: Path) -> None:
     for old in LAYER_BUILD_DIR.iterdir():
         if old.is_dir() and old != target and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _compile_bytecode(site: Path) -> None:
+    """Ship the layer's bytecode. /opt is read-only on Lambda, so without it every cold start compiles
+    each module it imports, again. Hash-based and unchecked: the zip does not keep the sources' mtimes,
+    which a timestamp-based .pyc would be checked against, need not survive the upload."""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if running != LAMBDA_PYTHON:
+        # Bytecode is per minor version: Python 3.x's would be dead weight on the runtime's.
+        print(
+            f"WARNING: the layer ships no bytecode: it is built by Python {running}, not {LAMBDA_PYTHON}",
+            file=sys.stderr,
+        )
+        return
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "--invalidation-mode",
+            "unchecked-hash",
+            str(site),
+        ],
+        ROOT,
+    )
 
 
 def _drop_scripts(site: Path) -> None:

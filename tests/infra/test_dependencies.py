@@ -119,7 +119,28 @@ def test_given_the_dependency_layer_then_every_wheel_is_pure_python_or_built_for
 def test_given_the_dependency_layer_then_it_holds_only_importable_code_and_no_scripts(dependency_layer):
     assert sorted(path.name for path in dependency_layer.iterdir()) == ["python"]
     assert not (dependency_layer / "python" / "bin").exists()
-    assert not list(dependency_layer.rglob("__pycache__"))
+
+
+# The flags word of a .pyc header (PEP 552): bit 0 set = hash-based, bit 1 set = checked against the source.
+HASH_BASED, CHECK_SOURCE = 0b01, 0b10
+
+
+def test_given_the_dependency_layer_then_every_module_ships_unchecked_bytecode_for_the_runtime(
+    dependency_layer,
+):
+    """Lambda's /opt is read-only: a module without bytecode is compiled again on every cold start."""
+    tag = f"cpython-{LAMBDA_PYTHON.replace('.', '')}"
+    sources = list((dependency_layer / "python").rglob("*.py"))
+    missing = [
+        str(source.relative_to(dependency_layer))
+        for source in sources
+        if not (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").exists()
+    ]
+    assert sources
+    assert not missing, f"{len(missing)} of {len(sources)} modules ship no {tag} bytecode, e.g. {missing[:5]}"
+    for pyc in (dependency_layer / "python").rglob(f"*.{tag}.pyc"):
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+        assert (flags & HASH_BASED, flags & CHECK_SOURCE) == (HASH_BASED, 0), pyc
 
 
 def _third_party_imports(path: Path) -> set[str]:
