@@ -399,13 +399,17 @@ def pool_drain(
 
 @pool_app.command("cancel-drain")
 def pool_cancel_drain(
-    ctx: typer.Context, name: Annotated[str, typer.Argument(help="pool name")], output: OutputOption = None
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="pool name")],
+    reason: Annotated[str | None, typer.Option(help="why the drain is cancelled")] = None,
+    output: OutputOption = None,
 ) -> None:
     """Cancel a pool's drain."""
+    body = {"reason": reason} if reason else None
     _run(
         ctx,
         output,
-        lambda c: c.post(f"/api/v1/pools/{name}/cancel-drain"),
+        lambda c: c.post(f"/api/v1/pools/{name}/cancel-drain", body),
         lambda pool: console.print(
             f"pool {pool['name']} {pool['status']}: drain {pool.get('drain_outcome')}"
         ),

@@ -121,6 +121,14 @@ class DrainRequest(Request):
     dry_run: StrictFlag = False
 
 
+class CancelDrainRequest(Request):
+    """Optional: no body (or an empty one) cancels without a reason."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "patch postponed"}]})
+
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+
+
 class InternalStatusRequest(Request):
     """What EC2 (or tooling reading EC2) observed. Who reported it is the signing principal, not the body."""
 
@@ -217,6 +225,7 @@ class DrainView(BaseModel):
     forced_instances: int
     finished_at: datetime | None
     cancelled_by: str | None
+    cancel_reason: str | None = None
     execution_arn: str | None
 
 
@@ -307,6 +316,8 @@ class PoolView(BaseModel):
     drain_requested_by: str | None
     drain_execution_arn: str | None
     drain_finished_at: datetime | None
+    drain_cancelled_by: str | None = None
+    drain_cancel_reason: str | None = None
     active_instances: int | None = None
     version: int
 
