@@ -203,6 +203,8 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["pools"],
         ["pool", "drain"],
         ["pool", "cancel-drain"],
+        ["orphans", "show"],
+        ["orphans", "confirm"],
         ["instances"],
         ["place"],
         ["complete"],
@@ -247,3 +249,22 @@ def test_given_a_cancel_reason_then_the_cli_sends_it_in_the_body(server: str, co
 
     assert exit_code == 0, output
     assert Recorder.requests[-1] == ("POST", path, {"reason": "patch postponed"})
+
+
+def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_workers(server: str):
+    Recorder.answer = (
+        200,
+        {"region": "eu-west-1", "confirmed_ids": ["w-1", "w-2"], "confirmed_until": "2026-11-22T13:00:00Z"},
+    )
+
+    exit_code, output = run(
+        "--api", server, "orphans", "confirm", "eu-west-1", "--worker", "w-1", "--worker", "w-2"
+    )
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == (
+        "POST",
+        "/api/v1/reconcile/orphans/confirm",
+        {"region": "eu-west-1", "worker_ids": ["w-1", "w-2"]},
+    )
+    assert "2 held-back workers in eu-west-1 confirmed" in output

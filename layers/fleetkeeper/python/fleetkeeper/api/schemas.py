@@ -33,6 +33,7 @@ from fleetkeeper.domain.models import (
     Worker,
     WorkerTemplate,
 )
+from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.domain.placement import PlacementStrategy
 
 # One minimum for every drain, requested or from a template: a drain shorter than a minute is a typo.
@@ -127,6 +128,18 @@ class CancelDrainRequest(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "patch postponed"}]})
 
     reason: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+class ConfirmOrphansRequest(Request):
+    """Confirm what orphan GC's breaker holds back in one region; naming the workers guards against
+    confirming a set that changed since it was read (409 then)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"region": "eu-west-1"}]})
+
+    region: Region
+    worker_ids: list[Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]] | None = Field(
+        default=None, max_length=10000
+    )
 
 
 class InternalStatusRequest(Request):
@@ -255,6 +268,27 @@ class WorkerView(BaseModel):
         # The drain's callback token is a credential for the workflow: it never leaves the service.
         data = worker.model_dump(exclude={"drain": {"task_token", "timed_out_at", "error"}})
         return cls.model_validate(data)
+
+
+class OrphanBreakerView(BaseModel):
+    region: str
+    holding: bool
+    held_back: list[str]
+    live_workers: int
+    share_percent: float
+    tripped_at: datetime | None
+    confirmed_ids: list[str]
+    confirmed_by: str | None
+    confirmed_at: datetime | None
+    confirmed_until: datetime | None
+
+    @classmethod
+    def of(cls, breaker: OrphanBreaker) -> OrphanBreakerView:
+        return cls.model_validate({**breaker.model_dump(exclude={"version"}), "holding": breaker.holding})
+
+
+class OrphanBreakerList(BaseModel):
+    items: list[OrphanBreakerView]
 
 
 class WorkerPage(BaseModel):
