@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -32,6 +34,7 @@ from fleetkeeper.domain.models import (
     UtcDatetime,
     Worker,
     WorkerTemplate,
+    utcnow,
 )
 from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.domain.placement import PlacementStrategy
@@ -87,6 +90,44 @@ StrictFlag = Annotated[bool, Strict()]
 MAX_ID_LENGTH: Final = 128
 
 
+# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request.
+_DURATION = re.compile(r"^(?=\d)(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+MAX_DO_NOT_DISRUPT: Final = timedelta(days=366)
+_UNTIL_HINT = (
+    "an ISO 8601 timestamp with a timezone (2026-03-01T09:00:00Z) or a duration such as 2h, 90m, 1h30m"
+)
+
+
+def _until_or_duration(value: Any) -> Any:
+    """A duration becomes the moment it ends; a timestamp is checked by UtcDatetime (aware only)."""
+    if isinstance(value, str):
+        match = _DURATION.match(value.strip())
+        if match is not None:
+            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+            return utcnow() + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise ValueError(_UNTIL_HINT)
+
+
+def _ahead_within_a_year(value: datetime) -> datetime:
+    now = utcnow()
+    if value <= now:
+        raise ValueError("must be in the future (null clears the protection)")
+    if value - now > MAX_DO_NOT_DISRUPT:
+        raise ValueError("must be within 366 days")
+    return value
+
+
+DoNotDisruptUntil = Annotated[
+    UtcDatetime,
+    BeforeValidator(_until_or_duration),
+    AfterValidator(_ahead_within_a_year),
+    Field(description=_UNTIL_HINT, examples=["2h", "2026-03-01T09:00:00Z"]),
+]
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -103,6 +144,14 @@ class DesiredStatusRequest(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"desired_status": "STOPPED"}]})
 
     desired_status: Literal["RUNNING", "STOPPED", "TERMINATED"]
+
+
+class DoNotDisruptRequest(Request):
+    """Keep scale-down away from the worker until a moment; null lifts it. The key is required."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"do_not_disrupt_until": "2h"}]})
+
+    do_not_disrupt_until: DoNotDisruptUntil | None
 
 
 class DrainRequest(Request):
@@ -256,6 +305,7 @@ class WorkerView(BaseModel):
     active_instances: int
     drain: DrainView | None
     do_not_disrupt: bool
+    do_not_disrupt_until: datetime | None = None
     status_reason: str | None
     terminated_by: str | None
     terminated_reason: str | None

@@ -144,6 +144,8 @@ class Worker(Record):
     active_instances: int = Field(default=0, ge=0)
     drain: DrainRecord | None = None
     do_not_disrupt: bool = False
+    # Protection that expires by itself: compared with the clock, never cleaned up.
+    do_not_disrupt_until: UtcDatetime | None = None
     status_reason: str | None = None
     terminated_by: str | None = None
     terminated_reason: str | None = None
