@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
+from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.store.repository import FleetStore
@@ -120,3 +122,18 @@ def test_given_a_machine_launched_seconds_ago_then_discovery_imports_it_only_aft
     assert (early.counters["import_deferred"], early.counters["imported"]) == (1, 0)
     assert late.counters["imported"] == 1
     assert store.get_worker("w-00000000young").status == WorkerStatus.RUNNING
+
+
+def test_given_two_writers_of_one_breaker_then_the_one_holding_a_stale_read_gets_a_typed_conflict(ctx):
+    first = ctx.breakers.save(None, OrphanBreaker(region="eu-west-3", held_back=["w-a"]))
+    confirmed = ctx.breakers.save(
+        first, first.model_copy(update={"confirmed_ids": ["w-a"], "confirmed_by": "bob"})
+    )
+
+    with pytest.raises(StaleWrite):
+        ctx.breakers.save(first, first.model_copy(update={"held_back": []}))
+    with pytest.raises(StaleWrite):
+        ctx.breakers.save(None, OrphanBreaker(region="eu-west-3"))
+
+    assert ctx.breakers.read("eu-west-3") == confirmed
+    assert [b.region for b in ctx.breakers.list_all()] == ["eu-west-3"]
