@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import boto3
 import pytest
 
+from fleetkeeper.cloud.events import EVENT_SOURCE
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
@@ -28,6 +32,27 @@ def fleet(live_worker: Any, running_worker: Any) -> tuple[list[Worker], list[Wor
     alive = [live_worker() for _ in range(3)]
     vanished = [running_worker(template="lab") for _ in range(2)]
     return alive, vanished
+
+
+def audit_listener(bus: str) -> Callable[[], list[dict[str, Any]]]:
+    """A queue subscribed to the audit bus's orphan GC events; the returned call drains it."""
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName="orphan-gc-audit")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    events = boto3.client("events")
+    pattern = {"source": [EVENT_SOURCE], "detail-type": [{"prefix": "Orphan GC"}]}
+    events.put_rule(Name="orphan-gc-audit", EventBusName=bus, EventPattern=json.dumps(pattern))
+    events.put_targets(Rule="orphan-gc-audit", EventBusName=bus, Targets=[{"Id": "queue", "Arn": arn}])
+
+    def received() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        while messages := sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages"):
+            found.extend(json.loads(m["Body"]) for m in messages)
+            for m in messages:
+                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
+        return found
+
+    return received
 
 
 def statuses(store: FleetStore, workers: list[Worker]) -> set[WorkerStatus]:
@@ -76,6 +101,7 @@ def test_given_an_operator_confirms_through_the_api_then_the_next_pass_retires_t
     ctx = make_ctx(ORPHAN_GC_MAX_SHARE_PERCENT="20")
     _, vanished = fleet
     held = sorted(w.id for w in vanished)
+    audit_events = audit_listener(ctx.settings.audit_bus_name)
     assert control_plane.api("POST", "/api/v1/reconcile/orphans/confirm", {"region": REGION})[0] == 409
     not_a_region = control_plane.api("POST", "/api/v1/reconcile/orphans/confirm", {"region": "Mars 1"})
     discover_and_collect(ctx)
@@ -103,6 +129,14 @@ def test_given_an_operator_confirms_through_the_api_then_the_next_pass_retires_t
     _, after = control_plane.api("GET", "/api/v1/reconcile/orphans")
     assert [(b["holding"], b["confirmed_until"]) for b in after["items"]] == [(False, None)]
     assert control_plane.api("POST", "/api/v1/reconcile/orphans/confirm", {"region": REGION})[0] == 409
+    published = [(e["detail-type"], e["detail"]) for e in audit_events()]
+    assert [kind for kind, _ in published] == [
+        "Orphan GC Held Back",
+        "Orphan GC Confirmed",
+        "Orphan GC Resumed",
+    ]
+    assert all(detail["worker_ids"] == held for _, detail in published)
+    assert (published[1][1]["confirmed_by"], published[2][1]["how"]) == ("alice", "confirmed")
 
 
 def test_given_a_machine_launched_seconds_ago_then_discovery_imports_it_only_after_the_grace(
