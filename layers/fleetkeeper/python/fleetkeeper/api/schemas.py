@@ -104,7 +104,10 @@ def _until_or_duration(value: Any) -> Any:
         match = _DURATION.match(value.strip())
         if match is not None:
             days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-            return utcnow() + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            try:
+                return utcnow() + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            except OverflowError as exc:  # "99999999999d": a client's typo, not our 500
+                raise ValueError("must be within 366 days") from exc
         return value
     if isinstance(value, datetime):
         return value

@@ -149,7 +149,8 @@ def discover_and_collect(
             orphan_gc_breaker=str(findings.breaker),
             orphans_held_back=findings.held_back[:MAX_IDS_IN_EVENT],
         )
-        if findings.orphans and not findings.held_back:
+        # A held-back pass terminated nothing: its own event comes from the breaker (services/orphan_gc.py).
+        if findings.orphans and (report.mode is GcMode.REPORT_ONLY or not findings.held_back):
             _announce(ctx, report.mode, findings)
     discovered = report.counters.pop("discovered", 0)
     ctx.stats.record(
