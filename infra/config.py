@@ -75,6 +75,18 @@ class ScaleDownConfig(_Section):
     max_concurrent_drains: int = Field(default=2, ge=1)
 
 
+class OrphanGcConfig(_Section):
+    # More than this share of a region's live workers orphaned in one pass: GC retires none of them.
+    max_share_percent: float = Field(default=20.0, ge=0, le=100)
+    confirmation_ttl_seconds: int = Field(default=3600, gt=0)
+
+
+class RebalanceConfig(_Section):
+    # Off by default: rebalance recommendations are far more frequent than interruptions.
+    enabled: bool = False
+    drain_timeout_seconds: int = Field(default=1800, ge=60, le=86400)
+
+
 class ApiConfig(_Section):
     throttling_rate_limit: float = Field(default=20, gt=0)
     throttling_burst_limit: int = Field(default=40, gt=0)
@@ -95,6 +107,10 @@ class StageConfig(_Section):
     schedules: ScheduleConfig = ScheduleConfig()
     scale_down: ScaleDownConfig = ScaleDownConfig()
     gc_mode: Literal["terminate", "report-only"] = "report-only"
+    orphan_gc: OrphanGcConfig = OrphanGcConfig()
+    # Discovery does not import a managed machine launched less than this long ago.
+    import_grace_seconds: int = Field(default=30, ge=0)
+    rebalance: RebalanceConfig = RebalanceConfig()
     alarm_email: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_retention_days: int = 30

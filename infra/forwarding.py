@@ -22,9 +22,18 @@ from constructs import Construct
 
 from infra.config import StageConfig
 from infra.permissions import acknowledge
-from infra.triggers import EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
 
 FORWARDED_DETAIL_TYPES: Final = (EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION)
+
+
+def forwarded_detail_types(config: StageConfig) -> tuple[str, ...]:
+    """What a forwarder sends home: rebalance recommendations too, where the stage acts on them."""
+    if config.rebalance.enabled:
+        return (*FORWARDED_DETAIL_TYPES, EC2_REBALANCE_RECOMMENDATION)
+    return FORWARDED_DETAIL_TYPES
+
+
 OUTPUT_FORWARDING_DLQ: Final = "ForwardingDeadLetterQueueUrl"
 
 
@@ -89,7 +98,7 @@ class EventForwardingStack(Stack):
                 event_pattern=events.EventPattern(source=["aws.ec2"], detail_type=[detail_type]),
                 targets=[target],
             )
-            for detail_type in FORWARDED_DETAIL_TYPES
+            for detail_type in forwarded_detail_types(config)
         }
         # Alarm actions cannot reach the home region's topic; the alarm shows in this region's console
         # and the runbook says where to look.

@@ -93,6 +93,11 @@ def function_specs(config: StageConfig) -> tuple[FunctionSpec, ...]:
             asynchronous=True,
             retry_attempts=2,
             max_event_age=Duration.hours(1),
+            # Rebalance recommendations: on or off, and their drain's deadline.
+            environment={
+                "REBALANCE_DRAIN_ENABLED": "true" if config.rebalance.enabled else "false",
+                "REBALANCE_DRAIN_TIMEOUT_SECONDS": str(config.rebalance.drain_timeout_seconds),
+            },
         ),
     )
 
@@ -111,6 +116,8 @@ def fleet_settings_environment(config: StageConfig) -> dict[str, str]:
         "IDLE_CPU_THRESHOLD": str(scale_down.idle_cpu_threshold),
         "SCALE_DOWN_LOOKAHEAD_SECONDS": str(scale_down.lookahead_seconds),
         "MAX_CONCURRENT_DRAINS": str(scale_down.max_concurrent_drains),
+        "IMPORT_GRACE_SECONDS": str(config.import_grace_seconds),
+        "ORPHAN_GC_MAX_SHARE_PERCENT": str(config.orphan_gc.max_share_percent),
     }
 
 

@@ -24,6 +24,8 @@ INSTANCE_FORCE_TERMINATED: Final = "InstanceForceTerminated"
 # 1 per open drain whose execution the watchdog found missing, failed, timed out or aborted.
 DRAIN_EXECUTION_LOST: Final = "DrainExecutionLost"
 ORPHANS_TERMINATED: Final = "OrphansTerminated"
+# Per discovery run: how many orphans the GC circuit breaker held back (0 when it did not trip).
+ORPHAN_GC_HELD_BACK: Final = "OrphanGcHeldBack"
 RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
 RECONCILE_ERRORS: Final = "ReconcileErrors"
 # 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.
@@ -47,6 +49,7 @@ ALL_METRICS: Final = (
     INSTANCE_FORCE_TERMINATED,
     DRAIN_EXECUTION_LOST,
     ORPHANS_TERMINATED,
+    ORPHAN_GC_HELD_BACK,
     RECONCILE_DURATION_MS,
     RECONCILE_ERRORS,
     RECONCILE_HEARTBEAT,

@@ -76,6 +76,23 @@ class Monitoring(Construct):
             fleet_metric(metrics.DRAIN_EXECUTION_LOST),
             "The watchdog found an open drain whose execution was gone; it restarted or closed it.",
         )
+        # Discovery reports the held-back count on every run, so the alarm stays raised while the breaker
+        # holds and clears on the first run that holds nothing back (missing data keeps the state).
+        discovery_period = Duration.minutes(max(config.schedules.discovery_rate_minutes, 5))
+        self._alarm(
+            "orphan-gc-breaker-tripped",
+            fleet_metric(metrics.ORPHAN_GC_HELD_BACK, statistic="Maximum", period=discovery_period),
+            description=(
+                "Orphan GC's circuit breaker held back a suspicious share of a region's workers; "
+                "confirm with `fleetkeeper orphans confirm REGION` once the machines are known gone "
+                "(docs/operations.md)."
+            ),
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing=cw.TreatMissingData.IGNORE,
+        )
         self._any(
             "state-machine-failed",
             state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),
@@ -152,6 +169,9 @@ class Monitoring(Construct):
                     fleet_metric(metrics.INSTANCE_FORCE_TERMINATED).with_(label="instances force-terminated"),
                     fleet_metric(metrics.DRAIN_EXECUTION_LOST).with_(label="drain executions lost"),
                     fleet_metric(metrics.ORPHANS_TERMINATED).with_(label="orphans terminated"),
+                    fleet_metric(metrics.ORPHAN_GC_HELD_BACK, statistic="Maximum").with_(
+                        label="orphans held back by the breaker"
+                    ),
                 ],
             ),
             cw.GraphWidget(

@@ -65,6 +65,8 @@ class FleetkeeperStack(Stack):
                 "DRAIN_HEARTBEAT_SECONDS": str(config.drain_heartbeat_seconds),
                 "IDEMPOTENCY_TTL_SECONDS": str(config.idempotency_ttl_seconds),
                 "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
+                # The API gives an operator's confirmation of held-back orphans its expiry.
+                "ORPHAN_GC_CONFIRMATION_TTL_SECONDS": str(config.orphan_gc.confirmation_ttl_seconds),
             },
             async_failures=messaging.async_failures,
         )

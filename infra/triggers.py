@@ -19,6 +19,7 @@ from infra.permissions import acknowledge_wildcards
 
 EC2_STATE_CHANGE: Final = "EC2 Instance State-change Notification"
 EC2_SPOT_INTERRUPTION: Final = "EC2 Spot Instance Interruption Warning"
+EC2_REBALANCE_RECOMMENDATION: Final = "EC2 Instance Rebalance Recommendation"
 SCHEDULE_SOURCE: Final = "fleetkeeper.schedule"
 
 
@@ -100,6 +101,19 @@ class Triggers(Construct):
             event_pattern=events.EventPattern(source=["aws.ec2"], detail_type=[EC2_SPOT_INTERRUPTION]),
             targets=[target],
         )
+        # Only where the stage turns rebalance drains on: they are far more frequent than interruptions,
+        # and an event the function would ignore is an invocation for nothing.
+        self.rebalance_rule: events.Rule | None = None
+        if config.rebalance.enabled:
+            self.rebalance_rule = events.Rule(
+                self,
+                "Ec2RebalanceRecommendation",
+                description="EC2 rebalance recommendations: drain the worker before its spot capacity goes",
+                event_pattern=events.EventPattern(
+                    source=["aws.ec2"], detail_type=[EC2_REBALANCE_RECOMMENDATION]
+                ),
+                targets=[target],
+            )
 
     def _schedule(
         self,

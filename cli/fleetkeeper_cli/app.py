@@ -74,6 +74,10 @@ pool_app = typer.Typer(help="Pools: list, drain, cancel a drain.", no_args_is_he
 app.add_typer(pool_app, name="pool")
 worker_app = typer.Typer(help="One worker.", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
+orphans_app = typer.Typer(
+    help="Orphan GC's circuit breaker: what it holds back, and confirming it.", no_args_is_help=True
+)
+app.add_typer(orphans_app, name="orphans")
 
 console = Console()
 error_console = Console(stderr=True)
@@ -399,17 +403,78 @@ def pool_drain(
 
 @pool_app.command("cancel-drain")
 def pool_cancel_drain(
-    ctx: typer.Context, name: Annotated[str, typer.Argument(help="pool name")], output: OutputOption = None
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="pool name")],
+    reason: Annotated[str | None, typer.Option(help="why the drain is cancelled")] = None,
+    output: OutputOption = None,
 ) -> None:
     """Cancel a pool's drain."""
+    body = {"reason": reason} if reason else None
     _run(
         ctx,
         output,
-        lambda c: c.post(f"/api/v1/pools/{name}/cancel-drain"),
+        lambda c: c.post(f"/api/v1/pools/{name}/cancel-drain", body),
         lambda pool: console.print(
             f"pool {pool['name']} {pool['status']}: drain {pool.get('drain_outcome')}"
         ),
     )
+
+
+# ---- orphan GC's circuit breaker -----------------------------------------------------------------------
+
+
+def _breaker_rows(items: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [
+            b["region"],
+            "holding" if b["holding"] else "closed",
+            len(b["held_back"]),
+            f"{b['share_percent']}%",
+            b.get("confirmed_by"),
+            b.get("confirmed_until"),
+        ]
+        for b in items
+    ]
+
+
+_BREAKER_COLUMNS = ["region", "breaker", "held back", "share", "confirmed by", "confirmed until"]
+
+
+@orphans_app.command("show")
+def orphans_show(ctx: typer.Context, output: OutputOption = None) -> None:
+    """Each region's breaker: the workers it holds back from orphan GC, and any confirmation."""
+    _run(
+        ctx,
+        output,
+        lambda c: c.get("/api/v1/reconcile/orphans")["items"],
+        lambda items: console.print(_table(None, _BREAKER_COLUMNS, _breaker_rows(items))),
+    )
+
+
+@orphans_app.command("confirm")
+def orphans_confirm(
+    ctx: typer.Context,
+    region: Annotated[str, typer.Argument(help="the region whose held-back workers are confirmed")],
+    worker: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--worker", help="the held-back worker ids you checked (repeat); refused if they changed"
+        ),
+    ] = None,
+    output: OutputOption = None,
+) -> None:
+    """Confirm the workers the breaker holds back: the next discovery pass retires them."""
+    body: dict[str, Any] = {"region": region}
+    if worker:
+        body["worker_ids"] = worker
+
+    def render(breaker: dict[str, Any]) -> None:
+        console.print(
+            f"{len(breaker['confirmed_ids'])} held-back workers in {breaker['region']} confirmed "
+            f"until {breaker['confirmed_until']}; the next discovery pass retires them"
+        )
+
+    _run(ctx, output, lambda c: c.post("/api/v1/reconcile/orphans/confirm", body), render)
 
 
 # ---- instances, templates, stats -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Apply EC2 state changes and spot interruption warnings (EventBridge rules)."""
+"""Apply EC2 state changes, spot interruption warnings and rebalance recommendations (EventBridge rules)."""
 
 from __future__ import annotations
 

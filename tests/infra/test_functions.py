@@ -34,6 +34,8 @@ FLEET_ENV = {
     "IDLE_CPU_THRESHOLD",
     "SCALE_DOWN_LOOKAHEAD_SECONDS",
     "MAX_CONCURRENT_DRAINS",
+    "IMPORT_GRACE_SECONDS",
+    "ORPHAN_GC_MAX_SHARE_PERCENT",
 }
 
 
@@ -182,3 +184,18 @@ def test_given_a_function_then_its_code_asset_is_its_own_directory(synthesized, 
     asset = _asset_dir(synthesized, code)
     assert (asset / "handler.py").is_file()
     assert not list(asset.rglob("__pycache__"))
+
+
+def test_given_the_default_stage_then_rebalance_drains_are_off_and_the_breaker_limit_is_20_percent(dev):
+    events_env = function_properties(dev, name("dev", "ec2_events"))["Environment"]["Variables"]
+    discover_env = function_properties(dev, name("dev", "discover"))["Environment"]["Variables"]
+    api_env = function_properties(dev, name("dev", "api"))["Environment"]["Variables"]
+    assert (events_env["REBALANCE_DRAIN_ENABLED"], events_env["REBALANCE_DRAIN_TIMEOUT_SECONDS"]) == (
+        "false",
+        "1800",
+    )
+    assert (discover_env["ORPHAN_GC_MAX_SHARE_PERCENT"], discover_env["IMPORT_GRACE_SECONDS"]) == (
+        "20.0",
+        "30",
+    )
+    assert api_env["ORPHAN_GC_CONFIRMATION_TTL_SECONDS"] == "3600"

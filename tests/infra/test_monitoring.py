@@ -45,6 +45,7 @@ def test_given_the_alarms_then_each_concern_of_the_issue_has_one(dev):
         "drain-timed-out",
         "drain-failed",
         "drain-execution-lost",
+        "orphan-gc-breaker-tripped",
         "state-machine-failed",
         "api-5xx-rate",
         "reconcile-not-running",
@@ -126,3 +127,12 @@ def test_given_the_metric_names_then_workers_gauges_follow_the_status_names():
     assert "WorkersDraining" in metrics.ALL_METRICS
     assert "WorkersTerminated" not in metrics.ALL_METRICS
     assert len(set(metrics.ALL_METRICS)) == len(metrics.ALL_METRICS)
+
+
+def test_given_the_orphan_gc_breaker_alarm_then_it_holds_while_discovery_reports_held_back_workers(dev):
+    alarm = alarms(dev, "dev")["orphan-gc-breaker-tripped"]
+    assert (alarm["Namespace"], alarm["MetricName"]) == (metrics.NAMESPACE, metrics.ORPHAN_GC_HELD_BACK)
+    assert (alarm["Statistic"], alarm["Threshold"]) == ("Maximum", 1)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    # Between two discovery runs there is no datapoint: the alarm keeps its state instead of clearing.
+    assert alarm["TreatMissingData"] == "ignore"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra.triggers import EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
 from tests.infra.helpers import function_logical_id, properties, resources
 
 
@@ -74,3 +74,26 @@ def test_given_the_ec2_rules_then_state_changes_and_spot_warnings_reach_ec2_even
 def test_given_a_stage_then_its_audit_events_have_their_own_bus(dev, prod):
     assert [bus["Name"] for bus in properties(dev, "AWS::Events::EventBus")] == ["fleetkeeper-dev-audit"]
     assert [bus["Name"] for bus in properties(prod, "AWS::Events::EventBus")] == ["fleetkeeper-prod-audit"]
+
+
+def test_given_rebalance_drains_on_then_only_that_stage_routes_recommendations_to_ec2_events(pinned, dev):
+    def rebalance_rules(template):
+        return [
+            rule
+            for rule in properties(template, "AWS::Events::Rule")
+            if rule["EventPattern"].get("detail-type") == [EC2_REBALANCE_RECOMMENDATION]
+        ]
+
+    (rule,) = rebalance_rules(pinned)
+    ec2_events = function_logical_id(pinned, "fleetkeeper-pinned-ec2-events")
+    assert rule["EventPattern"]["source"] == ["aws.ec2"]
+    assert rule["Targets"][0]["Arn"] == {"Fn::GetAtt": [ec2_events, "Arn"]}
+    assert rebalance_rules(dev) == []
+    env = properties(pinned, "AWS::Lambda::Function")
+    events_env = next(
+        f["Environment"]["Variables"] for f in env if f.get("FunctionName") == "fleetkeeper-pinned-ec2-events"
+    )
+    assert (events_env["REBALANCE_DRAIN_ENABLED"], events_env["REBALANCE_DRAIN_TIMEOUT_SECONDS"]) == (
+        "true",
+        "900",
+    )

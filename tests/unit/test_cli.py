@@ -32,10 +32,15 @@ class Recorder(BaseHTTPRequestHandler):
     """Answers every request with `answer` and keeps the headers it received."""
 
     seen: ClassVar[list[dict[str, str]]] = []
+    # (method, path, JSON body or None) of every request.
+    requests: ClassVar[list[tuple[str, str, Any]]] = []
     answer: ClassVar[tuple[int, dict[str, Any]]] = (200, {"items": []})
 
     def _serve(self) -> None:
         Recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        Recorder.requests.append((self.command, self.path, json.loads(raw) if raw else None))
         status, body = Recorder.answer
         payload = json.dumps(body).encode()
         self.send_response(status)
@@ -53,6 +58,7 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     Recorder.seen = []
+    Recorder.requests = []
     Recorder.answer = (200, {"items": []})
     httpd = HTTPServer(("127.0.0.1", 0), Recorder)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -197,6 +203,8 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["pools"],
         ["pool", "drain"],
         ["pool", "cancel-drain"],
+        ["orphans", "show"],
+        ["orphans", "confirm"],
         ["instances"],
         ["place"],
         ["complete"],
@@ -225,3 +233,38 @@ def test_given_the_example_fleet_file_then_it_loads():
     fleet = fleetfile.load(Path(__file__).parents[2] / "docs" / "fleet.example.yaml")
     assert set(fleet.templates) == {"lab-small", "batch"}
     assert set(fleet.pools) == {"labs", "batch"}
+
+
+@pytest.mark.parametrize(
+    ("command", "path"),
+    [
+        (["cancel-drain", "w-1"], "/api/v1/workers/w-1/cancel-drain"),
+        (["pool", "cancel-drain", "labs"], "/api/v1/pools/labs/cancel-drain"),
+    ],
+)
+def test_given_a_cancel_reason_then_the_cli_sends_it_in_the_body(server: str, command: list[str], path: str):
+    Recorder.answer = (200, {"id": "w-1", "name": "labs", "status": "RUNNING"})
+
+    exit_code, output = run("--api", server, *command, "--reason", "patch postponed")
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == ("POST", path, {"reason": "patch postponed"})
+
+
+def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_workers(server: str):
+    Recorder.answer = (
+        200,
+        {"region": "eu-west-1", "confirmed_ids": ["w-1", "w-2"], "confirmed_until": "2026-11-22T13:00:00Z"},
+    )
+
+    exit_code, output = run(
+        "--api", server, "orphans", "confirm", "eu-west-1", "--worker", "w-1", "--worker", "w-2"
+    )
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == (
+        "POST",
+        "/api/v1/reconcile/orphans/confirm",
+        {"region": "eu-west-1", "worker_ids": ["w-1", "w-2"]},
+    )
+    assert "2 held-back workers in eu-west-1 confirmed" in output

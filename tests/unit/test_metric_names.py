@@ -20,6 +20,7 @@ def test_given_the_reconcile_metrics_then_the_dashboard_knows_each_name():
 
 def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
     assert discovery.METRIC_ORPHANS_TERMINATED == dashboard.ORPHANS_TERMINATED
+    assert discovery.METRIC_ORPHAN_GC_HELD_BACK == dashboard.ORPHAN_GC_HELD_BACK
 
 
 def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():

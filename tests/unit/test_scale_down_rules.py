@@ -95,6 +95,16 @@ def test_given_do_not_disrupt_then_it_refuses():
     assert verdict(idle_worker(do_not_disrupt=True)).refused_by is Guard.DO_NOT_DISRUPT
 
 
+def test_given_do_not_disrupt_until_then_it_refuses_until_that_moment_and_lapses_by_itself():
+    pinned = idle_worker(do_not_disrupt_until=NOW + timedelta(minutes=5))
+    assert verdict(pinned).refused_by is Guard.DO_NOT_DISRUPT
+    assert verdict(pinned, now=NOW + timedelta(minutes=5) - timedelta(microseconds=1)).refused_by is (
+        Guard.DO_NOT_DISRUPT
+    )
+    assert verdict(pinned, now=NOW + timedelta(minutes=5)).action is Action.STOP
+    assert verdict(idle_worker(do_not_disrupt_until=NOW - timedelta(seconds=1))).action is Action.STOP
+
+
 def test_given_the_budget_used_up_then_a_drain_is_refused_but_an_empty_stop_is_not():
     assert verdict(idle_worker(active_instances=1), draining_now=2).refused_by is Guard.DISRUPTION_BUDGET
     assert verdict(idle_worker(), draining_now=2).action is Action.STOP

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from fleetkeeper.triggers import Ec2Event, Ec2SpotWarningEvent, Ec2StateChangeEvent, schedule_input
+from fleetkeeper.triggers import (
+    Ec2Event,
+    Ec2RebalanceEvent,
+    Ec2SpotWarningEvent,
+    Ec2StateChangeEvent,
+    schedule_input,
+)
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 
@@ -63,6 +69,12 @@ def test_given_the_spot_warning_sample_then_it_parses_as_a_spot_warning():
     parsed = Ec2Event.model_validate(load("ec2_spot_interruption_warning")).root
     assert isinstance(parsed, Ec2SpotWarningEvent)
     assert parsed.detail.instance_action == "terminate"
+
+
+def test_given_the_rebalance_sample_then_it_parses_as_a_rebalance_recommendation():
+    parsed = Ec2Event.model_validate(load("ec2_rebalance_recommendation")).root
+    assert isinstance(parsed, Ec2RebalanceEvent)
+    assert parsed.detail.instance_id == "i-0abc1234def567890"
 
 
 def test_given_the_malformed_sample_then_it_does_not_parse():

@@ -24,12 +24,20 @@ LiveWorkerFactory = Callable[..., Worker]
 
 @pytest.fixture
 def make_ctx(store: FleetStore, ec2: Any) -> ContextFactory:
-    """A service context on the test's table; keyword arguments override settings by variable name."""
+    """A service context on the test's table; keyword arguments override settings by variable name.
+
+    The moto machines of these tests were launched a moment ago and the fleets are a handful of workers,
+    so discovery's import grace and orphan GC's circuit breaker are off unless a test turns them on
+    (tests/integration/reconciler/test_safety_breakers.py does, at their defaults).
+    """
 
     def make(**overrides: str) -> Context:
-        return build_context(
-            Settings.from_environ({**os.environ, "METRICS_INTERVAL_SECONDS": "0", **overrides})
-        )
+        baseline = {
+            "METRICS_INTERVAL_SECONDS": "0",
+            "IMPORT_GRACE_SECONDS": "0",
+            "ORPHAN_GC_MAX_SHARE_PERCENT": "100",
+        }
+        return build_context(Settings.from_environ({**os.environ, **baseline, **overrides}))
 
     return make
 

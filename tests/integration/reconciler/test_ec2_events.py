@@ -15,12 +15,14 @@ from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainRecord, DrainThen, Instance, Worker, utcnow
-from fleetkeeper.services import workers
+from fleetkeeper.services import drains, workers
 from fleetkeeper.services.ec2_events import STATS_SCOPE
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
+from fleetkeeper_local.controlplane import refresh_process_caches
 from fleetkeeper_local.invocation import invoke
+from tests.integration.conftest import ControlPlane
 from tests.integration.reconciler.support import ec2_state, ensure_template, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("handler_context")]
@@ -184,6 +186,46 @@ def test_given_a_spot_warning_for_a_worker_not_running_then_no_drain(store, live
 
     assert result["outcome"] == "unchanged"
     assert drains_started == []
+
+
+def test_given_rebalance_drains_off_by_default_then_a_recommendation_changes_nothing(store, live_worker):
+    worker = live_worker()
+
+    result = deliver(sample("ec2_rebalance_recommendation", worker.ec2_instance_id or ""))
+
+    assert result["outcome"] == "disabled"
+    assert store.get_worker(worker.id).status == S.RUNNING
+
+
+def test_given_rebalance_drains_on_then_a_recommendation_drains_once_and_repeats_or_late_copies_are_harmless(
+    control_plane: ControlPlane, store, live_worker, monkeypatch
+):
+    monkeypatch.setenv("REBALANCE_DRAIN_ENABLED", "true")
+    monkeypatch.setenv("REBALANCE_DRAIN_TIMEOUT_SECONDS", "900")
+    refresh_process_caches()
+    worker = live_worker()
+    store.place_instance(Instance(id="i-rebalance", worker_id=""), worker, actor="test")
+    recommendation = sample("ec2_rebalance_recommendation", worker.ec2_instance_id or "")
+
+    first = deliver(recommendation)
+    duplicate = deliver(recommendation)
+    drains.cancel_worker_drain(control_plane.ctx, worker.id, actor="alice", reason="keep it")
+    late_copy = deliver(recommendation)
+    stale = deliver(
+        sample("ec2_rebalance_recommendation", worker.ec2_instance_id or "", at=utcnow() - timedelta(hours=1))
+    )
+
+    assert [r["outcome"] for r in (first, duplicate, late_copy, stale)] == [
+        "drain_started",
+        "unchanged",
+        "unchanged",
+        "stale",
+    ]
+    after = store.get_worker(worker.id)
+    assert after.status == S.RUNNING
+    assert after.drain is not None
+    assert (after.drain.generation, after.drain.timeout_seconds, after.drain.then) == (1, 900, DrainThen.STOP)
+    assert after.drain.reason == "EC2 rebalance recommendation"
 
 
 def denied(*_args: Any, **_kwargs: Any) -> Any:

@@ -140,6 +140,22 @@ def test_given_do_not_disrupt_then_the_idle_worker_stays(make_ctx, store, live_w
     assert store.get_worker(worker.id).status == WorkerStatus.RUNNING
 
 
+def test_given_do_not_disrupt_until_then_the_idle_worker_stays_until_it_lapses(make_ctx, store, live_worker):
+    ctx = make_ctx(**ENABLED)
+    live_worker()
+    worker = live_worker()
+    until = utcnow() + timedelta(minutes=10)
+    worker = store.update_worker(worker, {"do_not_disrupt_until": until}, actor="test", action="Pinned")
+    idle_for(store, worker, 31)
+
+    protected = reconcile_fleet(ctx)
+    lapsed = reconcile_fleet(ctx, now=until + timedelta(seconds=1))
+
+    assert protected.counters["scale_down_refused_do_not_disrupt"] == 1
+    assert lapsed.counters["scale_down_refused_do_not_disrupt"] == 0
+    assert store.get_worker(worker.id).status == WorkerStatus.STOPPING
+
+
 def test_given_a_timeslot_starting_soon_then_the_idle_worker_is_not_drained(
     make_ctx, store, live_worker, drains_started
 ):

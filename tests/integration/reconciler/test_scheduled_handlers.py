@@ -34,7 +34,11 @@ def test_given_the_scheduler_event_then_the_reconcile_handler_runs_a_cycle(store
     assert store.get_worker(worker.id).status == WorkerStatus.PROVISIONING
 
 
-def test_given_the_scheduler_event_then_the_discover_handler_sweeps_the_region(store, running_worker):
+def test_given_the_scheduler_event_then_the_discover_handler_sweeps_the_region(
+    store, running_worker, monkeypatch
+):
+    # One worker of one is all of the region: the circuit breaker would hold it back.
+    monkeypatch.setenv("ORPHAN_GC_MAX_SHARE_PERCENT", "100")
     orphan = running_worker(template="lab")
 
     result = invoke("discover", event("scheduler_discover"))

@@ -68,7 +68,9 @@ def test_given_a_draining_worker_whose_machine_vanished_then_gc_ends_it_and_clos
     status = drains.start_worker_drain(control_plane.ctx, worker.id, actor="op", reason="maintenance")
     ec2.terminate_instances(InstanceIds=[worker.ec2_instance_id])
 
-    report = discover_and_collect(control_plane.ctx)
+    # The only worker of the region: the circuit breaker (tested in test_safety_breakers.py) is off.
+    settings = control_plane.ctx.settings.model_copy(update={"orphan_gc_max_share_percent": 100.0})
+    report = discover_and_collect(build_context(settings))
 
     gone = store.get_worker(worker.id)
     assert report.counters["orphans_terminated"] == 1

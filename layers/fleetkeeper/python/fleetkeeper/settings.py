@@ -60,6 +60,22 @@ class Settings(BaseModel):
     idle_window_seconds: int = Field(default=1800, gt=0, alias="IDLE_WINDOW_SECONDS")
     idle_cpu_threshold: float = Field(default=5.0, ge=0, le=100, alias="IDLE_CPU_THRESHOLD")
     scale_down_lookahead_seconds: int = Field(default=900, ge=0, alias="SCALE_DOWN_LOOKAHEAD_SECONDS")
+    # A managed machine younger than this is not imported: it may be a launch still in flight.
+    import_grace_seconds: int = Field(default=30, ge=0, alias="IMPORT_GRACE_SECONDS")
+    # Orphan GC's circuit breaker: more than this share (percent) of a region's live workers orphaned in
+    # one pass retires none of them; 100 turns the breaker off.
+    orphan_gc_max_share_percent: float = Field(
+        default=20.0, ge=0, le=100, alias="ORPHAN_GC_MAX_SHARE_PERCENT"
+    )
+    # How long an operator's confirmation of a held-back set stays usable (it is spent by one pass).
+    orphan_gc_confirmation_ttl_seconds: int = Field(
+        default=3600, gt=0, alias="ORPHAN_GC_CONFIRMATION_TTL_SECONDS"
+    )
+    # EC2 rebalance recommendations start a drain only when enabled (they are frequent; see docs).
+    rebalance_drain_enabled: bool = Field(default=False, alias="REBALANCE_DRAIN_ENABLED")
+    rebalance_drain_timeout_seconds: int = Field(
+        default=1800, ge=60, le=86400, alias="REBALANCE_DRAIN_TIMEOUT_SECONDS"
+    )
     max_concurrent_drains: str = Field(
         default="10%", pattern=r"^\s*\d+(\.\d+)?\s*%?\s*$", alias="MAX_CONCURRENT_DRAINS"
     )

@@ -14,6 +14,7 @@ from fleetkeeper.domain.models import Region
 
 STATE_CHANGE = "EC2 Instance State-change Notification"
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
 INSTANCE_ID_PATTERN = r"^i-[0-9a-f]{8,17}$"
 
 
@@ -25,6 +26,10 @@ class StateChangeDetail(BaseModel):
 class SpotWarningDetail(BaseModel):
     instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID_PATTERN)
     instance_action: Literal["terminate", "stop", "hibernate"] = Field(alias="instance-action")
+
+
+class RebalanceDetail(BaseModel):
+    instance_id: str = Field(alias="instance-id", pattern=INSTANCE_ID_PATTERN)
 
 
 class Ec2StateChangeEvent(EventBridgeModel):
@@ -39,10 +44,20 @@ class Ec2SpotWarningEvent(EventBridgeModel):
     detail: SpotWarningDetail
 
 
+class Ec2RebalanceEvent(EventBridgeModel):
+    source: Literal["aws.ec2"]
+    detail_type: Literal["EC2 Instance Rebalance Recommendation"] = Field(alias="detail-type")
+    detail: RebalanceDetail
+
+
 class Ec2Event(
-    RootModel[Annotated[Ec2StateChangeEvent | Ec2SpotWarningEvent, Field(discriminator="detail_type")]]
+    RootModel[
+        Annotated[
+            Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent, Field(discriminator="detail_type")
+        ]
+    ]
 ):
-    """Either EC2 event the ec2_events function is subscribed to, told apart by detail-type."""
+    """Any EC2 event the ec2_events function is subscribed to, told apart by detail-type."""
 
 
 SCHEDULE_SOURCE = "fleetkeeper.schedule"

@@ -20,7 +20,17 @@ from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn,
 from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
 from fleetkeeper.api import errors, idempotency
-from fleetkeeper.api.routes import audit, drains, instances, internal, pools, stats, templates, workers
+from fleetkeeper.api.routes import (
+    audit,
+    drains,
+    instances,
+    internal,
+    orphans,
+    pools,
+    stats,
+    templates,
+    workers,
+)
 
 TITLE: Final = "fleetkeeper admin API"
 VERSION: Final = "1"
@@ -38,6 +48,7 @@ ROUTERS: Final[tuple[Router, ...]] = (
     stats.router,
     internal.router,
     audit.router,
+    orphans.router,
 )
 
 # OpenAPI links: the id a response returns, and the operations that take it as a path parameter.

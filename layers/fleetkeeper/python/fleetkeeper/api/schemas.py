@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -32,7 +34,9 @@ from fleetkeeper.domain.models import (
     UtcDatetime,
     Worker,
     WorkerTemplate,
+    utcnow,
 )
+from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.domain.placement import PlacementStrategy
 
 # One minimum for every drain, requested or from a template: a drain shorter than a minute is a typo.
@@ -86,6 +90,47 @@ StrictFlag = Annotated[bool, Strict()]
 MAX_ID_LENGTH: Final = 128
 
 
+# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request.
+_DURATION = re.compile(r"^(?=\d)(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+MAX_DO_NOT_DISRUPT: Final = timedelta(days=366)
+_UNTIL_HINT = (
+    "an ISO 8601 timestamp with a timezone (2026-03-01T09:00:00Z) or a duration such as 2h, 90m, 1h30m"
+)
+
+
+def _until_or_duration(value: Any) -> Any:
+    """A duration becomes the moment it ends; a timestamp is checked by UtcDatetime (aware only)."""
+    if isinstance(value, str):
+        match = _DURATION.match(value.strip())
+        if match is not None:
+            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+            try:
+                return utcnow() + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            except OverflowError as exc:  # "99999999999d": a client's typo, not our 500
+                raise ValueError("must be within 366 days") from exc
+        return value
+    if isinstance(value, datetime):
+        return value
+    raise ValueError(_UNTIL_HINT)
+
+
+def _ahead_within_a_year(value: datetime) -> datetime:
+    now = utcnow()
+    if value <= now:
+        raise ValueError("must be in the future (null clears the protection)")
+    if value - now > MAX_DO_NOT_DISRUPT:
+        raise ValueError("must be within 366 days")
+    return value
+
+
+DoNotDisruptUntil = Annotated[
+    UtcDatetime,
+    BeforeValidator(_until_or_duration),
+    AfterValidator(_ahead_within_a_year),
+    Field(description=_UNTIL_HINT, examples=["2h", "2026-03-01T09:00:00Z"]),
+]
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -104,6 +149,14 @@ class DesiredStatusRequest(Request):
     desired_status: Literal["RUNNING", "STOPPED", "TERMINATED"]
 
 
+class DoNotDisruptRequest(Request):
+    """Keep scale-down away from the worker until a moment; null lifts it. The key is required."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"do_not_disrupt_until": "2h"}]})
+
+    do_not_disrupt_until: DoNotDisruptUntil | None
+
+
 class DrainRequest(Request):
     """Every field is optional: an empty body (or none) drains with the template's timeout, then stops."""
 
@@ -119,6 +172,26 @@ class DrainRequest(Request):
     reason: str | None = Field(default=None, max_length=500)
     then: DrainThen = DrainThen.STOP
     dry_run: StrictFlag = False
+
+
+class CancelDrainRequest(Request):
+    """Optional: no body (or an empty one) cancels without a reason."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "patch postponed"}]})
+
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+
+
+class ConfirmOrphansRequest(Request):
+    """Confirm what orphan GC's breaker holds back in one region; naming the workers guards against
+    confirming a set that changed since it was read (409 then)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"region": "eu-west-1"}]})
+
+    region: Region
+    worker_ids: list[Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]] | None = Field(
+        default=None, max_length=10000
+    )
 
 
 class InternalStatusRequest(Request):
@@ -217,6 +290,7 @@ class DrainView(BaseModel):
     forced_instances: int
     finished_at: datetime | None
     cancelled_by: str | None
+    cancel_reason: str | None = None
     execution_arn: str | None
 
 
@@ -234,6 +308,7 @@ class WorkerView(BaseModel):
     active_instances: int
     drain: DrainView | None
     do_not_disrupt: bool
+    do_not_disrupt_until: datetime | None = None
     status_reason: str | None
     terminated_by: str | None
     terminated_reason: str | None
@@ -246,6 +321,27 @@ class WorkerView(BaseModel):
         # The drain's callback token is a credential for the workflow: it never leaves the service.
         data = worker.model_dump(exclude={"drain": {"task_token", "timed_out_at", "error"}})
         return cls.model_validate(data)
+
+
+class OrphanBreakerView(BaseModel):
+    region: str
+    holding: bool
+    held_back: list[str]
+    live_workers: int
+    share_percent: float
+    tripped_at: datetime | None
+    confirmed_ids: list[str]
+    confirmed_by: str | None
+    confirmed_at: datetime | None
+    confirmed_until: datetime | None
+
+    @classmethod
+    def of(cls, breaker: OrphanBreaker) -> OrphanBreakerView:
+        return cls.model_validate({**breaker.model_dump(exclude={"version"}), "holding": breaker.holding})
+
+
+class OrphanBreakerList(BaseModel):
+    items: list[OrphanBreakerView]
 
 
 class WorkerPage(BaseModel):
@@ -307,6 +403,8 @@ class PoolView(BaseModel):
     drain_requested_by: str | None
     drain_execution_arn: str | None
     drain_finished_at: datetime | None
+    drain_cancelled_by: str | None = None
+    drain_cancel_reason: str | None = None
     active_instances: int | None = None
     version: int
 

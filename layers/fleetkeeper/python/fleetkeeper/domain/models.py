@@ -112,6 +112,7 @@ class DrainRecord(Record):
     timed_out_at: UtcDatetime | None = None
     finished_at: UtcDatetime | None = None
     cancelled_by: str | None = None
+    cancel_reason: str | None = Field(default=None, max_length=500)
     error: str | None = None
     # How many times the watchdog started a new execution for this generation (execution lost).
     restarts: int = Field(default=0, ge=0)
@@ -143,6 +144,8 @@ class Worker(Record):
     active_instances: int = Field(default=0, ge=0)
     drain: DrainRecord | None = None
     do_not_disrupt: bool = False
+    # Protection that expires by itself: compared with the clock, never cleaned up.
+    do_not_disrupt_until: UtcDatetime | None = None
     status_reason: str | None = None
     terminated_by: str | None = None
     terminated_reason: str | None = None
@@ -232,6 +235,8 @@ class Pool(Record):
     drain_task_token: str | None = None
     drain_execution_arn: str | None = None
     drain_finished_at: UtcDatetime | None = None
+    drain_cancelled_by: str | None = None
+    drain_cancel_reason: str | None = Field(default=None, max_length=500)
     drain_restarts: int = Field(default=0, ge=0)
     version: int = Field(default=0, ge=0)
 

@@ -77,6 +77,12 @@ class Verdict:
     refused_by: Guard | None = None
 
 
+def protected_from_disruption(worker: Worker, now: datetime) -> bool:
+    """`do_not_disrupt`, or a `do_not_disrupt_until` still in the future (it lapses by itself)."""
+    until = worker.do_not_disrupt_until
+    return worker.do_not_disrupt or (until is not None and now < until)
+
+
 def scope_of(worker: Worker) -> str:
     """Workers that can stand in for each other: same template in the same pool."""
     return f"{worker.template}#{worker.pool or '-'}"
@@ -125,8 +131,9 @@ def evaluate(
             return Verdict(
                 Action.NONE, f"a timeslot starts at {min(upcoming).isoformat()}", Guard.UPCOMING_TIMESLOT
             )
-    if worker.do_not_disrupt:
-        return Verdict(Action.NONE, "do_not_disrupt is set", Guard.DO_NOT_DISRUPT)
+    if protected_from_disruption(worker, now):
+        why = "do_not_disrupt is set" if worker.do_not_disrupt else "do_not_disrupt_until is in the future"
+        return Verdict(Action.NONE, why, Guard.DO_NOT_DISRUPT)
     if action is Action.DRAIN:
         allowed = policy.budget.allowed(fleet_size)
         if draining_now >= allowed:

@@ -12,6 +12,7 @@ from fleetkeeper.cloud.events import AuditBus, Notifier
 from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
+from fleetkeeper.store.breakers import BreakerStore
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.stats import StatsStore
 
@@ -38,6 +39,10 @@ class Context:
     @property
     def stats(self) -> StatsStore:
         return StatsStore(client("dynamodb"), self.settings.table_name)
+
+    @property
+    def breakers(self) -> BreakerStore:
+        return BreakerStore(client("dynamodb"), self.settings.table_name)
 
 
 def build_context(settings: Settings) -> Context:

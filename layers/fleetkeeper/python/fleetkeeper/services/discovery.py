@@ -7,7 +7,8 @@
 3. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
-   drain is closed.
+   drain is closed. A circuit breaker (services/orphan_gc.py) holds them all back when too large a
+   share of the region's live workers look orphaned at once.
 
 GC_MODE=report-only turns the whole run into a dry run: the same findings as events, log lines and
 counters, and no write to any worker.
@@ -28,9 +29,11 @@ from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger, metrics
+from fleetkeeper.services import orphan_gc
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import retire_worker
@@ -43,6 +46,8 @@ REASON_TERMINATED = "EC2 reports the instance terminated"
 
 # The metric the stack's dashboard reads (infra/metrics.py).
 METRIC_ORPHANS_TERMINATED = "OrphansTerminated"
+# Orphans the circuit breaker held back in this run; the breaker's alarm watches it.
+METRIC_ORPHAN_GC_HELD_BACK = "OrphanGcHeldBack"
 
 GC_STATUSES = tuple(s for s in WorkerStatus if s not in (WorkerStatus.TERMINATED, WorkerStatus.PENDING))
 # States in which an instance is worth a worker record.
@@ -62,7 +67,12 @@ class RegionFindings:
     resurrected: list[str] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
     orphans_terminated: list[str] = field(default_factory=list)
+    # Orphans the circuit breaker kept from GC in this pass (worker ids), and what it decided.
+    held_back: list[str] = field(default_factory=list)
+    breaker: BreakerDecision = BreakerDecision.CLOSED
     unimportable: list[str] = field(default_factory=list)
+    # Machines launched within the import grace: perhaps a launch in flight, looked at again next run.
+    import_deferred: list[str] = field(default_factory=list)
     untagged: list[str] = field(default_factory=list)
     # Managed machines no live worker owns (instance ids), and those terminated this run.
     leaked: list[str] = field(default_factory=list)
@@ -88,7 +98,10 @@ class DiscoveryReport:
                     "resurrected": r.resurrected,
                     "orphans": r.orphans,
                     "orphans_terminated": r.orphans_terminated,
+                    "orphan_gc_breaker": str(r.breaker),
+                    "orphans_held_back": r.held_back,
                     "unimportable": r.unimportable,
+                    "import_deferred": r.import_deferred,
                     "leaked_machines": r.leaked,
                     "leaked_machines_terminated": r.leaked_terminated,
                 }
@@ -109,10 +122,12 @@ def discover_and_collect(
         report.regions.append(findings)
         report.counters["discovered"] += findings.discovered
         report.counters["unimportable"] += len(findings.unimportable)
+        report.counters["import_deferred"] += len(findings.import_deferred)
         report.counters["imported_untagged"] += len(findings.untagged)
         report.counters["leaked_machines"] += len(findings.leaked)
         report.counters["leaked_machines_terminated"] += len(findings.leaked_terminated)
         report.counters["discovery_errors"] += findings.errors
+        report.counters["orphans_held_back"] += len(findings.held_back)
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -131,8 +146,11 @@ def discover_and_collect(
             orphans=len(findings.orphans),
             orphans_terminated=len(findings.orphans_terminated),
             leaked_machines=len(findings.leaked),
+            orphan_gc_breaker=str(findings.breaker),
+            orphans_held_back=findings.held_back[:MAX_IDS_IN_EVENT],
         )
-        if findings.orphans:
+        # A held-back pass terminated nothing: its own event comes from the breaker (services/orphan_gc.py).
+        if findings.orphans and (report.mode is GcMode.REPORT_ONLY or not findings.held_back):
             _announce(ctx, report.mode, findings)
     discovered = report.counters.pop("discovered", 0)
     ctx.stats.record(
@@ -145,6 +163,9 @@ def discover_and_collect(
     emit_counters("Discovery", report.counters)
     metrics.add_metric(
         name=METRIC_ORPHANS_TERMINATED, unit=MetricUnit.Count, value=report.counters["orphans_terminated"]
+    )
+    metrics.add_metric(
+        name=METRIC_ORPHAN_GC_HELD_BACK, unit=MetricUnit.Count, value=report.counters["orphans_held_back"]
     )
     return report
 
@@ -216,6 +237,12 @@ def _adopt(
         owner = ctx.store.find_worker(tagged_id)
     if owner is not None:
         _settle_owned(ctx, gateway, owner, instance, findings=findings, now=now, report_only=report_only)
+        return
+    grace = timedelta(seconds=ctx.settings.import_grace_seconds)
+    if instance.launch_time is not None and now - instance.launch_time < grace:
+        # A launch in flight has a machine before its worker records it (and before the by-instance
+        # index shows it): importing now would give that machine a second worker.
+        findings.import_deferred.append(instance.instance_id)
         return
     template = _template_for(gateway, instance, templates, image_names)
     if template is None:
@@ -395,21 +422,26 @@ def _collect_orphans(
             and now - w.updated_at < LAUNCH_VISIBILITY_GRACE
         )
     ]
-    if not suspects:
-        return
+    # No early return without suspects: the breaker's pass is also how it resumes by itself.
     # Discovery already saw some of them terminated; the rest are asked for by id, in one batch.
     unseen = {
         w.ec2_instance_id for w in suspects if w.ec2_instance_id and w.ec2_instance_id not in discovered
     }
     verified = gateway.describe(unseen) if unseen else {}
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
+    orphans: list[tuple[Worker, str]] = []
     for worker in suspects:
-        instance_id = worker.ec2_instance_id or ""
-        instance = discovered.get(instance_id) or verified.get(instance_id)
+        instance = discovered.get(worker.ec2_instance_id or "") or verified.get(worker.ec2_instance_id or "")
         if instance is not None and instance.state != "terminated":
             continue  # alive after all (it merely lost its tag): not an orphan
-        reason = REASON_MISSING if instance is None else REASON_TERMINATED
-        findings.orphans.append(worker.id)
+        orphans.append((worker, REASON_MISSING if instance is None else REASON_TERMINATED))
+    findings.orphans = [worker.id for worker, _ in orphans]
+    findings.breaker = _breaker(ctx, findings, live=len(tracked), now=now, report_only=report_only)
+    if findings.breaker is BreakerDecision.HOLD:
+        findings.held_back = list(findings.orphans)
+        return
+    for worker, reason in orphans:
+        instance_id = worker.ec2_instance_id or ""
         logger.info(
             "orphan worker",
             worker_id=worker.id,
@@ -435,6 +467,21 @@ def _collect_orphans(
             findings.orphans_terminated.append(worker.id)
         except Conflict:
             logger.info("orphan changed concurrently; left for the next sweep", worker_id=worker.id)
+
+
+def _breaker(
+    ctx: Context, findings: RegionFindings, *, live: int, now: datetime, report_only: bool
+) -> BreakerDecision:
+    """The circuit breaker's verdict on this pass's orphans; a dry run records nothing."""
+    if report_only:
+        return decide(
+            None,
+            findings.orphans,
+            live=live,
+            max_share_percent=ctx.settings.orphan_gc_max_share_percent,
+            now=now,
+        )
+    return orphan_gc.gate(ctx, findings.region, findings.orphans, live=live, now=now)
 
 
 def _announce(ctx: Context, mode: GcMode, findings: RegionFindings) -> None:

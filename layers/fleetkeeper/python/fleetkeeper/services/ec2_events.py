@@ -29,7 +29,7 @@ from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
-from fleetkeeper.triggers import Ec2SpotWarningEvent, Ec2StateChangeEvent
+from fleetkeeper.triggers import Ec2RebalanceEvent, Ec2SpotWarningEvent, Ec2StateChangeEvent
 
 ACTOR = "ec2-events"
 STATS_SCOPE = "ec2-events"
@@ -49,6 +49,7 @@ class EventOutcome(StrEnum):
     DRAIN_NOT_STARTED = "drain_not_started"
     CONFLICT = "conflict"
     DROPPED = "dropped"  # malformed or not an event we handle
+    DISABLED = "disabled"  # a rebalance recommendation while rebalance drains are off
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,42 @@ def apply_spot_warning(
     return _done(ctx, EventResult(outcome, worker.id, f"{left}s left"))
 
 
+def apply_rebalance_recommendation(
+    ctx: Context, *, instance_id: str, at: datetime, region: str, now: datetime | None = None
+) -> EventResult:
+    """Drain the worker (then stop it) within the configured deadline, when rebalance drains are on.
+
+    Harmless when repeated or late: a worker that is not RUNNING is left alone, a drain started at or
+    after the recommendation already answered it (so a redelivery after a cancel does not drain again),
+    and a recommendation older than the drain's deadline is old news.
+    """
+    now = now or utcnow()
+    settings = ctx.settings
+    if not settings.rebalance_drain_enabled:
+        return _done(ctx, EventResult(EventOutcome.DISABLED, detail="rebalance drains are off"))
+    timeout = timedelta(seconds=settings.rebalance_drain_timeout_seconds)
+    if now - at > timeout:
+        return _done(ctx, EventResult(EventOutcome.STALE, detail=f"recommendation of {at.isoformat()}"))
+    worker = find_worker_of(ctx, instance_id, region)
+    if worker is None:
+        return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+    if worker.status != WorkerStatus.RUNNING:
+        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
+    if worker.drain is not None and worker.drain.started_at >= at.replace(microsecond=0):
+        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, "a later drain already answered it"))
+    started = drain_hooks.start_drain(
+        ctx,
+        worker.id,
+        actor=ACTOR,
+        reason="EC2 rebalance recommendation",
+        timeout_seconds=int(timeout.total_seconds()),
+        then=DrainThen.STOP,
+    )
+    outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
+    logger.info("rebalance recommendation", worker_id=worker.id, drain_started=started)
+    return _done(ctx, EventResult(outcome, worker.id, f"{int(timeout.total_seconds())}s to drain"))
+
+
 def drop(ctx: Context, reason: str) -> EventResult:
     """A malformed or foreign event: logged and counted, never retried."""
     logger.warning("EC2 event dropped", reason=reason)
@@ -237,8 +274,12 @@ def _done(ctx: Context, result: EventResult) -> EventResult:
     return result
 
 
-def handle(ctx: Context, event: Ec2StateChangeEvent | Ec2SpotWarningEvent) -> EventResult:
+def handle(ctx: Context, event: Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent) -> EventResult:
     """Apply one parsed EC2 event."""
+    if isinstance(event, Ec2RebalanceEvent):
+        return apply_rebalance_recommendation(
+            ctx, instance_id=event.detail.instance_id, at=event.time, region=event.region
+        )
     if isinstance(event, Ec2SpotWarningEvent):
         return apply_spot_warning(
             ctx,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
@@ -52,6 +54,28 @@ def set_desired_status(store: FleetStore, worker_id: str, desired: WorkerStatus,
             actor=actor,
             action="WorkerDesiredStatusSet",
             reason=f"desired {desired}",
+        )
+
+    return retry_conflicts(update)
+
+
+def set_do_not_disrupt_until(
+    store: FleetStore, worker_id: str, until: datetime | None, *, actor: str
+) -> Worker:
+    """Protect the worker from scale-down until `until` (None lifts it); it lapses by itself."""
+
+    def update() -> Worker:
+        worker = store.get_worker(worker_id)
+        if worker.status == WorkerStatus.TERMINATED:
+            raise Conflict(
+                "worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED; nothing to protect"
+            )
+        return store.update_worker(
+            worker,
+            {"do_not_disrupt_until": until},
+            actor=actor,
+            action="WorkerDoNotDisruptSet",
+            reason=f"do not disrupt until {until.isoformat()}" if until else "do-not-disrupt lifted",
         )
 
     return retry_conflicts(update)

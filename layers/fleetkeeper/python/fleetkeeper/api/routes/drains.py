@@ -12,7 +12,13 @@ from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName, WorkerId
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
-from fleetkeeper.api.schemas import DrainRequest, PoolDrainRequest, PoolView, WorkerView
+from fleetkeeper.api.schemas import (
+    CancelDrainRequest,
+    DrainRequest,
+    PoolDrainRequest,
+    PoolView,
+    WorkerView,
+)
 from fleetkeeper.services import drains
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.drains import DrainStatus
@@ -67,10 +73,15 @@ def get_drain(worker_id: WorkerId) -> DrainStatus:
 
 @router.post(
     "/api/v1/workers/<worker_id>/cancel-drain",
-    responses=responses({200: ("the worker, drain cancelled", WorkerView)}, 404, 409, 415),
+    responses=responses({200: ("the worker, drain cancelled", WorkerView)}, 400, 404, 409, 415),
 )
-def cancel_drain(worker_id: WorkerId) -> WorkerView:
-    worker = drains.cancel_worker_drain(default_context(), worker_id, actor=caller(router.current_event))
+def cancel_drain(
+    worker_id: WorkerId, body: Annotated[CancelDrainRequest | None, Body()] = None
+) -> WorkerView:
+    reason = body.reason if body else None
+    worker = drains.cancel_worker_drain(
+        default_context(), worker_id, actor=caller(router.current_event), reason=reason
+    )
     return WorkerView.of(worker)
 
 
@@ -94,7 +105,13 @@ def drain_pool(
 
 @router.post(
     "/api/v1/pools/<name>/cancel-drain",
-    responses=responses({200: ("the pool, drain cancelled", PoolView)}, 404, 409, 415),
+    responses=responses({200: ("the pool, drain cancelled", PoolView)}, 400, 404, 409, 415),
 )
-def cancel_pool_drain(name: ResourceName) -> PoolView:
-    return PoolView.of(drains.cancel_pool_drain(default_context(), name, actor=caller(router.current_event)))
+def cancel_pool_drain(
+    name: ResourceName, body: Annotated[CancelDrainRequest | None, Body()] = None
+) -> PoolView:
+    reason = body.reason if body else None
+    pool = drains.cancel_pool_drain(
+        default_context(), name, actor=caller(router.current_event), reason=reason
+    )
+    return PoolView.of(pool)

@@ -15,6 +15,7 @@ from fleetkeeper.api.routes import new_router
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
     DesiredStatusRequest,
+    DoNotDisruptRequest,
     WorkerPage,
     WorkerView,
 )
@@ -78,5 +79,16 @@ def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> Worke
         worker_id,
         WorkerStatus(body.desired_status),
         actor=caller(router.current_event),
+    )
+    return WorkerView.of(worker)
+
+
+@router.put(
+    "/api/v1/workers/<worker_id>/do-not-disrupt",
+    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+)
+def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> WorkerView:
+    worker = workers.set_do_not_disrupt_until(
+        default_context().store, worker_id, body.do_not_disrupt_until, actor=caller(router.current_event)
     )
     return WorkerView.of(worker)

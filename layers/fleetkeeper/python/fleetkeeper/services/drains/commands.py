@@ -225,7 +225,7 @@ def _undo_unstarted_drain(ctx: Context, worker_id: str, generation: int, cause: 
     metrics.add_metric(name="DrainFailed", unit="Count", value=1)
 
 
-def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
+def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str, reason: str | None = None) -> Worker:
     """Admin cancel: DRAINING → RUNNING, and the waiting workflow fails with DrainCancelled."""
     now = utcnow()
 
@@ -240,12 +240,14 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
             )
         record = worker.drain
         changes: dict[str, Any] = {}
-        reason = "drain cancelled"
+        audit_reason = "drain cancelled"
         if worker.desired_status in (WorkerStatus.STOPPED, WorkerStatus.TERMINATED):
             # A cancel means "keep this worker running": a desired STOPPED or TERMINATED would make the
             # next reconcile cycle drain it again, undoing the cancel. See docs/drains.md.
             changes["desired_status"] = None
-            reason = f"drain cancelled; desired status {worker.desired_status} cleared"
+            audit_reason = f"drain cancelled; desired status {worker.desired_status} cleared"
+        if reason:
+            audit_reason = f"{audit_reason}: {reason}"
         cancelled = None
         if record is not None:
             final = record.outcome if record.outcome != DrainOutcome.RUNNING else DrainOutcome.CANCELLED
@@ -253,6 +255,7 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
                 update={
                     "outcome": final,
                     "cancelled_by": actor,
+                    "cancel_reason": reason,
                     "finished_at": record.finished_at or now,
                     "task_token": None,
                 }
@@ -262,7 +265,7 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
             WorkerStatus.RUNNING,
             cause=Cause.CONTROL,
             actor=actor,
-            reason=reason,
+            reason=audit_reason,
             action="WorkerDrainCancelled",
             changes={**changes, "drain": cancelled},
         )
@@ -273,7 +276,12 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str) -> Worker:
     token = before.drain.task_token if before.drain else None
     if token:
         ctx.workflows.fail(token, "DrainCancelled", f"drain cancelled by {actor}")
-    emit(ctx, "WorkerDrainCancelled", worker_detail(after, cancelled_by=actor), "DrainCancelled")
+    emit(
+        ctx,
+        "WorkerDrainCancelled",
+        worker_detail(after, cancelled_by=actor, cancel_reason=reason),
+        "DrainCancelled",
+    )
     return after
 
 

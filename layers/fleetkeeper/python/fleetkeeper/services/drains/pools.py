@@ -65,6 +65,8 @@ def start_pool_drain(
             "drain_requested_by": actor,
             "drain_task_token": None,
             "drain_finished_at": None,
+            "drain_cancelled_by": None,
+            "drain_cancel_reason": None,
             "drain_execution_arn": ctx.workflows.execution_arn(execution_name("pool", name, generation)),
         }
         return ctx.store.save_pool(pool, changes, actor=actor, action="PoolDrainStarted")
@@ -157,7 +159,7 @@ def finish_pool(
     return retry_conflicts(finish_once)
 
 
-def cancel_pool_drain(ctx: Context, name: str, *, actor: str) -> Pool:
+def cancel_pool_drain(ctx: Context, name: str, *, actor: str, reason: str | None = None) -> Pool:
     """draining → active; the waiting workflow fails with DrainCancelled.
 
     One conditional write (version and status draining) decides: of concurrent cancels exactly one
@@ -174,21 +176,34 @@ def cancel_pool_drain(ctx: Context, name: str, *, actor: str) -> Pool:
                 pool.status,
                 f"pool {name} is {pool.status}; only a draining pool can be cancelled",
             )
-        changes: dict[str, Any] = {"status": PoolStatus.ACTIVE}
+        changes: dict[str, Any] = {
+            "status": PoolStatus.ACTIVE,
+            "drain_cancelled_by": actor,
+            "drain_cancel_reason": reason,
+        }
         if pool.drain_outcome == DrainOutcome.RUNNING:
             changes.update(
                 drain_outcome=DrainOutcome.CANCELLED, drain_finished_at=utcnow(), drain_task_token=None
             )
         # A drain that already ended (in ERROR) left the pool draining: the cancel just reactivates it.
         after = ctx.store.save_pool(
-            pool, changes, actor=actor, action="PoolDrainCancelled", reason=f"cancelled by {actor}"
+            pool,
+            changes,
+            actor=actor,
+            action="PoolDrainCancelled",
+            reason=f"cancelled by {actor}: {reason}" if reason else f"cancelled by {actor}",
         )
         return pool, after
 
     before, after = retry_conflicts(cancel_once)
     if before.drain_task_token and before.drain_outcome == DrainOutcome.RUNNING:
         ctx.workflows.fail(before.drain_task_token, "DrainCancelled", f"pool drain cancelled by {actor}")
-    emit(ctx, "PoolDrainCancelled", pool_detail(after, cancelled_by=actor), "PoolDrainCancelled")
+    emit(
+        ctx,
+        "PoolDrainCancelled",
+        pool_detail(after, cancelled_by=actor, cancel_reason=reason),
+        "PoolDrainCancelled",
+    )
     return after
 
 
