@@ -304,3 +304,14 @@ def test_given_a_whole_number_written_as_a_float_then_it_is_that_integer(control
     spec = {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 3.0}
     status, body = control_plane.api("PUT", "/api/v1/templates/other", spec)
     assert (status, body["capacity"]) == (201, 3)
+
+
+# ---- paths ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/pools/\n", "/api/v1/workers\n", "/api/v1/templates/lab\n"])
+def test_given_a_path_ending_in_a_newline_then_it_matches_no_route(control_plane, path):
+    # A regex `$` also matches before a final newline: "/api/v1/pools/%0A" once answered with the pool list.
+    status, body = control_plane.api("GET", path)
+    assert status == 404, body
+    assert body["error"] == "NOT_FOUND"

@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
     OpenAPIRequestValidationMiddleware,
@@ -126,6 +126,12 @@ class AdminApiResolver(APIGatewayRestResolver):
         super().__init__(enable_validation=True)
         # The resolver runs this middleware first on every validated route.
         self._request_validation_middleware = JsonBodiesOnly()  # type: ignore[no-untyped-call]
+
+    @staticmethod
+    def _compile_regex(rule: str, base_regex: str = r"^{}/*\Z") -> Any:
+        # Powertools anchors routes with `$`, which also matches before a trailing newline: the path
+        # "/api/v1/pools/\n" (a client's "%0A") answered as the pool list. `\Z` ends at the end only.
+        return ApiGatewayResolver._compile_regex(rule, base_regex)
 
     def get_openapi_schema(self, **kwargs: Any) -> OpenAPI:
         document = super().get_openapi_schema(**kwargs).model_dump(by_alias=True, exclude_none=True)
