@@ -1,0 +1,59 @@
+"""Tracing: the X-Ray SDK is paid for only where tracing is on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetkeeper.observability import tracing_disabled
+
+LAYER = Path(__file__).resolve().parents[2] / "layers" / "fleetkeeper" / "python"
+
+
+def _imports_xray_core(environment: dict[str, str]) -> str:
+    code = (
+        "import sys, fleetkeeper.observability as o; "
+        "print('aws_xray_sdk.core' in sys.modules, o.tracer.disabled)"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("POWERTOOLS_TRACE", "LAMBDA_TASK", "AWS_SAM"))
+    }
+    env |= {"PYTHONPATH": str(LAYER), "AWS_DEFAULT_REGION": "us-east-1", **environment}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)  # noqa: S603
+    return done.stdout.strip()
+
+
+def test_given_tracing_disabled_in_lambda_when_imported_then_the_xray_sdk_core_is_not_loaded() -> None:
+    assert (
+        _imports_xray_core({"LAMBDA_TASK_ROOT": "/var/task", "POWERTOOLS_TRACE_DISABLED": "true"})
+        == "False True"
+    )
+
+
+def test_given_tracing_on_in_lambda_when_imported_then_the_tracer_uses_xray() -> None:
+    assert _imports_xray_core({"LAMBDA_TASK_ROOT": "/var/task"}) == "True False"
+
+
+@pytest.mark.parametrize(
+    ("environment", "disabled"),
+    [
+        ({"LAMBDA_TASK_ROOT": "/var/task"}, False),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "POWERTOOLS_TRACE_DISABLED": "1"}, True),
+        ({"LAMBDA_TASK_ROOT": "/var/task", "AWS_SAM_LOCAL": "true"}, True),
+        ({}, True),
+    ],
+)
+def test_given_an_environment_when_asked_then_tracing_is_on_only_in_lambda_and_not_disabled(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], disabled: bool
+) -> None:
+    for name in ("LAMBDA_TASK_ROOT", "POWERTOOLS_TRACE_DISABLED", "AWS_SAM_LOCAL", "AWS_CHALICE_CLI_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert tracing_disabled() is disabled
