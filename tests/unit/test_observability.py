@@ -14,11 +14,8 @@ from fleetkeeper.observability import tracing_disabled
 LAYER = Path(__file__).resolve().parents[2] / "layers" / "fleetkeeper" / "python"
 
 
-def _imports_xray_core(environment: dict[str, str]) -> str:
-    code = (
-        "import sys, fleetkeeper.observability as o; "
-        "print('aws_xray_sdk.core' in sys.modules, o.tracer.disabled)"
-    )
+def _imports_xray_core(environment: dict[str, str], probe: str = "aws_xray_sdk.core") -> str:
+    code = f"import sys, fleetkeeper.observability as o; print({probe!r} in sys.modules, o.tracer.disabled)"
     env = {
         k: v
         for k, v in os.environ.items()
@@ -38,6 +35,11 @@ def test_given_tracing_disabled_in_lambda_when_imported_then_the_xray_sdk_core_i
 
 def test_given_tracing_on_in_lambda_when_imported_then_the_tracer_uses_xray() -> None:
     assert _imports_xray_core({"LAMBDA_TASK_ROOT": "/var/task"}) == "True False"
+
+
+def test_given_tracing_on_when_imported_then_only_botocore_is_patched() -> None:
+    # requests is installed in the test environment; patch_all would import it for the X-Ray SDK to patch.
+    assert _imports_xray_core({"LAMBDA_TASK_ROOT": "/var/task"}, probe="requests") == "False False"
 
 
 @pytest.mark.parametrize(

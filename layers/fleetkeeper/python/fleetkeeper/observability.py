@@ -58,10 +58,17 @@ def tracing_disabled() -> bool:
     return not in_lambda or emulated
 
 
+# Every call fleetkeeper makes leaves through botocore, so that is the one library patched. The default,
+# patch_all, imports and patches every library X-Ray supports that happens to be installed (requests,
+# sqlite3, httplib, ...): import time paid for libraries the functions never call, and for httplib a second
+# subsegment under each AWS call.
+PATCHED_MODULES = ("botocore",)
+
+
 def _tracer() -> Tracer:
     if tracing_disabled():
         return Tracer(service=SERVICE, disabled=True, provider=_DisabledProvider())
-    return Tracer(service=SERVICE)
+    return Tracer(service=SERVICE, patch_modules=PATCHED_MODULES)
 
 
 logger = Logger(service=SERVICE)
