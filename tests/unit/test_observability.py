@@ -6,10 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleetkeeper.observability import tracing_disabled
+from fleetkeeper.observability import tracer, tracing_disabled
 
 LAYER = Path(__file__).resolve().parents[2] / "layers" / "fleetkeeper" / "python"
 
@@ -59,3 +60,16 @@ def test_given_an_environment_when_asked_then_tracing_is_on_only_in_lambda_and_n
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     assert tracing_disabled() is disabled
+
+
+def test_given_tracing_disabled_when_a_traced_handler_runs_then_it_answers_and_its_errors_propagate() -> None:
+    @tracer.capture_lambda_handler
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        if event.get("fail"):
+            raise ValueError("bad event")
+        return {"ok": event["value"]}
+
+    assert tracer.disabled
+    assert handler({"value": 1}, None) == {"ok": 1}
+    with pytest.raises(ValueError, match="bad event"):
+        handler({"fail": True}, None)
