@@ -58,8 +58,10 @@ LAMBDA_PLATFORM: Final = "aarch64-manylinux2014"
 LAMBDA_UNZIPPED_LIMIT_BYTES: Final = 250 * 1024 * 1024
 
 LAYER_BUILD_DIR: Final = ROOT / "build" / "dependency-layer"
+# Where Lambda extracts a Python layer's `python/` directory.
+LAMBDA_LAYER_PYTHON_PATH: Final = "/opt/python"
 # Bump when the way the layer is built changes, so a build by the old recipe is not reused.
-LAYER_RECIPE: Final = "2"
+LAYER_RECIPE: Final = "3"
 
 _PIN = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^\s;\\]+)\s*(?:;\s*(?P<marker>[^\\]+?))?\s*\\?$"
@@ -344,6 +346,12 @@ def _compile_bytecode(site: Path) -> None:
             "0",
             "--invalidation-mode",
             "unchecked-hash",
+            # Name each module by where Lambda extracts the layer, not by this build's directory: the
+            # bytes then depend on the lock alone, and tracebacks show the deployed path.
+            "-s",
+            str(site),
+            "-p",
+            LAMBDA_LAYER_PYTHON_PATH,
             str(site),
         ],
         ROOT,

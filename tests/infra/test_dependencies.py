@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import marshal
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from packaging.markers import Marker
 
 from infra.dependencies import (
     DEV_LOCK,
+    LAMBDA_LAYER_PYTHON_PATH,
     LAMBDA_PYTHON,
     LAMBDA_UNZIPPED_LIMIT_BYTES,
     ROOT,
@@ -141,6 +143,11 @@ def test_given_the_dependency_layer_then_every_module_ships_unchecked_bytecode_f
     for pyc in (dependency_layer / "python").rglob(f"*.{tag}.pyc"):
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
         assert (flags & HASH_BASED, flags & CHECK_SOURCE) == (HASH_BASED, 0), pyc
+    # Modules are named by their deployed path, never by the building machine's (which would also make
+    # the layer's bytes differ from one checkout to the next).
+    module = dependency_layer / "python" / "aws_lambda_powertools" / "__pycache__" / f"__init__.{tag}.pyc"
+    code = marshal.loads(module.read_bytes()[16:])  # noqa: S302 - bytes this build just wrote
+    assert code.co_filename == f"{LAMBDA_LAYER_PYTHON_PATH}/aws_lambda_powertools/__init__.py"
 
 
 def _third_party_imports(path: Path) -> set[str]:
