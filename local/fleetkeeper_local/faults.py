@@ -181,6 +181,30 @@ def sfn_execution_never_starts(**kw: Any) -> Fault:
     return Fault("stepfunctions", "Crashed", frozenset({"StartExecution"}), crash=True, limit=1, **kw)
 
 
+def ssm_throttling(rate: float, **kw: Any) -> Fault:
+    return Fault("ssm", "ThrottlingException", rate=rate, **kw)
+
+
+def ssm_command_result(status: str, *, stdout: str = "", stderr: str = "", **kw: Any) -> Fault:
+    """GetCommandInvocation answers with this result (moto's commands always succeed at once, silently):
+    a failed, still running or timed-out command, or one that printed something."""
+    answer = {
+        "Status": status,
+        "StatusDetails": status,
+        "ResponseCode": 0 if status == "Success" else (-1 if status in {"Pending", "InProgress"} else 1),
+        "StandardOutputContent": stdout,
+        "StandardErrorContent": stderr,
+    }
+    return Fault(
+        "ssm", f"Result{status}", frozenset({"GetCommandInvocation"}), lost=True, lost_response=answer, **kw
+    )
+
+
+def ssm_cancel_accepted(**kw: Any) -> Fault:
+    """CancelCommand answers as AWS does (moto does not implement it)."""
+    return Fault("ssm", "CancelAccepted", frozenset({"CancelCommand"}), lost=True, **kw)
+
+
 def is_worker_write(operation: str, params: dict[str, Any]) -> bool:
     """A DynamoDB write that touches a worker item (a status move, a claim, a drain record)."""
     if operation not in _WRITE_OPERATIONS:

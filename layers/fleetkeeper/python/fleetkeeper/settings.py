@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fleetkeeper.domain.operations import Catalogue
+
 
 class SettingsError(RuntimeError):
     """A required environment variable is missing or has a bad value."""
@@ -76,6 +78,14 @@ class Settings(BaseModel):
     rebalance_drain_timeout_seconds: int = Field(
         default=1800, ge=60, le=86400, alias="REBALANCE_DRAIN_TIMEOUT_SECONDS"
     )
+    # ---- worker operations through SSM Run Command (docs/operations.md) ----------------------
+    operations_catalogue: Catalogue = Field(default_factory=Catalogue, alias="OPERATIONS_CATALOGUE")
+    # First retry of a failed operation attempt after this long, doubling per attempt (capped).
+    operation_retry_base_seconds: float = Field(default=30.0, ge=0, alias="OPERATION_RETRY_BASE_SECONDS")
+    # How often each RUNNING worker runs collect-system-info; 0 turns it off.
+    system_info_interval_seconds: int = Field(default=3600, ge=0, alias="SYSTEM_INFO_INTERVAL_SECONDS")
+    # How long a drain's finish step waits for the template's before_stop operations before stopping.
+    before_stop_timeout_seconds: int = Field(default=120, ge=1, le=600, alias="BEFORE_STOP_TIMEOUT_SECONDS")
     max_concurrent_drains: str = Field(
         default="10%", pattern=r"^\s*\d+(\.\d+)?\s*%?\s*$", alias="MAX_CONCURRENT_DRAINS"
     )
@@ -85,6 +95,13 @@ class Settings(BaseModel):
     def _region_configs_from_json(cls, value: Any) -> Any:
         if isinstance(value, str):
             return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("operations_catalogue", mode="before")
+    @classmethod
+    def _catalogue_from_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"operations": json.loads(value)} if value.strip() else {}
         return value
 
     @field_validator("ami_owners", mode="before")

@@ -25,6 +25,7 @@ from fleetkeeper.api.routes import (
     drains,
     instances,
     internal,
+    operations,
     orphans,
     pools,
     stats,
@@ -49,6 +50,7 @@ ROUTERS: Final[tuple[Router, ...]] = (
     internal.router,
     audit.router,
     orphans.router,
+    operations.router,
 )
 
 # OpenAPI links: the id a response returns, and the operations that take it as a path parameter.
@@ -63,6 +65,8 @@ _ID_LINKS: Final[dict[tuple[str, str, str], tuple[str, str, tuple[tuple[str, str
             ("/api/v1/workers/{worker_id}/drain", "post"),
             ("/api/v1/workers/{worker_id}/drain", "get"),
             ("/api/v1/workers/{worker_id}/cancel-drain", "post"),
+            ("/api/v1/workers/{worker_id}/operations", "post"),
+            ("/api/v1/workers/{worker_id}/operations", "get"),
         ),
     ),
     ("/api/v1/instances", "post", "201"): (

@@ -109,7 +109,10 @@ _DESCRIPTIONS: Final[dict[int, str]] = {
     400: "MALFORMED_JSON: the body is not JSON, or nests deeper than the API reads",
     404: "NOT_FOUND: no such entity or route",
     405: "METHOD_NOT_ALLOWED: the path exists, the method does not",
-    409: "ILLEGAL_TRANSITION, CONFLICT, DRAIN_IN_PROGRESS, NO_CAPACITY or REQUEST_IN_PROGRESS",
+    409: (
+        "ILLEGAL_TRANSITION, CONFLICT, DRAIN_IN_PROGRESS, NO_CAPACITY, OPERATION_IN_FLIGHT or "
+        "REQUEST_IN_PROGRESS"
+    ),
     415: "UNSUPPORTED_MEDIA_TYPE: the body is not application/json",
     422: "VALIDATION_FAILED, INVALID_INPUT or IDEMPOTENCY_KEY_REUSED; details name each field",
     500: "INTERNAL: a bug of ours",

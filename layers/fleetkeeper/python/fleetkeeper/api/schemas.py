@@ -36,6 +36,15 @@ from fleetkeeper.domain.models import (
     WorkerTemplate,
     utcnow,
 )
+from fleetkeeper.domain.operations import (
+    MAX_PARAMETER_VALUE,
+    MAX_PARAMETERS,
+    OPERATION_NAME_PATTERN,
+    PARAMETER_NAME_PATTERN,
+    Operation,
+    OperationOrigin,
+    OperationStatus,
+)
 from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.domain.placement import PlacementStrategy
 
@@ -278,6 +287,56 @@ class PoolDrainRequest(Request):
     then: PoolDrainThen = PoolDrainThen.NONE
 
 
+class OperationRequest(Request):
+    """Run a catalogue operation on the worker's machine. Parameters are strings the catalogue checks;
+    a secret is never one of them (name the SSM parameter that holds it instead)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "register-license",
+                    "parameters": {"licenseParameter": "/fleetkeeper/prod/license-token"},
+                }
+            ]
+        }
+    )
+
+    name: str = Field(pattern=OPERATION_NAME_PATTERN, examples=["register-license"])
+    parameters: dict[
+        Annotated[str, Field(pattern=PARAMETER_NAME_PATTERN)],
+        Annotated[str, Strict(), Field(max_length=MAX_PARAMETER_VALUE)],
+    ] = Field(default_factory=dict, max_length=MAX_PARAMETERS)
+
+
+class OperationView(BaseModel):
+    id: str
+    worker_id: str
+    name: str
+    status: OperationStatus
+    origin: OperationOrigin
+    parameters: dict[str, str]
+    requested_by: str
+    attempts: int
+    max_attempts: int
+    command_id: str | None
+    next_attempt_at: datetime | None
+    output: str | None = Field(description="the end of the command's output (stdout, then stderr)")
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, op: Operation) -> OperationView:
+        return cls.model_validate(op.model_dump())
+
+
+class OperationPage(BaseModel):
+    items: list[OperationView]
+    next_token: str | None
+
+
 class DrainView(BaseModel):
     generation: int
     started_at: datetime
@@ -315,6 +374,10 @@ class WorkerView(BaseModel):
     version: int
     created_at: datetime
     updated_at: datetime
+    system_info: dict[str, Any] | None = Field(
+        default=None, description="what the machine last reported through collect-system-info"
+    )
+    system_info_at: datetime | None = None
 
     @classmethod
     def of(cls, worker: Worker) -> WorkerView:
@@ -380,6 +443,7 @@ class TemplateView(BaseModel):
     capacity: int
     drain_timeout_hours: float
     tags: dict[str, str]
+    before_stop: list[str] = Field(default_factory=list)
     version: int
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
@@ -164,6 +164,9 @@ class Worker(Record):
     launch_claimed_at: UtcDatetime | None = None
     idle_since: UtcDatetime | None = None
     metrics: WorkerMetrics | None = None
+    # What the machine reported about itself through the collect-system-info operation (JSON object).
+    system_info: dict[str, Any] | None = None
+    system_info_at: UtcDatetime | None = None
 
     @field_validator("desired_status")
     @classmethod
@@ -192,6 +195,10 @@ class TemplateSpec(Record):
         default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
     tags: Ec2Tags = Field(default_factory=dict)
+    # Cleanup operations (the stage's catalogue) run once a drain has emptied a worker, before it stops.
+    before_stop: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]] = Field(
+        default_factory=list, max_length=5
+    )
 
 
 class WorkerTemplate(TemplateSpec):

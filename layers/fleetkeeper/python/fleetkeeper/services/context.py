@@ -31,6 +31,10 @@ class Context:
     def cloudwatch(self, region: str | None = None) -> MetricsGateway:
         return MetricsGateway(client("cloudwatch", region))
 
+    def ssm(self, region: str | None = None) -> Any:
+        """The SSM client of a worker region (Run Command goes to the machine's own region)."""
+        return client("ssm", region)
+
     @property
     def dynamodb_client(self) -> Any:
         """The shared DynamoDB client, for libraries that keep records in the table (idempotency)."""

@@ -5,7 +5,7 @@ Where each part lives:
 - store/table.py: consistent get/find by key and model, queries, and `_transact`, the one place a
   cancelled transaction is mapped to a typed error (or retried, then `Unavailable`);
 - store/catalog.py: templates and pools; store/workers.py: workers; store/instances.py: instances
-  while they stay active; store/audit.py: the audit trail;
+  while they stay active; store/audit.py: the audit trail; store/operations.py: worker operations;
 - store/slots.py: the slot-counter transactions (placement, ending an instance) and the exact list of a
   worker's active instances.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from fleetkeeper.store.audit import AuditRepository
 from fleetkeeper.store.catalog import CatalogRepository
+from fleetkeeper.store.operations import OperationRepository
 from fleetkeeper.store.slots import SlotTransactions
 from fleetkeeper.store.table import MAX_QUERY_PAGE, Page
 from fleetkeeper.store.workers import WorkerRepository
@@ -23,5 +24,5 @@ from fleetkeeper.store.workers import WorkerRepository
 __all__ = ["MAX_QUERY_PAGE", "FleetStore", "Page"]
 
 
-class FleetStore(SlotTransactions, WorkerRepository, CatalogRepository, AuditRepository):
+class FleetStore(SlotTransactions, WorkerRepository, CatalogRepository, AuditRepository, OperationRepository):
     """Repository over the single fleetkeeper table; services reach every entity through `ctx.store`."""

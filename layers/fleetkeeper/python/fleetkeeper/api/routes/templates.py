@@ -44,7 +44,10 @@ def get_template(name: ResourceName) -> TemplateView:
     ),
 )
 def put_template(name: ResourceName, body: TemplateRequest) -> Response[TemplateView]:
-    store = default_context().store
+    context = default_context()
+    # A before_stop name must be one of the stage's cleanup operations (422 naming before_stop.<i>).
+    context.settings.operations_catalogue.check_before_stop(body.before_stop)
+    store = context.store
     existed = store.find_template(name) is not None
     template = WorkerTemplate.model_validate({"name": name, **body.model_dump()})
     stored = catalog.put_template(store, template, actor=caller(router.current_event))

@@ -24,6 +24,7 @@ from fleetkeeper.domain.models import (
     utcnow,
 )
 from fleetkeeper.observability import logger, metrics
+from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import current_drain, drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, StepRequest, wait_plan
@@ -231,6 +232,9 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             changes={"drain": done},
         )
 
+    # The template's before_stop operations run on the emptied worker, before it may stop; their failure
+    # is audited and alarmed there, and never keeps the worker from stopping.
+    operations.run_before_stop(ctx, drain.target, drain.generation, actor=WORKFLOW_ACTOR)
     worker = retry_conflicts(complete)
     record = drain_of(worker)
     if worker.ec2_instance_id:

@@ -32,7 +32,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
 from fleetkeeper.observability import logger, metrics
-from fleetkeeper.services import drains
+from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
@@ -181,6 +181,15 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         for outcome, counters in pool.map(act_in_time, busy):
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
+
+    try:
+        # After the workers' own steps, so an operation never delays them (services/operations.py).
+        operations.reconcile_operations(
+            ctx, workers, now, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+        )
+    except Exception:  # the operations wait a cycle; the worker steps above already ran
+        logger.exception("worker operations failed")
+        report.counters["operation_errors"] += 1
 
     report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
     report.completed = True

@@ -1,0 +1,110 @@
+"""SSM Run Command adapter: send a document to one machine, read how its invocation went, cancel it.
+
+Errors are classified here, once: throttling, 5xx and dropped connections are retried by `with_backoff`
+(cloud/retry.py) and end as `Unavailable` when they persist; everything else is final for the attempt
+(an instance SSM does not manage or that is offline, a document or parameter SSM refuses). Right after a
+send, SSM may not know the invocation yet (`InvocationDoesNotExist`): that is "not started", not an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetkeeper.cloud.retry import error_code, is_retryable, with_backoff
+from fleetkeeper.observability import logger
+
+# Invocation statuses of a command still on its way or running.
+IN_PROGRESS: Final = frozenset({"Pending", "InProgress", "Delayed", "Cancelling"})
+SUCCESS: Final = "Success"
+NOT_YET_KNOWN: Final = "InvocationDoesNotExist"
+# SendCommand's TimeoutSeconds: how long SSM tries to deliver to an offline machine (30 s minimum).
+DELIVERY_TIMEOUT_SECONDS: Final = 120
+COMMENT_LIMIT: Final = 100
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How one command went on one machine."""
+
+    status: str
+    status_details: str = ""
+    response_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def in_progress(self) -> bool:
+        return self.status in IN_PROGRESS
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == SUCCESS
+
+    def failure(self) -> str:
+        code = f", exit code {self.response_code}" if self.response_code not in (None, -1) else ""
+        return f"command {self.status} ({self.status_details or 'no details'}{code})"
+
+
+def is_final(error: BaseException) -> bool:
+    """An SSM error that sending the same request again will not clear."""
+    if isinstance(error, BotoCoreError) and not is_retryable(error):
+        return True
+    return isinstance(error, ClientError) and not is_retryable(error)
+
+
+def describe(error: BaseException) -> str:
+    return f"{error_code(error) or type(error).__name__}: {error}"[:500]
+
+
+class CommandGateway:
+    """One region's SSM Run Command, as fleetkeeper uses it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def send(self, instance_id: str, document: str, parameters: Mapping[str, str], *, comment: str) -> str:
+        """Send the document to the machine; the command id. Retryable errors are retried here."""
+        response = with_backoff(
+            lambda: self._client.send_command(
+                InstanceIds=[instance_id],
+                DocumentName=document,
+                Parameters={key: [value] for key, value in parameters.items()},
+                Comment=comment[:COMMENT_LIMIT],
+                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
+            ),
+            name="SendCommand",
+        )
+        return str(response["Command"]["CommandId"])
+
+    def invocation(self, command_id: str, instance_id: str) -> Invocation | None:
+        """The command's invocation on the machine; None while SSM does not know it yet."""
+        try:
+            raw = with_backoff(
+                lambda: self._client.get_command_invocation(CommandId=command_id, InstanceId=instance_id),
+                name="GetCommandInvocation",
+            )
+        except ClientError as exc:
+            if error_code(exc) == NOT_YET_KNOWN:
+                return None
+            raise
+        code = raw.get("ResponseCode")
+        return Invocation(
+            status=str(raw.get("Status") or "Pending"),
+            status_details=str(raw.get("StatusDetails") or ""),
+            response_code=int(code) if isinstance(code, int) else None,
+            stdout=str(raw.get("StandardOutputContent") or ""),
+            stderr=str(raw.get("StandardErrorContent") or ""),
+        )
+
+    def cancel(self, command_id: str, instance_id: str) -> bool:
+        """Ask SSM to stop the command on the machine; best effort, once (the attempt is over anyway)."""
+        try:
+            self._client.cancel_command(CommandId=command_id, InstanceIds=[instance_id])
+        except (ClientError, BotoCoreError) as exc:
+            logger.warning("CancelCommand failed", command_id=command_id, error=describe(exc))
+            return False
+        return True
