@@ -282,6 +282,11 @@ def reconcile_operations(
 ) -> None:
     """Step every open operation once, each isolated, then ask due RUNNING workers for system info."""
 
+    refs = sorted(set(ctx.store.open_operations()))
+    # A worker with an operation this cycle is not asked for system information until the next one:
+    # the worker list was read before that operation finished.
+    busy = {worker_id for worker_id, _ in refs}
+
     def step(ref: tuple[str, str]) -> Counter[str]:
         found: Counter[str] = Counter()
         if time_left() < margin_seconds:
@@ -302,7 +307,6 @@ def reconcile_operations(
             found["operation_errors"] += 1
         return found
 
-    refs = sorted(set(ctx.store.open_operations()))
     with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
         for found in pool.map(step, refs):
             counters.update(found)
@@ -314,7 +318,7 @@ def reconcile_operations(
     for worker in workers:
         if time_left() < margin_seconds:
             break
-        if worker.status != WorkerStatus.RUNNING or not worker.ec2_instance_id:
+        if worker.status != WorkerStatus.RUNNING or not worker.ec2_instance_id or worker.id in busy:
             continue
         if not system_info_due(worker.id, worker.system_info_at, now, interval, NOMINAL_CYCLE_SECONDS):
             continue
