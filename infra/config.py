@@ -13,6 +13,8 @@ from typing import Annotated, Any, Final, Literal
 from aws_cdk import aws_logs as logs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetkeeper.domain.operations import Catalogue, OperationSpec
+
 STAGE_KEY: Final = "stage"
 STAGES_KEY: Final = "fleetkeeper:stages"
 
@@ -87,6 +89,34 @@ class RebalanceConfig(_Section):
     drain_timeout_seconds: int = Field(default=1800, ge=60, le=86400)
 
 
+class OperationsConfig(_Section):
+    """Worker operations (SSM Run Command): the stage's catalogue and how they are run."""
+
+    # Operation name -> SSM document, accepted parameters, cleanup or not (fleetkeeper.domain.operations).
+    catalogue: dict[str, OperationSpec] = Field(default_factory=dict)
+    retry_base_seconds: float = Field(default=30.0, ge=0, le=900)
+    # 0 turns the collect-system-info schedule off.
+    system_info_interval_seconds: int = Field(default=3600, ge=0)
+    # How long a drain's finish step waits for before_stop operations (the drain_tasks timeout grows by it).
+    before_stop_timeout_seconds: int = Field(default=120, ge=1, le=600)
+
+    @field_validator("catalogue")
+    @classmethod
+    def _valid_catalogue(cls, value: dict[str, OperationSpec]) -> dict[str, OperationSpec]:
+        Catalogue(operations=value)  # operation names are checked by the runtime's own rules
+        return value
+
+    def environment(self) -> dict[str, str]:
+        """The settings the functions read (fleetkeeper.settings), as environment variables."""
+        catalogue = {name: spec.model_dump(mode="json") for name, spec in sorted(self.catalogue.items())}
+        return {
+            "OPERATIONS_CATALOGUE": json.dumps(catalogue, sort_keys=True, separators=(",", ":")),
+            "OPERATION_RETRY_BASE_SECONDS": str(self.retry_base_seconds),
+            "SYSTEM_INFO_INTERVAL_SECONDS": str(self.system_info_interval_seconds),
+            "BEFORE_STOP_TIMEOUT_SECONDS": str(self.before_stop_timeout_seconds),
+        }
+
+
 class ApiConfig(_Section):
     throttling_rate_limit: float = Field(default=20, gt=0)
     throttling_burst_limit: int = Field(default=40, gt=0)
@@ -120,6 +150,7 @@ class StageConfig(_Section):
     # Days an audit item is kept (the table's TTL); 0 keeps the trail forever.
     audit_retention_days: int = Field(default=365, ge=0)
     api: ApiConfig = ApiConfig()
+    operations: OperationsConfig = OperationsConfig()
     # Whose AMIs a launch may use (the ec2:Owner condition on RunInstances): account ids, or "self".
     ami_owners: tuple[Annotated[str, Field(pattern=r"^(self|amazon|\d{12})$")], ...] = Field(
         default=("self",), min_length=1

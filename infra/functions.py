@@ -59,8 +59,12 @@ def function_specs(config: StageConfig) -> tuple[FunctionSpec, ...]:
     return (
         # API Gateway gives up after 29 s; a longer timeout would only hide a hung request.
         FunctionSpec("api", "fleetkeeper admin API", memory_mb=512, timeout=Duration.seconds(29)),
+        # The finish step may wait for the template's before_stop operations on top of its own work.
         FunctionSpec(
-            "drain_tasks", "Steps of the drain state machine", memory_mb=256, timeout=Duration.seconds(60)
+            "drain_tasks",
+            "Steps of the drain state machine",
+            memory_mb=256,
+            timeout=Duration.seconds(60 + config.operations.before_stop_timeout_seconds),
         ),
         # A reconcile run must end before the next tick, so two runs rarely overlap; a failed run is not
         # retried because the next tick does the same work with fresher data.

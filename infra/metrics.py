@@ -31,6 +31,12 @@ RECONCILE_ERRORS: Final = "ReconcileErrors"
 # 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.
 RECONCILE_HEARTBEAT: Final = "ReconcileHeartbeat"
 
+# Worker operations: per operation (with an `operation` dimension too), and before-stop failures.
+OPERATION_SUCCEEDED: Final = "OperationSucceeded"
+OPERATION_FAILED: Final = "OperationFailed"
+OPERATION_RETRIED: Final = "OperationRetried"
+BEFORE_STOP_OPERATION_FAILED: Final = "BeforeStopOperationFailed"
+
 DRAIN_OUTCOMES: Final = (DRAIN_STARTED, DRAIN_COMPLETED, DRAIN_TIMED_OUT, DRAIN_CANCELLED, DRAIN_FAILED)
 
 # TERMINATED is history that only grows; the reconciler never counts it.
@@ -53,4 +59,8 @@ ALL_METRICS: Final = (
     RECONCILE_DURATION_MS,
     RECONCILE_ERRORS,
     RECONCILE_HEARTBEAT,
+    OPERATION_SUCCEEDED,
+    OPERATION_FAILED,
+    OPERATION_RETRIED,
+    BEFORE_STOP_OPERATION_FAILED,
 )

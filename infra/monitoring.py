@@ -72,6 +72,11 @@ class Monitoring(Construct):
         )
         self._any("drain-failed", fleet_metric(metrics.DRAIN_FAILED), "A drain ended in ERROR.")
         self._any(
+            "before-stop-operation-failed",
+            fleet_metric(metrics.BEFORE_STOP_OPERATION_FAILED),
+            "A before_stop operation failed or timed out; the worker was stopped anyway (docs/runbook.md).",
+        )
+        self._any(
             "drain-execution-lost",
             fleet_metric(metrics.DRAIN_EXECUTION_LOST),
             "The watchdog found an open drain whose execution was gone; it restarted or closed it.",
@@ -189,6 +194,30 @@ class Monitoring(Construct):
                 sparkline=True,
                 width=8,
             ),
+        )
+        operation_metrics = [
+            cw.Metric(
+                namespace=metrics.NAMESPACE,
+                metric_name=name,
+                dimensions_map={**metrics.DIMENSIONS, "operation": operation},
+                statistic="Sum",
+                period=FIVE_MINUTES,
+            ).with_(label=f"{operation} {label}")
+            for operation in sorted(config.operations.catalogue)
+            for name, label in (
+                (metrics.OPERATION_SUCCEEDED, "succeeded"),
+                (metrics.OPERATION_FAILED, "failed"),
+                (metrics.OPERATION_RETRIED, "retried"),
+            )
+        ]
+        self.dashboard.add_widgets(
+            _graph(
+                "Worker operations",
+                [
+                    *operation_metrics,
+                    fleet_metric(metrics.BEFORE_STOP_OPERATION_FAILED).with_(label="before-stop failed"),
+                ],
+            )
         )
         self.dashboard.add_widgets(
             _graph(

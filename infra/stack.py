@@ -14,6 +14,7 @@ from infra.ec2_access import Ec2Access
 from infra.functions import Functions
 from infra.messaging import Messaging
 from infra.monitoring import Monitoring
+from infra.operations import WorkerOperations
 from infra.table import FleetTable
 from infra.triggers import Triggers
 
@@ -67,6 +68,8 @@ class FleetkeeperStack(Stack):
                 "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
                 # The API gives an operator's confirmation of held-back orphans its expiry.
                 "ORPHAN_GC_CONFIRMATION_TTL_SECONDS": str(config.orphan_gc.confirmation_ttl_seconds),
+                # The API checks requests against the catalogue; the reconciler and drains run them.
+                **config.operations.environment(),
             },
             async_failures=messaging.async_failures,
         )
@@ -74,6 +77,7 @@ class FleetkeeperStack(Stack):
             self, "DrainWorkflow", ref=drain, task_function=functions.drain_tasks, config=config
         )
         ec2 = Ec2Access(self, "Ec2Access", config=config)
+        worker_operations = WorkerOperations(self, "WorkerOperations", config=config)
 
         # Each function gets what it calls, and nothing else.
         roles = functions.roles
@@ -88,6 +92,7 @@ class FleetkeeperStack(Stack):
         messaging.grant_audit(roles["drain_tasks"])
         drain.grant_task_response(roles["drain_tasks"])
         drain.grant_start(roles["drain_tasks"])  # a pool drain starts one drain per worker
+        worker_operations.grant_run(roles["drain_tasks"])  # before_stop operations
 
         table.grant_data(roles["reconcile"])
         ec2.grant_describe(roles["reconcile"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
@@ -101,6 +106,7 @@ class FleetkeeperStack(Stack):
         drain.grant_task_response(roles["reconcile"], heartbeat=True)  # the sweep of waiting drains
         messaging.grant_audit(roles["reconcile"])
         messaging.grant_notify(roles["reconcile"])
+        worker_operations.grant_run(roles["reconcile"])
 
         table.grant_data(roles["discover"])
         ec2.grant_describe(roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages"])

@@ -45,6 +45,7 @@ def test_given_the_alarms_then_each_concern_of_the_issue_has_one(dev):
         "drain-timed-out",
         "drain-failed",
         "drain-execution-lost",
+        "before-stop-operation-failed",
         "orphan-gc-breaker-tripped",
         "state-machine-failed",
         "api-5xx-rate",

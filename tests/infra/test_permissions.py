@@ -33,6 +33,7 @@ TABLE = {
 TASK_RESPONSE = {"states:SendTaskSuccess", "states:SendTaskFailure"}
 ASYNC_DLQ = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
 NOTIFY = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}
+RUN_COMMAND = {"ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand"}
 
 EXPECTED_ACTIONS = {
     "api": LOGS_AND_TRACES
@@ -43,11 +44,13 @@ EXPECTED_ACTIONS = {
     | TABLE
     | TASK_RESPONSE
     | NOTIFY
+    | RUN_COMMAND
     | {"ec2:StopInstances", "ec2:TerminateInstances", "events:PutEvents", "states:StartExecution"},
     "reconcile": LOGS_AND_TRACES
     | TABLE
     | ASYNC_DLQ
     | NOTIFY
+    | RUN_COMMAND
     | {
         "ec2:DescribeInstances",
         "ec2:DescribeImages",

@@ -212,6 +212,8 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["stats"],
         ["audit"],
         ["apply"],
+        ["operations"],
+        ["operation", "run"],
     ],
 )
 def test_given_any_command_then_help_works_and_offers_json_output(command):
@@ -268,3 +270,48 @@ def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_wor
         {"region": "eu-west-1", "worker_ids": ["w-1", "w-2"]},
     )
     assert "2 held-back workers in eu-west-1 confirmed" in output
+
+
+def test_given_operation_run_then_the_cli_posts_the_name_and_each_param(server: str):
+    Recorder.answer = (202, {"id": "op-1", "name": "register-license", "status": "PENDING"})
+
+    exit_code, output = run(
+        "--api", server, "operation", "run", "w-1", "register-license", "--param", "licenseParameter=/a/b=c"
+    )
+
+    assert exit_code == 0, output
+    assert "op-1" in output
+    assert Recorder.requests[-1] == (
+        "POST",
+        "/api/v1/workers/w-1/operations",
+        {"name": "register-license", "parameters": {"licenseParameter": "/a/b=c"}},
+    )
+
+
+def test_given_a_param_without_a_value_then_usage_exit_2(server: str):
+    exit_code, output = run("--api", server, "operation", "run", "w-1", "register-license", "-p", "oops")
+
+    assert exit_code == 2
+    assert "KEY=VALUE" in output
+    assert Recorder.requests == []
+
+
+def test_given_operations_then_the_cli_lists_every_page(server: str):
+    item = {
+        "id": "op-1",
+        "name": "collect-system-info",
+        "status": "FAILED",
+        "attempts": 1,
+        "max_attempts": 1,
+        "requested_by": "operations",
+        "created_at": "2026-11-22T13:00:00Z",
+        "error": "timed out after 120 s",
+        "output": None,
+    }
+    Recorder.answer = (200, {"items": [item], "next_token": None})
+
+    exit_code, output = run("--api", server, "operations", "w-1")
+
+    assert exit_code == 0, output
+    assert "timed out after 120 s" in output
+    assert Recorder.requests[-1][1].startswith("/api/v1/workers/w-1/operations?")
