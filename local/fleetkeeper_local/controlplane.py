@@ -76,7 +76,17 @@ class LocalResources:
             "AUDIT_BUS_NAME": self.audit_bus_name,
             "NOTIFICATION_TOPIC_ARN": self.topic_arn,
             "DRAIN_HEARTBEAT_SECONDS": str(heartbeat_seconds),
+            "OPERATIONS_CATALOGUE": json.dumps(local_operations_catalogue()),
         }
+
+
+@functools.cache
+def local_operations_catalogue() -> dict[str, Any]:
+    """The dev stage's operations catalogue from cdk.json: the local stack offers what dev deploys
+    (moto's Run Command accepts any document name and reports every command as a success)."""
+    context = json.loads((project_root() / "cdk.json").read_text(encoding="utf-8"))["context"]
+    catalogue: dict[str, Any] = context["fleetkeeper:stages"]["dev"]["operations"]["catalogue"]
+    return catalogue
 
 
 @functools.cache

@@ -16,6 +16,7 @@ secrets from SSM Parameter Store on the machine. Nothing here logs parameter val
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.fleet_reads import NOMINAL_CYCLE_SECONDS
 from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, Unavailable
+from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, StaleWrite, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import AuditEvent, Worker, utcnow
 from fleetkeeper.domain.operations import (
@@ -354,6 +355,23 @@ def run_before_stop(
     step resumes them rather than starting over. A failure, a refusal or the deadline is audited and
     alarmed, and the next operation (then the stop) goes on.
     """
+    try:
+        return _run_before_stop(ctx, worker_id, generation, actor=actor, sleep=sleep, clock=clock)
+    except Exception as error:  # whatever goes wrong here, the stop goes on: it is alarmed, not retried
+        logger.exception("before-stop operations broke off", worker_id=worker_id)
+        metrics.add_metric(name=METRIC_BEFORE_STOP_FAILED, unit=MetricUnit.Count, value=1)
+        return {"error": f"{type(error).__name__}: {error}"[:500]}
+
+
+def _run_before_stop(
+    ctx: Context,
+    worker_id: str,
+    generation: int,
+    *,
+    actor: str,
+    sleep: Callable[[float], None],
+    clock: Callable[[], datetime],
+) -> dict[str, str]:
     worker = ctx.store.get_worker(worker_id)
     record = worker.drain
     if (
@@ -423,7 +441,9 @@ def _run_one_before_stop(  # noqa: PLR0917 - one loop's state, passed through fr
                 _before_stop_failed(ctx, worker, name, None, f"not run: {refused.message}")
                 return "NOT_RUN"
         if op is not None:
-            op = advance(ctx, ctx.store.get_operation(worker.id, op.id), now)
+            # A StaleWrite means the reconciler stepped it meanwhile: it is read again on the next round.
+            with contextlib.suppress(StaleWrite):
+                op = advance(ctx, ctx.store.get_operation(worker.id, op.id), now)
             if op.finished:
                 if op.status != OperationStatus.SUCCESS:
                     _before_stop_failed(ctx, worker, name, op, op.error or str(op.status))
