@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import boto3
 import pytest
 
 from fleetkeeper.domain.errors import Conflict
@@ -12,6 +13,7 @@ from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.operations import OperationStatus
 from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context
+from fleetkeeper.store.codec import serialize
 from tests.integration.operations.conftest import api, start_drain
 
 pytestmark = pytest.mark.integration
@@ -158,3 +160,27 @@ def test_given_a_template_naming_a_before_stop_operation_then_it_must_be_a_clean
 
     assert (refused, body["details"][0]["field"]) == (422, "before_stop.0")
     assert (accepted, stored["before_stop"]) == (201, ["deregister-license"])
+
+
+def test_given_a_lock_left_by_an_unreadable_operation_then_the_next_request_releases_it(
+    ctx: Context, running_worker: Callable[..., Worker], table_name: str
+) -> None:
+    worker = running_worker()
+    ddb = boto3.client("dynamodb")
+    ddb.put_item(
+        TableName=table_name,
+        Item=serialize({"PK": f"WORKER#{worker.id}", "SK": "OPERATION#op-0-bad", "status": "SLEEPING"}),
+    )
+    ddb.update_item(
+        TableName=table_name,
+        Key=serialize({"PK": f"WORKER#{worker.id}", "SK": "WORKER"}),
+        UpdateExpression="SET operation_in_flight = :id",
+        ExpressionAttributeValues={":id": {"S": "op-0-bad"}},
+    )
+
+    status, body = api("POST", path(worker), {"name": "collect-system-info"})
+
+    assert (status, body["status"]) == (202, "PENDING")
+    assert ctx.store.operation_lock(worker.id) == body["id"]
+    released = [e for e in ctx.store.audit_trail("worker", worker.id) if e.action == "OperationLockReleased"]
+    assert [e.reason for e in released] == ["operation op-0-bad is unreadable"]

@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
 
 from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.fleet_reads import NOMINAL_CYCLE_SECONDS
@@ -94,7 +95,31 @@ def request(
         created_at=now,
         updated_at=now,
     )
-    return ctx.store.request_operation(op, spec.allowed_statuses, actor=actor)
+    try:
+        return ctx.store.request_operation(op, spec.allowed_statuses, actor=actor)
+    except OperationInFlight as busy:
+        stale = _stale_lock(ctx, worker_id, busy.operation_id)
+        if stale is None:
+            raise
+        # A lock no live operation holds would refuse every request for ever: it is released (if it
+        # still names that operation) and the request tried once more.
+        ctx.store.release_operation_lock(worker_id, str(busy.operation_id), actor=actor, reason=stale)
+        return ctx.store.request_operation(op, spec.allowed_statuses, actor=actor)
+
+
+def _stale_lock(ctx: Context, worker_id: str, holder: str | None) -> str | None:
+    """Why the worker's lock holds no live operation, or None when it does."""
+    if not holder:
+        return "the lock names no operation"
+    try:
+        held = ctx.store.find_operation(worker_id, holder)
+    except ValidationError:
+        return f"operation {holder} is unreadable"
+    if held is None:
+        return f"operation {holder} does not exist"
+    if held.finished:
+        return f"operation {holder} is {held.status}"
+    return None
 
 
 def page(ctx: Context, worker_id: str, *, limit: int, next_token: str | None) -> Page[Operation]:

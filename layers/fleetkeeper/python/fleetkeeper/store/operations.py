@@ -162,6 +162,34 @@ class OperationRepository(TableAccess):
                 worker_id, _, operation_id = str(item["GSI1SK"]["S"]).partition("#")
                 yield worker_id, operation_id
 
+    def release_operation_lock(self, worker_id: str, holder: str, *, actor: str, reason: str) -> bool:
+        """Remove the worker's lock if it still names `holder` (an operation that is gone, unreadable or
+        finished without releasing it); False when the lock changed meanwhile."""
+        release = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": serialize(keys.worker_key(worker_id)),
+                "UpdateExpression": "REMOVE #lock",
+                "ConditionExpression": "#lock = :id",
+                "ExpressionAttributeNames": {"#lock": OPERATION_LOCK},
+                "ExpressionAttributeValues": {":id": {"S": holder}},
+                "ReturnValuesOnConditionCheckFailure": "NONE",
+            }
+        }
+        audit = AuditEvent(
+            entity="worker",
+            entity_id=worker_id,
+            action="OperationLockReleased",
+            actor=actor,
+            reason=reason,
+            details={"operation_id": holder},
+        )
+        try:
+            self._transact([release, self._audit_put(audit)], {0: lambda _: _LockNotOurs()})
+        except _LockNotOurs:
+            return False
+        return True
+
     def record_audit(self, event: AuditEvent) -> None:
         """An audit event that goes with no write of its own (e.g. an operation that could not run)."""
         self._transact([self._audit_put(event)], {})
