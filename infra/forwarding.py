@@ -21,6 +21,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.config import StageConfig
+from infra.operations import WorkerOperations
 from infra.permissions import acknowledge
 from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
 
@@ -62,6 +63,9 @@ class EventForwardingStack(Stack):
             **kwargs,
         )
         Tags.of(self).add("fleetkeeper:stage", config.name)
+        # Run Command reads documents from the machine's own region: the catalogue's documents live here
+        # too, under the same names (the home stack's roles may send them; infra/operations.py).
+        self.worker_operations = WorkerOperations(self, "WorkerOperations", config=config)
         self.home_bus_arn = self.format_arn(
             service="events", region=config.region, resource="event-bus", resource_name="default"
         )

@@ -62,7 +62,7 @@ def test_given_the_runners_then_send_command_reaches_only_catalogue_documents_on
 
     names = sorted(e["document"] for e in catalogue("dev").values())
     assert [d.rsplit("/", 1)[-1] for d in documents] == names
-    assert all(":ssm:eu-west-1:" in d for d in documents)
+    assert all(":ssm:eu-west-1:" in d for d in documents)  # dev's one worker region
     assert len(instances) == 1
     assert flat(json.loads(instances[0].resource)).endswith(":ec2:eu-west-1:<AWS::AccountId>:instance/*")
     assert instances[0].conditions == {
@@ -82,3 +82,14 @@ def test_given_the_functions_then_each_reads_the_catalogue_and_drain_tasks_outla
         assert sorted(shipped.operations) == sorted(expected)
         assert variables["BEFORE_STOP_TIMEOUT_SECONDS"] == "120"
     assert function_properties(dev, "fleetkeeper-dev-drain-tasks")["Timeout"] == 180
+
+
+def test_given_a_worker_region_besides_the_home_region_then_its_stack_carries_the_same_documents(
+    synthesized: Any,
+) -> None:
+    home = sorted(d["Name"] for d in properties(synthesized.template("pinned"), "AWS::SSM::Document"))
+    forwarders = synthesized.stacks["pinned"].forwarders
+    assert set(forwarders) == {"us-east-1"}
+    template = Template.from_stack(forwarders["us-east-1"])
+    assert sorted(d["Name"] for d in properties(template, "AWS::SSM::Document")) == home
+    assert len(home) == 3
