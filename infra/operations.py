@@ -31,7 +31,7 @@ HOOKS_DIR: Final = "/opt/fleetkeeper/hooks"
 # SendCommand on an instance only when SSM sees fleetkeeper's tag on it.
 MANAGED_INSTANCE: Final = {"StringEquals": {f"ssm:resourceTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
 # The calls the reconciler and the drain's finish step make (cloud/ssm.py).
-READ_ACTIONS: Final = ("ssm:CancelCommand", "ssm:GetCommandInvocation")
+READ_ACTIONS: Final = ("ssm:CancelCommand", "ssm:GetCommandInvocation", "ssm:ListCommands")
 
 
 def _run_hook(name: str, *, stdin: str | None = None) -> list[str]:
@@ -161,7 +161,7 @@ class WorkerOperations(Construct):
             resources=["*"],
             conditions={"StringEquals": {"aws:RequestedRegion": sorted(self._config.regions)}},
             wildcard_reason=(
-                "GetCommandInvocation and CancelCommand take a command id, not a resource ARN; the "
-                "statement is limited to the stage's worker regions."
+                "GetCommandInvocation, ListCommands and CancelCommand support no resource-level "
+                "permissions; the statement is limited to the stage's worker regions."
             ),
         )

@@ -33,7 +33,7 @@ TABLE = {
 TASK_RESPONSE = {"states:SendTaskSuccess", "states:SendTaskFailure"}
 ASYNC_DLQ = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
 NOTIFY = {"sns:Publish", "kms:GenerateDataKey", "kms:Decrypt"}
-RUN_COMMAND = {"ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand"}
+RUN_COMMAND = {"ssm:SendCommand", "ssm:GetCommandInvocation", "ssm:CancelCommand", "ssm:ListCommands"}
 
 EXPECTED_ACTIONS = {
     "api": LOGS_AND_TRACES

@@ -116,6 +116,33 @@ def test_given_a_command_that_never_finishes_then_it_is_cancelled_and_failed_at_
     assert cancel.injected == 1
 
 
+def test_given_a_sender_that_died_before_recording_its_command_then_the_command_is_adopted_not_sent_twice(
+    ctx: Context, running_worker: Callable[..., Worker]
+) -> None:
+    worker = running_worker()
+    op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
+    t0 = utcnow()
+
+    def records_the_command(operation: str, params: dict[str, Any]) -> bool:
+        return "command_id" in json.dumps(params)
+
+    crash = faults.Fault(
+        "dynamodb", "Crashed", frozenset({"TransactWriteItems"}), crash=True, when=records_the_command
+    )
+    with faults.FaultPlan(faults=[crash]).installed(), pytest.raises(faults.InvocationCrashed):
+        cycle(default_context(), t0)  # the context (and its table client) as the plan rebuilt it
+    orphaned = read(ctx, op)
+    cycle(ctx, t0 + timedelta(seconds=30))  # the sender may still be at it: left alone
+    cycle(ctx, t0 + timedelta(seconds=61))  # past the grace: the command is found and adopted
+    adopted = read(ctx, op)
+    cycle(ctx, t0 + timedelta(seconds=65))
+
+    assert (orphaned.status, orphaned.command_id) == (OperationStatus.RUNNING, None)
+    [command] = sent_commands(worker)
+    assert (adopted.command_id, adopted.attempts) == (command["CommandId"], 1)
+    assert read(ctx, op).status == OperationStatus.SUCCESS
+
+
 def test_given_ssm_throttling_through_every_retry_then_the_attempt_fails_and_waits_its_backoff(
     ctx: Context, running_worker: Callable[..., Worker]
 ) -> None:

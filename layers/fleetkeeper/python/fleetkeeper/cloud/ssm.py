@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -79,6 +80,21 @@ class CommandGateway:
             name="SendCommand",
         )
         return str(response["Command"]["CommandId"])
+
+    def find_command(self, instance_id: str, comment: str, *, sent_after: datetime) -> str | None:
+        """The id of a command sent to the machine with this comment since `sent_after`, if any: how a
+        sender that died before recording its command id is found out, instead of sending it twice."""
+        paginator = self._client.get_paginator("list_commands")
+        pages = paginator.paginate(
+            InstanceId=instance_id,
+            Filters=[{"key": "InvokedAfter", "value": sent_after.strftime("%Y-%m-%dT%H:%M:%SZ")}],
+        )
+        wanted = comment[:COMMENT_LIMIT]
+        for page in with_backoff(lambda: list(pages), name="ListCommands"):
+            for command in page.get("Commands", []):
+                if command.get("Comment") == wanted:
+                    return str(command["CommandId"])
+        return None
 
     def invocation(self, command_id: str, instance_id: str) -> Invocation | None:
         """The command's invocation on the machine; None while SSM does not know it yet."""

@@ -148,11 +148,11 @@ def advance(ctx: Context, op: Operation, now: datetime) -> Operation:
                 ctx, op, worker, f"the worker is {worker.status}; '{op.name}' runs on RUNNING", now
             )
         return _send(ctx, op, worker, now)
+    gateway = ssm.CommandGateway(ctx.ssm(worker.region))
     if op.command_id is None or op.target_instance_id is None:
         if op.attempt_started_at and now - op.attempt_started_at > timedelta(seconds=CLAIM_GRACE_SECONDS):
-            return _attempt_failed(ctx, op, "the attempt was claimed but never sent", now)
-        return op
-    gateway = ssm.CommandGateway(ctx.ssm(worker.region))
+            return _recover_claim(ctx, gateway, op, now)
+        return op  # its sender is (probably) still at it
     try:
         invocation = gateway.invocation(op.command_id, op.target_instance_id)
     except (ClientError, BotoCoreError, Unavailable) as error:
@@ -219,7 +219,7 @@ def _send(ctx: Context, op: Operation, worker: Worker, now: datetime) -> Operati
     )
     try:
         command_id = ssm.CommandGateway(ctx.ssm(worker.region)).send(
-            instance_id, op.document, op.parameters, comment=f"fleetkeeper {op.name} {op.id}"
+            instance_id, op.document, op.parameters, comment=_comment(op)
         )
     except (ClientError, BotoCoreError, Unavailable) as error:
         # Throttling that outlasted the retries and a refusal (unmanaged or offline machine) alike
@@ -227,6 +227,24 @@ def _send(ctx: Context, op: Operation, worker: Worker, now: datetime) -> Operati
         why = ssm.describe(error) if not isinstance(error, Unavailable) else error.message
         return _attempt_failed(ctx, claimed, f"SendCommand failed: {why}", now)
     return ctx.store.save_operation(claimed, {"command_id": command_id}, actor=ACTOR)
+
+
+def _comment(op: Operation) -> str:
+    """What the command carries to be found again: the operation id (ids are unique)."""
+    return f"fleetkeeper {op.id} {op.name}"
+
+
+def _recover_claim(ctx: Context, gateway: ssm.CommandGateway, op: Operation, now: datetime) -> Operation:
+    """A claim whose sender died before recording the command: adopt the command if it was sent (so it
+    is not sent twice), else count the attempt as failed."""
+    if op.target_instance_id and op.attempt_started_at:
+        sent = gateway.find_command(
+            op.target_instance_id, _comment(op), sent_after=op.attempt_started_at - timedelta(minutes=1)
+        )
+        if sent is not None:
+            logger.info("operation command recovered", operation_id=op.id, command_id=sent)
+            return ctx.store.save_operation(op, {"command_id": sent}, actor=ACTOR)
+    return _attempt_failed(ctx, op, "the attempt was claimed but never sent", now)
 
 
 def _attempt_failed(
