@@ -65,8 +65,21 @@ def test_given_a_pending_operation_when_the_reconciler_runs_then_ssm_runs_it_and
     assert operations.request(ctx, worker.id, "collect-system-info", {}, actor="op").status == "PENDING"
 
 
+def emitted(output: str) -> Counter[tuple[str, str]]:
+    """(metric, operation) of every per-operation EMF line printed."""
+    found: Counter[tuple[str, str]] = Counter()
+    for line in output.splitlines():
+        if not line.startswith('{"_aws"'):
+            continue
+        record = json.loads(line)
+        for metric in record["_aws"]["CloudWatchMetrics"][0]["Metrics"]:
+            if "operation" in record:
+                found[metric["Name"], record["operation"]] += 1
+    return found
+
+
 def test_given_a_failing_command_then_it_is_retried_after_a_backoff_and_failed_when_attempts_are_spent(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, running_worker: Callable[..., Worker], capsys: pytest.CaptureFixture[str]
 ) -> None:
     worker = running_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
@@ -93,6 +106,10 @@ def test_given_a_failing_command_then_it_is_retried_after_a_backoff_and_failed_w
     actions = [e.action for e in ctx.store.audit_trail("worker", worker.id) if "Operation" in e.action]
     assert actions == ["OperationRequested", "OperationAttemptFailed", "OperationFailed"]
     assert ctx.store.operation_lock(worker.id) is None
+    assert emitted(capsys.readouterr().out) == {
+        ("OperationRetried", "register-license"): 1,
+        ("OperationFailed", "register-license"): 1,
+    }
 
 
 def test_given_a_command_that_never_finishes_then_it_is_cancelled_and_failed_at_its_timeout(
