@@ -18,10 +18,10 @@ from constructs import Construct
 from infra.config import StageConfig
 from infra.dependencies import LAMBDA_PYTHON, layer_dir
 from infra.permissions import acknowledge
+from infra.shared_layer import shared_layer_dir
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 FUNCTIONS_DIR: Final = ROOT / "functions"
-LAYER_DIR: Final = ROOT / "layers" / "fleetkeeper"
 # Local caches and build leftovers must not change the asset hash or ship to Lambda.
 ASSET_EXCLUDES: Final = ["**/__pycache__", "**/*.pyc", "**/*.egg-info", ".mypy_cache", ".pytest_cache"]
 
@@ -145,7 +145,8 @@ class Functions(Construct):
         self.shared_layer = lambda_.LayerVersion(
             self,
             "SharedLayer",
-            code=lambda_.Code.from_asset(str(LAYER_DIR), exclude=ASSET_EXCLUDES),
+            # Staged with its bytecode: /opt is read-only, and a cold start would compile every module.
+            code=lambda_.Code.from_asset(str(shared_layer_dir())),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
             description="fleetkeeper package (domain, store, cloud, services)",
