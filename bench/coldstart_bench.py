@@ -100,6 +100,10 @@ def run() -> str:
             "|---|--:|--:|--:|---|--:|",
             *rows,
             "",
+            "The api handler's import is mostly pydantic building the request and response models its first",
+            "request validates with. It runs with SnapStart (docs/performance.md): a deployed cold start",
+            "restores a snapshot taken after this import instead of running it.",
+            "",
         ]
     )
 
