@@ -214,9 +214,7 @@ def test_given_a_target_filled_by_another_writer_first_then_the_instance_goes_to
             raced.append(place(store, nearly_full))  # the fixture's store: not hooked, not faulted
         return False
 
-    race = faults.Fault(
-        "dynamodb", "unused", frozenset({"TransactWriteItems"}), limit=1, when=placement_wins
-    )
+    race = faults.Fault("dynamodb", "unused", frozenset({"TransactWriteItems"}), limit=1, when=placement_wins)
     plan = faults.FaultPlan(seed=13, faults=[race])
 
     with plan.installed():
@@ -273,4 +271,3 @@ def test_given_the_drain_was_cancelled_then_the_rescheduler_stops_with_drain_can
         reschedule(hooked_context(), worker, 2)  # generation 2 is not the drain on the worker
 
     assert counts(store, source, target) == [1, 0]
-
