@@ -104,8 +104,11 @@ def drain(plane, worker_id, **body):
 
 def short_drain(plane, worker_id, seconds):
     """A drain with a deadline seconds away. The API refuses timeouts under a minute (a typo, not a policy),
-    so the workflow's deadline handling is driven through the service the API calls."""
-    status = drains.start_worker_drain(plane.ctx, worker_id, actor="test", timeout_seconds=seconds)
+    so the workflow's deadline handling is driven through the service the API calls. Its work stays on
+    the worker (no rescheduling): these drains are about what happens at the deadline."""
+    status = drains.start_worker_drain(
+        plane.ctx, worker_id, actor="test", timeout_seconds=seconds, reschedule=False
+    )
     return status.model_dump(mode="json")
 
 
@@ -359,7 +362,8 @@ def test_given_drains_then_every_transition_is_on_the_audit_bus(
     cancelled, forced = ec2_worker(), ec2_worker()
     place(control_plane, cancelled.id)
     stuck = place(control_plane, forced.id)
-    drain(control_plane, cancelled.id)
+    # Neither instance may move to the other worker: this drain is about waiting, then cancelling.
+    drain(control_plane, cancelled.id, reschedule=False)
     eventually(token_stored(control_plane, cancelled.id))
     control_plane.api("POST", f"/api/v1/workers/{cancelled.id}/cancel-drain")
     timed_out = short_drain(control_plane, forced.id, 2)
