@@ -14,7 +14,7 @@ import pytest
 
 from fleetkeeper.cloud.clients import client
 from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainNoLongerActive, StaleWrite
-from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Instance, Worker, utcnow
 from fleetkeeper.services import placement
 from fleetkeeper.services.context import Context, build_context
@@ -191,6 +191,25 @@ def test_given_a_drain_cancelled_first_when_moving_then_no_move(
         store.move_instance(instance, target, actor="test", drain_generation=1)
 
     assert store.get_instance(instance.id).worker_id == source.id
+    assert counts(store, source, target) == [1, 0]
+
+
+def test_given_a_closed_pool_then_the_move_is_refused_and_the_rescheduler_tries_none(
+    store: FleetStore, running_worker: WorkerFactory, table_name: str
+) -> None:
+    source, target = running_worker(pool="labs"), running_worker(pool="labs")
+    instance = place(store, source)
+    worker = draining(store, source.id)
+    store.save_pool(store.get_pool("labs"), {"status": PoolStatus.DRAINING}, actor="test", action="Drain")
+
+    with pytest.raises(Conflict, match="pool labs is draining"):
+        store.move_instance(instance, target, actor="test", drain_generation=1)
+    plan = faults.FaultPlan(seed=15, faults=[faults.dynamodb_conflicts(1.0)])
+    with plan.installed():
+        assert reschedule(hooked_context(), worker, 1) == 0
+
+    assert plan.summary() == {}  # not one transaction tried
+    assert store.get_instance(instance.id) == instance
     assert counts(store, source, target) == [1, 0]
 
 

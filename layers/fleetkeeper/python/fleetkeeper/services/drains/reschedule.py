@@ -14,7 +14,7 @@ by the earlier attempt is simply no longer on the worker. See docs/drains.md, "R
 from __future__ import annotations
 
 from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainNoLongerActive, StaleWrite, Unavailable
-from fleetkeeper.domain.lifecycle import InstanceState
+from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus
 from fleetkeeper.domain.models import Instance, Worker
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates
 from fleetkeeper.observability import logger
@@ -36,7 +36,14 @@ def scheduled_instances(ctx: Context, worker: Worker) -> list[Instance]:
 
 
 def targets_for(ctx: Context, worker: Worker) -> dict[str, Worker]:
-    """Workers that may take the draining worker's instances: same pool (or none) and template."""
+    """Workers that may take the draining worker's instances: same pool (or none) and template.
+
+    None while the pool is closed (a pool drain): every move would be refused by the pool's condition.
+    """
+    if worker.pool:
+        pool = ctx.store.find_pool(worker.pool)
+        if pool is None or pool.status != PoolStatus.ACTIVE:
+            return {}
     return {
         w.id: w
         for w in candidate_workers(ctx.store, template=worker.template, pool=worker.pool)
