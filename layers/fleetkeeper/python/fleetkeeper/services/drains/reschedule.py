@@ -13,7 +13,14 @@ by the earlier attempt is simply no longer on the worker. See docs/drains.md, "R
 
 from __future__ import annotations
 
-from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainNoLongerActive, StaleWrite, Unavailable
+from fleetkeeper.domain.errors import (
+    Conflict,
+    DrainCancelled,
+    DrainNoLongerActive,
+    NotFound,
+    StaleWrite,
+    Unavailable,
+)
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus
 from fleetkeeper.domain.models import Instance, Worker
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates
@@ -112,9 +119,15 @@ def _move(
                 targets.pop(target.id, None)
             else:
                 targets[target.id] = fresh_target
+        except NotFound as gone:
+            # The target worker was deleted since it was listed (or the instance itself is gone).
+            if gone.kind != "worker":
+                return False
+            targets.pop(target.id, None)
         except Unavailable:
-            # Conflicts or throttling that outlasted the store's backoff: nothing was written (the
-            # transaction is all or nothing), so the instance stays and the drain waits for it.
+            # Conflicts or throttling that outlasted the store's backoff. The transaction is all or
+            # nothing, so the instance is whole wherever it is; the drain's `moved_instances`, written
+            # with each move, stays exact even if a lost answer hid a move from us. The drain waits.
             logger.warning(
                 "instance not moved: the table stayed unavailable",
                 extra={"instance_id": instance.id, "worker_id": source_id},
