@@ -66,7 +66,11 @@ def test_given_a_drain_that_moves_scheduled_work_then_the_console_says_how_many(
     now = utcnow()
     record = DrainRecord(generation=1, started_at=now, deadline=now, timeout_seconds=60, requested_by="alice")
     store.transition_worker(
-        source, WorkerStatus.DRAINING, cause=Cause.CONTROL, actor="test", changes={"drain": record}
+        store.get_worker(source.id),
+        WorkerStatus.DRAINING,
+        cause=Cause.CONTROL,
+        actor="test",
+        changes={"drain": record},
     )
     console.poll_once()
 
