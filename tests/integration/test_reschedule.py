@@ -16,8 +16,9 @@ from fleetkeeper.cloud.clients import client
 from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainNoLongerActive, StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Instance, Worker, utcnow
-from fleetkeeper.services import placement
+from fleetkeeper.services import drains, placement
 from fleetkeeper.services.context import Context, build_context
+from fleetkeeper.services.drains.contract import DrainInput
 from fleetkeeper.services.drains.reschedule import reschedule
 from fleetkeeper.settings import get_settings
 from fleetkeeper.store.repository import FleetStore
@@ -290,3 +291,28 @@ def test_given_the_drain_was_cancelled_then_the_rescheduler_stops_with_drain_can
         reschedule(hooked_context(), worker, 2)  # generation 2 is not the drain on the worker
 
     assert counts(store, source, target) == [1, 0]
+
+
+def test_given_begin_dies_after_its_first_move_when_retried_then_the_rest_moves_and_each_counts_once(
+    store: FleetStore, running_worker: WorkerFactory
+) -> None:
+    source, target = running_worker(), running_worker()
+    first, second = place(store, source), place(store, source)
+    worker = draining(store, source.id)
+    assert worker.drain is not None
+    drain = DrainInput.of_worker(hooked_context(), source.id, worker.drain)
+    # The drain is recorded already, so begin's first transaction is its first move: it dies right after
+    # that move landed, as a Lambda killed mid-step would.
+    plan = faults.FaultPlan(
+        seed=16, faults=[faults.crash_after_writes(1, when=lambda op, _: op == "TransactWriteItems")]
+    )
+
+    with plan.installed(), pytest.raises(faults.InvocationCrashed):
+        drains.begin(hooked_context(), drain)
+    assert counts(store, source, target) == [1, 1]  # one move, whole
+    retried = drains.begin(hooked_context(), drain)  # Step Functions retries the step
+
+    assert retried["empty"] is True
+    assert {store.get_instance(i.id).worker_id for i in (first, second)} == {target.id}
+    assert counts(store, source, target) == [0, 2]
+    assert moved_count(store, source) == 2
