@@ -268,3 +268,17 @@ def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_wor
         {"region": "eu-west-1", "worker_ids": ["w-1", "w-2"]},
     )
     assert "2 held-back workers in eu-west-1 confirmed" in output
+
+
+@pytest.mark.parametrize(("flags", "reschedule"), [([], True), (["--no-reschedule"], False)])
+def test_given_the_reschedule_flag_then_the_drain_body_carries_it(
+    server: str, flags: list[str], reschedule: bool
+):
+    Recorder.answer = (202, {"worker_id": "w-1", "status": "RUNNING", "worker_status": "DRAINING"})
+
+    exit_code, output = run("--api", server, "drain", "w-1", *flags)
+
+    assert exit_code == 0, output
+    method, path, body = Recorder.requests[-1]
+    assert (method, path) == ("POST", "/api/v1/workers/w-1/drain")
+    assert body["reschedule"] is reschedule
