@@ -336,7 +336,8 @@ def extrapolate(small: FleetFigures, large: FleetFigures, size: int) -> FleetFig
 
 
 def fixed_monthly() -> tuple[int, int, float]:
-    """Alarms in the synthesized dev stack and custom metric names emitted; their monthly dollars."""
+    """Alarms and SnapStart functions in the synthesized dev stack, custom metric names emitted; their
+    monthly dollars."""
     import json
     from pathlib import Path
 
@@ -349,9 +350,17 @@ def fixed_monthly() -> tuple[int, int, float]:
     context = json.loads((Path(__file__).parents[1] / "cdk.json").read_text())["context"]
     app = App(context={**context, STAGE_KEY: "dev"})
     stack = FleetkeeperStack(app, config=load_stage_config(app.node.try_get_context))
-    alarms = len(Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm"))
+    template = Template.from_stack(stack)
+    alarms = len(template.find_resources("AWS::CloudWatch::Alarm"))
     names = len(_emitted_metric_names)
-    return alarms, names, alarms * prices.CW_ALARM_MONTH + names * prices.CW_METRIC_MONTH
+    # One active published version per SnapStart function keeps a snapshot cached all month.
+    snapshot_gb = sum(
+        function["Properties"]["MemorySize"] / 1024
+        for function in template.find_resources("AWS::Lambda::Function").values()
+        if "SnapStart" in function["Properties"]
+    )
+    snapshots = snapshot_gb * prices.SECONDS_PER_MONTH * prices.SNAPSTART_CACHE_GB_SECOND
+    return alarms, names, alarms * prices.CW_ALARM_MONTH + names * prices.CW_METRIC_MONTH + snapshots
 
 
 _emitted_metric_names: set[str] = set()
@@ -422,7 +431,8 @@ def section(drain: DrainFigures, fleets: list[FleetFigures], fixed: tuple[int, i
         "",
         f"Reconcile every {RECONCILE_PERIOD_SECONDS} s, discovery every {DISCOVERY_PERIOD_SECONDS} s; the "
         f"seeds' design reconciles each worker every {SEED_RECONCILE_SECONDS} s with per-worker calls. "
-        f"Fixed part: {fixed[0]} alarms and {fixed[1]} custom metric names, {money(fixed[2])} a month, in "
+        f"Fixed part: {fixed[0]} alarms, {fixed[1]} custom metric names and the api function's SnapStart "
+        f"snapshot, {money(fixed[2])} a month, in "
         "both columns. Operator API traffic and drains come on top (priced above).",
         "",
         "| workers | cycle wall time | fleetkeeper $ / month | seeds' design $ / month | ratio | "

@@ -31,4 +31,8 @@ CW_GET_METRIC_DATA_METRIC: Final = 0.01 / 1_000
 # SNS: per published message (first million free; the alert volume is tiny either way).
 SNS_PUBLISH: Final = 0.50 / 1_000_000
 
+# Lambda SnapStart for Python: the snapshot cache per GB-second while a published version is active
+# (restores, per GB restored, are priced per cold start and negligible beside it).
+SNAPSTART_CACHE_GB_SECOND: Final = 0.0000015046
+
 SECONDS_PER_MONTH: Final = 30 * 24 * 3600

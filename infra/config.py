@@ -125,6 +125,10 @@ class ApiConfig(_Section):
     manage_account_logging_role: bool = True
     # Swagger UI at /docs, behind the same SigV4 (AWS_IAM) authorization as every other method.
     swagger_ui: bool = False
+    # Lambda SnapStart for the api function: API Gateway invokes the published version behind the alias
+    # `live`, restored from a snapshot taken after init (docs/performance.md). Off: the unqualified
+    # function, initialised on every cold start.
+    snap_start: bool = True
 
 
 class StageConfig(_Section):

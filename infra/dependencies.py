@@ -310,7 +310,7 @@ def build_layer(target: Path) -> None:
             ROOT,
         )
         _drop_scripts(staging / "python")
-        _compile_bytecode(staging / "python")
+        compile_bytecode(staging / "python")
         try:
             staging.rename(target)
         except OSError:
@@ -324,7 +324,7 @@ def build_layer(target: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _compile_bytecode(site: Path) -> None:
+def compile_bytecode(site: Path) -> None:
     """Ship the layer's bytecode. /opt is read-only on Lambda, so without it every cold start compiles
     each module it imports, again. Hash-based and unchecked: the zip does not keep the sources' mtimes,
     which a timestamp-based .pyc would be checked against, need not survive the upload."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Annotations, Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
@@ -18,16 +18,21 @@ from constructs import Construct
 from infra.config import StageConfig
 from infra.dependencies import LAMBDA_PYTHON, layer_dir
 from infra.permissions import acknowledge
+from infra.shared_layer import shared_layer_dir
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 FUNCTIONS_DIR: Final = ROOT / "functions"
-LAYER_DIR: Final = ROOT / "layers" / "fleetkeeper"
 # Local caches and build leftovers must not change the asset hash or ship to Lambda.
 ASSET_EXCLUDES: Final = ["**/__pycache__", "**/*.pyc", "**/*.egg-info", ".mypy_cache", ".pytest_cache"]
 
 # The runtime runs the Python minor version the tests run on (.python-version); the dependency layer is
 # built for it and for this CPU (infra/dependencies.py), so the three move together.
-RUNTIME: Final = lambda_.Runtime(f"python{LAMBDA_PYTHON}", lambda_.RuntimeFamily.PYTHON)
+RUNTIME: Final = lambda_.Runtime(
+    f"python{LAMBDA_PYTHON}",
+    lambda_.RuntimeFamily.PYTHON,
+    # Lambda restores Python functions from SnapStart snapshots from Python 3.12 on.
+    supports_snap_start=tuple(map(int, LAMBDA_PYTHON.split("."))) >= (3, 12),
+)
 ARCHITECTURE: Final = lambda_.Architecture.ARM_64
 POWERTOOLS_LOG_LEVELS: Final = {
     "DEBUG": lambda_.ApplicationLogLevel.DEBUG,
@@ -51,6 +56,8 @@ class FunctionSpec:
     max_event_age: Duration | None = None
     fleet_settings: bool = False
     environment: Mapping[str, str] = field(default_factory=dict)
+    # Restore from a snapshot of the initialised function; callers invoke the alias `live`.
+    snap_start: bool = False
 
 
 def function_specs(config: StageConfig) -> tuple[FunctionSpec, ...]:
@@ -58,7 +65,13 @@ def function_specs(config: StageConfig) -> tuple[FunctionSpec, ...]:
     discovery_period = Duration.minutes(config.schedules.discovery_rate_minutes)
     return (
         # API Gateway gives up after 29 s; a longer timeout would only hide a hung request.
-        FunctionSpec("api", "fleetkeeper admin API", memory_mb=512, timeout=Duration.seconds(29)),
+        FunctionSpec(
+            "api",
+            "fleetkeeper admin API",
+            memory_mb=512,
+            timeout=Duration.seconds(29),
+            snap_start=config.api.snap_start,
+        ),
         # The finish step may wait for the template's before_stop operations on top of its own work.
         FunctionSpec(
             "drain_tasks",
@@ -149,7 +162,8 @@ class Functions(Construct):
         self.shared_layer = lambda_.LayerVersion(
             self,
             "SharedLayer",
-            code=lambda_.Code.from_asset(str(LAYER_DIR), exclude=ASSET_EXCLUDES),
+            # Staged with its bytecode: /opt is read-only, and a cold start would compile every module.
+            code=lambda_.Code.from_asset(str(shared_layer_dir())),
             compatible_runtimes=[RUNTIME],
             compatible_architectures=[ARCHITECTURE],
             description="fleetkeeper package (domain, store, cloud, services)",
@@ -166,6 +180,8 @@ class Functions(Construct):
         )
         self.by_name: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
+        # What callers invoke: the alias of a SnapStart function, otherwise the function itself.
+        self.entry_points: dict[str, lambda_.IFunction] = {}
         for spec in function_specs(config):
             self._create(spec)
 
@@ -216,6 +232,7 @@ class Functions(Construct):
             on_failure=destinations.SqsDestination(self._async_failures) if spec.asynchronous else None,
             retry_attempts=spec.retry_attempts if spec.asynchronous else None,
             max_event_age=spec.max_event_age if spec.asynchronous else None,
+            snap_start=lambda_.SnapStartConf.ON_PUBLISHED_VERSIONS if spec.snap_start else None,
         )
         acknowledge(
             function,
@@ -225,10 +242,25 @@ class Functions(Construct):
         )
         self.by_name[spec.name] = function
         self.roles[spec.name] = role
+        # SnapStart restores published versions only: each deployment publishes one (current_version
+        # changes with the code and configuration) and moves the alias to it.
+        self.entry_points[spec.name] = function
+        if spec.snap_start:
+            self.entry_points[spec.name] = lambda_.Alias(
+                self, f"{construct_id}Live", alias_name="live", version=function.current_version
+            )
+            Annotations.of(function).acknowledge_warning(
+                "@aws-cdk/aws-lambda:snapStartRequirePublish",
+                "Published: current_version is a new version on each change; the alias `live` follows it.",
+            )
 
     @property
     def api(self) -> lambda_.Function:
         return self.by_name["api"]
+
+    @property
+    def api_entry_point(self) -> lambda_.IFunction:
+        return self.entry_points["api"]
 
     @property
     def drain_tasks(self) -> lambda_.Function:

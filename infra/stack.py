@@ -130,7 +130,7 @@ class FleetkeeperStack(Stack):
             ec2_events=functions.ec2_events,
             dead_letter_queue=messaging.undelivered_events,
         )
-        api = AdminApi(self, "Api", config=config, handler=functions.api)
+        api = AdminApi(self, "Api", config=config, handler=functions.api_entry_point)
         monitoring = Monitoring(
             self,
             "Monitoring",

@@ -282,7 +282,8 @@ def _watch(ctx: typer.Context, worker_id: str, interval: float) -> None:
     else:
         console.print(
             f"drain of {worker_id}: {outcome['status']} - {outcome['graceful_instances']} instance(s) ended "
-            f"gracefully, {outcome['forced_instances']} forced; worker {outcome['worker_status']}"
+            f"gracefully, {outcome['forced_instances']} forced, {outcome.get('moved_instances') or 0} moved "
+            f"to other workers; worker {outcome['worker_status']}"
         )
     raise typer.Exit(int(_drain_exit(outcome)))
 
@@ -297,12 +298,20 @@ def drain(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="show what the drain would do; change nothing")
     ] = False,
+    reschedule: Annotated[
+        bool,
+        typer.Option(
+            "--reschedule/--no-reschedule",
+            help="move instances not started yet (SCHEDULED) to other workers of the pool and template "
+            "with room; --no-reschedule waits for them",
+        ),
+    ] = True,
     wait: Annotated[bool, typer.Option("--wait", help="follow the drain live until it ends")] = False,
     interval: IntervalOption = 2.0,
     output: OutputOption = None,
 ) -> None:
     """Drain a worker: no new work lands on it, its work finishes, then it stops (forced at the deadline)."""
-    body: dict[str, Any] = {"then": then.value, "dry_run": dry_run}
+    body: dict[str, Any] = {"then": then.value, "dry_run": dry_run, "reschedule": reschedule}
     seconds = _seconds(timeout)
     if seconds is not None:
         body["timeout_seconds"] = seconds

@@ -24,6 +24,7 @@ class _WorkerSeen:
     drain_generation: int | None
     drain_outcome: str | None
     forced: int
+    moved: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ def _seen(worker: Worker) -> _WorkerSeen:
         drain_generation=drain.generation if drain else None,
         drain_outcome=str(drain.outcome) if drain else None,
         forced=drain.forced_instances if drain else 0,
+        moved=drain.moved_instances if drain else 0,
     )
 
 
@@ -120,6 +122,9 @@ class FleetConsole:
                 f"drain of {worker.id} started by {drain.requested_by}{why}, "
                 f"deadline {drain.deadline:%H:%M:%S}"
             )
+        moved = now.moved - (0 if new_drain else before.moved)
+        if moved > 0:
+            self._say(f"drain of {worker.id} moved {moved} scheduled instance(s) to other workers")
         if (
             drain is not None
             and now.drain_outcome != "RUNNING"

@@ -132,7 +132,10 @@ def test_given_an_applied_fleet_file_when_applied_again_then_nothing_changes(cli
 
 def test_given_a_busy_worker_when_drained_with_wait_then_it_ends_after_its_work_with_exit_0(cli):
     worker_id = new_worker(cli, instances=2)
-    waiting = cli.background("drain", worker_id, "--reason", "kernel patch", "--wait", "--interval", "0.3")
+    # --no-reschedule: the placed instances are SCHEDULED, and another worker of the template could take them.
+    waiting = cli.background(
+        "drain", worker_id, "--reason", "kernel patch", "--no-reschedule", "--wait", "--interval", "0.3"
+    )
     assert waiting.stdout is not None
     # The watcher prints this line, then takes its first look; complete the work only once it watches.
     started = waiting.stdout.readline()
@@ -157,6 +160,7 @@ def test_given_a_busy_worker_when_its_deadline_passes_then_the_wait_reports_forc
         # The shortest drain the API accepts: a deadline under a minute is refused as a typo.
         "drain",
         worker_id,
+        "--no-reschedule",  # the instance must stay to be forced
         "--timeout",
         "60s",
         "--wait",
@@ -178,7 +182,8 @@ def test_given_a_busy_worker_when_its_deadline_passes_then_the_wait_reports_forc
 
 def test_given_a_draining_worker_when_the_drain_is_cancelled_then_it_runs_again_and_a_second_cancel_is_3(cli):
     worker_id = new_worker(cli, instances=1)
-    assert cli.json("drain", worker_id, "--reason", "wrong worker")["status"] == "RUNNING"
+    drained = cli.json("drain", worker_id, "--reason", "wrong worker", "--no-reschedule")
+    assert drained["status"] == "RUNNING"
 
     cancelled = cli.json("cancel-drain", worker_id, "--reason", "changed my mind")
 

@@ -127,27 +127,58 @@ def test_given_the_dependency_layer_then_it_holds_only_importable_code_and_no_sc
 HASH_BASED, CHECK_SOURCE = 0b01, 0b10
 
 
-def test_given_the_dependency_layer_then_every_module_ships_unchecked_bytecode_for_the_runtime(
-    dependency_layer,
-):
+@pytest.mark.parametrize(
+    ("layer", "module"),
+    [
+        ("fleetkeeper third-party dependencies", "aws_lambda_powertools/__init__.py"),
+        ("fleetkeeper package", "fleetkeeper/services/drains/commands.py"),
+    ],
+)
+def test_given_each_layer_then_every_module_ships_unchecked_bytecode_for_the_runtime(
+    synthesized: Synthesized, dev: Any, layer: str, module: str
+) -> None:
     """Lambda's /opt is read-only: a module without bytecode is compiled again on every cold start."""
+    (asset,) = [
+        path for description, path in layer_assets(synthesized, dev).items() if description.startswith(layer)
+    ]
     tag = f"cpython-{LAMBDA_PYTHON.replace('.', '')}"
-    sources = list((dependency_layer / "python").rglob("*.py"))
+    sources = list((asset / "python").rglob("*.py"))
     missing = [
-        str(source.relative_to(dependency_layer))
+        str(source.relative_to(asset))
         for source in sources
         if not (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").exists()
     ]
     assert sources
     assert not missing, f"{len(missing)} of {len(sources)} modules ship no {tag} bytecode, e.g. {missing[:5]}"
-    for pyc in (dependency_layer / "python").rglob(f"*.{tag}.pyc"):
+    for pyc in (asset / "python").rglob(f"*.{tag}.pyc"):
         flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
         assert (flags & HASH_BASED, flags & CHECK_SOURCE) == (HASH_BASED, 0), pyc
     # Modules are named by their deployed path, never by the building machine's (which would also make
     # the layer's bytes differ from one checkout to the next).
-    module = dependency_layer / "python" / "aws_lambda_powertools" / "__pycache__" / f"__init__.{tag}.pyc"
-    code = marshal.loads(module.read_bytes()[16:])  # noqa: S302 - bytes this build just wrote
-    assert code.co_filename == f"{LAMBDA_LAYER_PYTHON_PATH}/aws_lambda_powertools/__init__.py"
+    source = asset / "python" / module
+    compiled = source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc"
+    code = marshal.loads(compiled.read_bytes()[16:])  # noqa: S302 - bytes this build just wrote
+    assert code.co_filename == f"{LAMBDA_LAYER_PYTHON_PATH}/{module}"
+
+
+def test_given_the_shared_layer_then_it_ships_exactly_the_package_sources(
+    synthesized: Synthesized, dev: Any
+) -> None:
+    (asset,) = [
+        path
+        for description, path in layer_assets(synthesized, dev).items()
+        if description.startswith("fleetkeeper package")
+    ]
+    package = ROOT / "layers" / "fleetkeeper" / "python"
+    shipped = {
+        p.relative_to(asset / "python")
+        for p in (asset / "python").rglob("*")
+        if p.is_file() and p.suffix != ".pyc"
+    }
+    sources = {p.relative_to(package) for p in package.rglob("*") if p.is_file() and p.suffix != ".pyc"}
+    assert shipped == sources
+    for relative in sources:
+        assert (asset / "python" / relative).read_bytes() == (package / relative).read_bytes(), relative
 
 
 def _third_party_imports(path: Path) -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import STAGES_KEY
 from tests.infra.conftest import cdk_json_context
-from tests.infra.helpers import flat, function_properties, properties, resources
+from tests.infra.helpers import flat, function_logical_id, function_properties, properties, resources
 
 FUNCTIONS = ("api", "drain_tasks", "reconcile", "discover", "ec2_events")
 ASYNCHRONOUS = ("reconcile", "discover", "ec2_events")
@@ -165,7 +165,9 @@ def _asset_dir(synthesized, code):
     return synthesized.outdir / ("asset." + code["S3Key"].removesuffix(".zip"))
 
 
-def test_given_the_shared_layer_then_its_asset_is_the_fleetkeeper_package_without_caches(synthesized, dev):
+def test_given_the_shared_layer_then_its_asset_is_the_fleetkeeper_package_and_its_bytecode_only(
+    synthesized, dev
+):
     (layer,) = [
         layer
         for layer in properties(dev, "AWS::Lambda::LayerVersion")
@@ -173,7 +175,10 @@ def test_given_the_shared_layer_then_its_asset_is_the_fleetkeeper_package_withou
     ]
     asset: Path = _asset_dir(synthesized, layer["Content"])
     assert (asset / "python" / "fleetkeeper" / "store" / "schema.py").is_file()
-    assert not list(asset.rglob("__pycache__"))
+    compiled = {path.name.split(".")[-2] for path in asset.rglob("__pycache__/*")}
+    assert compiled == {"cpython-312"}  # no bytecode of the building machine's other interpreters
+    leftovers = {".mypy_cache", ".pytest_cache"}
+    assert not [path for path in asset.rglob("*") if path.suffix == ".egg-info" or path.name in leftovers]
     assert layer["CompatibleArchitectures"] == ["arm64"]
     assert layer["CompatibleRuntimes"] == ["python3.12"]
 
@@ -199,3 +204,30 @@ def test_given_the_default_stage_then_rebalance_drains_are_off_and_the_breaker_l
         "30",
     )
     assert api_env["ORPHAN_GC_CONFIRMATION_TTL_SECONDS"] == "3600"
+
+
+def test_given_the_api_then_it_restores_from_snapstart_and_the_gateway_invokes_its_live_alias(dev):
+    api = function_logical_id(dev, name("dev", "api"))
+    assert function_properties(dev, name("dev", "api"))["SnapStart"] == {"ApplyOn": "PublishedVersions"}
+    others = [f for f in FUNCTIONS if f != "api"]
+    assert all("SnapStart" not in function_properties(dev, name("dev", f)) for f in others)
+    (version_id,) = [
+        logical_id
+        for logical_id, version in resources(dev, "AWS::Lambda::Version").items()
+        if version["Properties"]["FunctionName"] == {"Ref": api}
+    ]
+    (alias,) = [a for a in properties(dev, "AWS::Lambda::Alias") if a["FunctionName"] == {"Ref": api}]
+    assert alias["Name"] == "live"
+    assert alias["FunctionVersion"] == {"Fn::GetAtt": [version_id, "Version"]}
+    (alias_id,) = [
+        i for i, a in resources(dev, "AWS::Lambda::Alias").items() if a["Properties"]["Name"] == "live"
+    ]
+    uris = {flat(m["Integration"]["Uri"]) for m in properties(dev, "AWS::ApiGateway::Method")}
+    assert uris
+    assert all(alias_id in uri for uri in uris), uris
+    targets = {
+        flat(p["FunctionName"])
+        for p in properties(dev, "AWS::Lambda::Permission")
+        if p["Principal"] == "apigateway.amazonaws.com"
+    }
+    assert targets in ({f"<{alias_id}>"}, {alias_id}), targets

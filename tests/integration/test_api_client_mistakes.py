@@ -159,6 +159,7 @@ def test_given_json_nested_very_deep_then_400(control_plane, depth):
         ({"timeout_seconds": 1_000_000_000}, "body.timeout_seconds"),
         ({"dry_run": 0}, "body.dry_run"),
         ({"dry_run": "true"}, "body.dry_run"),
+        ({"reschedule": "yes"}, "body.reschedule"),
     ],
 )
 def test_given_a_drain_value_that_is_not_what_it_says_then_422_names_the_field(

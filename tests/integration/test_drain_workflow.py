@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -103,8 +104,11 @@ def drain(plane, worker_id, **body):
 
 def short_drain(plane, worker_id, seconds):
     """A drain with a deadline seconds away. The API refuses timeouts under a minute (a typo, not a policy),
-    so the workflow's deadline handling is driven through the service the API calls."""
-    status = drains.start_worker_drain(plane.ctx, worker_id, actor="test", timeout_seconds=seconds)
+    so the workflow's deadline handling is driven through the service the API calls. Its work stays on
+    the worker (no rescheduling): these drains are about what happens at the deadline."""
+    status = drains.start_worker_drain(
+        plane.ctx, worker_id, actor="test", timeout_seconds=seconds, reschedule=False
+    )
     return status.model_dump(mode="json")
 
 
@@ -358,7 +362,8 @@ def test_given_drains_then_every_transition_is_on_the_audit_bus(
     cancelled, forced = ec2_worker(), ec2_worker()
     place(control_plane, cancelled.id)
     stuck = place(control_plane, forced.id)
-    drain(control_plane, cancelled.id)
+    # Neither instance may move to the other worker: this drain is about waiting, then cancelling.
+    drain(control_plane, cancelled.id, reschedule=False)
     eventually(token_stored(control_plane, cancelled.id))
     control_plane.api("POST", f"/api/v1/workers/{cancelled.id}/cancel-drain")
     timed_out = short_drain(control_plane, forced.id, 2)
@@ -405,3 +410,77 @@ def test_given_rechecks_without_a_sweep_then_each_cycle_costs_a_fixed_number_of_
     # The longest drain re-checks at most MAX_RECHECKS_PER_DRAIN times, even with no sweep at all.
     worst = outside_cycles + cycle * MAX_RECHECKS_PER_DRAIN
     assert worst < 25_000 // 2
+
+
+# ---- rescheduling: a drain moves what has not started yet (docs/drains.md, "Rescheduling") ------------
+
+
+def later_timeslot() -> dict[str, str]:
+    """A timeslot an hour away: a drain that waited for it would still be running when the test ends."""
+    start = datetime.now(UTC) + timedelta(hours=1)
+    return {
+        "timeslot_start": start.isoformat(),
+        "timeslot_end": (start + timedelta(hours=2)).isoformat(),
+    }
+
+
+def test_given_only_scheduled_work_when_drained_then_it_moves_and_the_drain_completes_at_once(
+    control_plane, ec2_worker, running_worker
+):
+    source, target = ec2_worker(pool="labs"), running_worker(pool="labs")
+    first, second = (place(control_plane, source.id, **later_timeslot()) for _ in range(2))
+
+    started = drain(control_plane, source.id)
+
+    assert control_plane.wait_for_execution(started["execution_arn"], timeout=15)["status"] == "SUCCEEDED"
+    assert control_plane.states_entered(started["execution_arn"]) == [
+        "Route",
+        "Begin",
+        "CheckProgress",
+        "Finish",
+        "Drained",
+    ]
+    store = control_plane.ctx.store
+    assert {store.get_instance(i["id"]).worker_id for i in (first, second)} == {target.id}
+    assert [store.get_worker(w.id).active_instances for w in (source, target)] == [0, 2]
+    assert store.get_worker(source.id).status is WorkerStatus.STOPPING
+    _, status = control_plane.api("GET", f"/api/v1/workers/{source.id}/drain")
+    assert (status["status"], status["reschedule"]) == ("SUCCESS", True)
+    assert (status["moved_instances"], status["left_instances"]) == (2, 0)
+
+
+def test_given_reschedule_false_when_drained_then_scheduled_work_stays_and_the_drain_waits(
+    control_plane, running_worker
+):
+    source, target = running_worker(pool="labs"), running_worker(pool="labs")
+    instance = place(control_plane, source.id, **later_timeslot())
+
+    drain(control_plane, source.id, reschedule=False)
+    eventually(token_stored(control_plane, source.id))
+
+    store = control_plane.ctx.store
+    assert store.get_instance(instance["id"]).worker_id == source.id
+    assert [store.get_worker(w.id).active_instances for w in (source, target)] == [1, 0]
+    _, status = control_plane.api("GET", f"/api/v1/workers/{source.id}/drain")
+    assert (status["status"], status["reschedule"]) == ("RUNNING", False)
+    assert (status["moved_instances"], status["left_instances"]) == (0, 1)
+
+
+def test_given_a_dry_run_then_it_reports_what_would_move_and_what_would_stay(control_plane, running_worker):
+    source, target = running_worker(pool="labs"), running_worker(pool="labs", capacity=2)
+    place(control_plane, target.id)  # one free slot left in the pool
+    scheduled = [place(control_plane, source.id) for _ in range(2)]
+    started = place(control_plane, source.id)
+    status, _ = control_plane.api("POST", f"/api/v1/instances/{started['id']}/state", {"state": "RUNNING"})
+    assert status == 200
+
+    answers = [
+        control_plane.api("POST", f"/api/v1/workers/{source.id}/drain", {"dry_run": True, **body})
+        for body in ({}, {"reschedule": False})
+    ]
+
+    assert [code for code, _ in answers] == [200, 200]
+    assert [(p["moved_instances"], p["left_instances"]) for _, p in answers] == [(1, 2), (0, 3)]
+    store = control_plane.ctx.store
+    assert store.get_worker(source.id).drain is None
+    assert {store.get_instance(i["id"]).worker_id for i in scheduled} == {source.id}

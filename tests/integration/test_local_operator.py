@@ -8,6 +8,7 @@ import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.models import DrainRecord, utcnow
 from fleetkeeper.services import drains, placement
 from fleetkeeper.services.context import default_context
 from fleetkeeper_local.console import FleetConsole
@@ -55,6 +56,31 @@ def test_given_a_drain_that_ends_then_the_console_says_how(control_plane, store,
 
     assert any(f"drain of {worker.id} started by alice (patch)" in line for line in lines)
     assert any(f"drain of {worker.id} ended CANCELLED by bob" in line for line in lines)
+
+
+def test_given_a_drain_that_moves_scheduled_work_then_the_console_says_how_many(store, running_worker):
+    source, target = running_worker(), running_worker()
+    instance = placement.place_instance(store, actor="test", worker_id=source.id)
+    lines: list[str] = []
+    console = FleetConsole(store, printer=lines.append)
+    now = utcnow()
+    record = DrainRecord(generation=1, started_at=now, deadline=now, timeout_seconds=60, requested_by="alice")
+    store.transition_worker(
+        store.get_worker(source.id),
+        WorkerStatus.DRAINING,
+        cause=Cause.CONTROL,
+        actor="test",
+        changes={"drain": record},
+    )
+    console.poll_once()
+
+    store.move_instance(instance, target, actor="test", drain_generation=1)
+    console.poll_once()
+    console.poll_once()
+
+    moves = [line for line in lines if "moved" in line]
+    assert len(moves) == 1
+    assert f"drain of {source.id} moved 1 scheduled instance(s) to other workers" in moves[0]
 
 
 def test_given_the_workload_when_time_passes_then_it_places_and_completes_instances(

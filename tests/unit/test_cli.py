@@ -315,3 +315,17 @@ def test_given_operations_then_the_cli_lists_every_page(server: str):
     assert exit_code == 0, output
     assert "timed out after 120 s" in output
     assert Recorder.requests[-1][1].startswith("/api/v1/workers/w-1/operations?")
+
+
+@pytest.mark.parametrize(("flags", "reschedule"), [([], True), (["--no-reschedule"], False)])
+def test_given_the_reschedule_flag_then_the_drain_body_carries_it(
+    server: str, flags: list[str], reschedule: bool
+):
+    Recorder.answer = (202, {"worker_id": "w-1", "status": "RUNNING", "worker_status": "DRAINING"})
+
+    exit_code, output = run("--api", server, "drain", "w-1", *flags)
+
+    assert exit_code == 0, output
+    method, path, body = Recorder.requests[-1]
+    assert (method, path) == ("POST", "/api/v1/workers/w-1/drain")
+    assert body["reschedule"] is reschedule

@@ -8,7 +8,7 @@ contract at /openapi.json (and Swagger UI at /docs).
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
@@ -16,7 +16,6 @@ from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
     OpenAPIRequestValidationMiddleware,
 )
-from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn, OpenAPI
 from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
 from fleetkeeper.api import errors, idempotency
@@ -32,6 +31,14 @@ from fleetkeeper.api.routes import (
     templates,
     workers,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    # Powertools' OpenAPI models take about 70 ms to import: only the contract needs them, so they load
+    # on the first request for /openapi.json or /docs, not in every cold start.
+    from aws_lambda_powertools.event_handler.openapi.models import OpenAPI, SecurityScheme
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 TITLE: Final = "fleetkeeper admin API"
 VERSION: Final = "1"
@@ -130,6 +137,15 @@ class AdminApiResolver(APIGatewayRestResolver):
         super().__init__(enable_validation=True)
         # The resolver runs this middleware first on every validated route.
         self._request_validation_middleware = JsonBodiesOnly()  # type: ignore[no-untyped-call]
+        self._docs_enabled = False
+
+    def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        # Swagger UI's route is added on the first request for it: enabling it imports the OpenAPI
+        # models, which every other cold start can do without (see the imports above).
+        if not self._docs_enabled and str(event.get("path") or "").startswith(DOCS_PATH):
+            self.enable_swagger(path=DOCS_PATH, title=TITLE, version=VERSION)
+            self._docs_enabled = True
+        return super().resolve(event, context)
 
     @staticmethod
     def _compile_regex(rule: str, base_regex: str = r"^{}/*\Z") -> Any:
@@ -138,12 +154,29 @@ class AdminApiResolver(APIGatewayRestResolver):
         return ApiGatewayResolver._compile_regex(rule, base_regex)
 
     def get_openapi_schema(self, **kwargs: Any) -> OpenAPI:
+        from aws_lambda_powertools.event_handler.openapi.models import OpenAPI  # noqa: PLC0415 - see above
+
+        # /docs passes its own (empty) security schemes; the contract always publishes SigV4.
+        kwargs["security_schemes"] = kwargs.get("security_schemes") or _security_schemes()
         document = super().get_openapi_schema(**kwargs).model_dump(by_alias=True, exclude_none=True)
         schemas = document.get("components", {}).get("schemas", {})
         for name in _POWERTOOLS_VALIDATION_SCHEMAS:
             schemas.pop(name, None)
         _add_links(document)
         return OpenAPI.model_validate(document)
+
+
+def _security_schemes() -> dict[str, SecurityScheme]:
+    from aws_lambda_powertools.event_handler.openapi.models import APIKey, APIKeyIn  # noqa: PLC0415
+
+    sigv4 = {
+        "type": "apiKey",
+        "in": APIKeyIn.header.value,
+        "name": "Authorization",
+        "description": "AWS Signature Version 4 (API Gateway AWS_IAM authorization)",
+        "x-amazon-apigateway-authtype": "awsSigv4",
+    }
+    return {SIGV4: APIKey.model_validate(sigv4)}
 
 
 app = AdminApiResolver()
@@ -154,24 +187,12 @@ app.configure_openapi(
         "Operators' control API for fleetkeeper. Every request is signed with AWS SigV4 "
         "(API Gateway AWS_IAM authorization). Errors are ErrorBody: {error, message, details}."
     ),
-    security_schemes={
-        SIGV4: APIKey.model_validate(
-            {
-                "type": "apiKey",
-                "in": APIKeyIn.header.value,
-                "name": "Authorization",
-                "description": "AWS Signature Version 4 (API Gateway AWS_IAM authorization)",
-                "x-amazon-apigateway-authtype": "awsSigv4",
-            }
-        )
-    },
     security=[{SIGV4: []}],
 )
 app.use(middlewares=[idempotency.middleware])
 for _router in ROUTERS:
     app.include_router(_router)
 errors.register(app)
-app.enable_swagger(path=DOCS_PATH, title=TITLE, version=VERSION)
 
 
 @app.get(OPENAPI_PATH, include_in_schema=False)

@@ -172,7 +172,13 @@ class DrainRequest(Request):
     model_config = ConfigDict(
         json_schema_extra={
             "examples": [
-                {"timeout_seconds": 1800, "reason": "kernel patch", "then": "stop", "dry_run": False}
+                {
+                    "timeout_seconds": 1800,
+                    "reason": "kernel patch",
+                    "then": "stop",
+                    "dry_run": False,
+                    "reschedule": True,
+                }
             ]
         }
     )
@@ -181,6 +187,11 @@ class DrainRequest(Request):
     reason: str | None = Field(default=None, max_length=500)
     then: DrainThen = DrainThen.STOP
     dry_run: StrictFlag = False
+    reschedule: StrictFlag = Field(
+        default=True,
+        description="move the worker's SCHEDULED instances to other RUNNING workers of its pool and "
+        "template with room, rather than wait for them; false waits for them as they are",
+    )
 
 
 class CancelDrainRequest(Request):

@@ -87,7 +87,9 @@ METRIC_CONFLICT_RETRIES = "ConflictRetries"
 
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
-_random = random.Random()  # noqa: S311 - jitter, not secrets
+# Drawn from the OS on each call rather than from a generator seeded at import: with Lambda SnapStart
+# every environment restored from one snapshot would share that seed, and retry in lockstep.
+_random = random.SystemRandom()
 
 
 def error_code(exc: BaseException) -> str | None:

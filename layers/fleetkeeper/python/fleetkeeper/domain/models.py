@@ -116,6 +116,10 @@ class DrainRecord(Record):
     error: str | None = None
     # How many times the watchdog started a new execution for this generation (execution lost).
     restarts: int = Field(default=0, ge=0)
+    # Move the worker's SCHEDULED instances to other RUNNING workers of its pool and template
+    # (docs/drains.md, "Rescheduling"); `moved_instances` counts the moves, written with each move.
+    reschedule: bool = True
+    moved_instances: int = Field(default=0, ge=0)
 
 
 class WorkerMetrics(Record):

@@ -6,7 +6,7 @@ from datetime import datetime
 
 from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
-from fleetkeeper.domain.models import Instance, new_id
+from fleetkeeper.domain.models import Instance, Worker, new_id
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates, refusal_reason
 from fleetkeeper.store.repository import FleetStore
 
@@ -53,14 +53,7 @@ def place_instance(
             raise InvalidInput("pool", f"unknown pool '{pool}'")
         if pool_record.status != PoolStatus.ACTIVE:
             raise CapacityUnavailable(f"pool {pool} is {pool_record.status} and accepts no instances")
-        candidates = [
-            w
-            for w in store.workers_in_pool(pool)
-            if w.status == WorkerStatus.RUNNING and (template is None or w.template == template)
-        ]
-    else:
-        candidates = list(store.iter_workers_by_status([WorkerStatus.RUNNING]))
-        candidates = [w for w in candidates if w.template == template]
+    candidates = candidate_workers(store, template=template, pool=pool)
 
     ranked = rank_candidates(candidates, strategy)
     if not ranked:
@@ -80,3 +73,18 @@ def place_instance(
         f"no worker accepted the instance after {min(len(ranked), MAX_PLACEMENT_TRIES)} tries"
         + (f"; last refusal: {last_refusal.message}" if last_refusal else "")
     )
+
+
+def candidate_workers(store: FleetStore, *, template: str | None, pool: str | None) -> list[Worker]:
+    """The RUNNING workers of the pool (and template, if given), or of the template anywhere.
+
+    Read through indexes, which may lag: a worker listed here may be full or draining by now. That is
+    safe only because the placing (or moving) transaction re-checks status and capacity on the item.
+    """
+    if pool is not None:
+        return [
+            w
+            for w in store.workers_in_pool(pool)
+            if w.status == WorkerStatus.RUNNING and (template is None or w.template == template)
+        ]
+    return [w for w in store.iter_workers_by_status([WorkerStatus.RUNNING]) if w.template == template]

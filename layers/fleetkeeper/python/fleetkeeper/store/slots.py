@@ -225,6 +225,137 @@ class SlotTransactions(InstanceRepository):
             self._transact([end, forget_id, anomaly], {0: refuse_instance, 1: gone_or_over}, written=updated)
         return updated
 
+    def move_instance(
+        self, instance: Instance, target: Worker, *, actor: str, drain_generation: int
+    ) -> Instance:
+        """Move a SCHEDULED instance from its draining worker to `target`, in one transaction.
+
+        `instance` is the copy the caller read. The transaction holds only while:
+        - the instance is that very version, still SCHEDULED, still on its worker (else `StaleWrite`);
+        - its worker is still DRAINING for `drain_generation`, that drain RUNNING (else
+          `DrainNoLongerActive`): a cancel that commits first stops the moves;
+        - `target` is RUNNING with a free slot, of the same template and pool (else `Conflict`);
+        - the pool, if any, is active (else `Conflict`).
+        Both counters and id sets change together and the drain's `moved_instances` grows by one, so an
+        instance is never on two workers, on none, or moved without being counted. The target comes from
+        a read that may be stale (an index, or a copy): the conditions, not that read, decide.
+        """
+        source_id = instance.worker_id
+        if target.id == source_id:
+            raise InvalidInput("worker_id", f"instance {instance.id} is already on worker {target.id}")
+        now = utcnow()
+        moved = validated_copy(
+            instance, {"worker_id": target.id, "version": instance.version + 1, "updated_at": now}
+        )
+        move = self._put(
+            self._instance_item(moved),
+            "#v = :v AND #st = :scheduled AND #w = :source",
+            {":v": instance.version, ":scheduled": str(InstanceState.SCHEDULED), ":source": source_id},
+            {"#v": "version", "#st": "state", "#w": "worker_id"},
+        )
+        drain_condition, drain_names, drain_values = _drain_still_active(drain_generation)
+        free_slot = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": serialize(keys.worker_key(source_id)),
+                "UpdateExpression": "SET active_instances = active_instances - :one, #v = #v + :one, "
+                "updated_at = :now, #d.#moved = if_not_exists(#d.#moved, :zero) + :one DELETE #ids :id",
+                "ConditionExpression": "active_instances > :zero" + drain_condition,
+                "ExpressionAttributeNames": {
+                    "#v": "version",
+                    "#ids": ACTIVE_IDS,
+                    "#moved": "moved_instances",
+                    **drain_names,
+                },
+                "ExpressionAttributeValues": {
+                    ":one": {"N": "1"},
+                    ":zero": {"N": "0"},
+                    ":now": {"S": now.isoformat()},
+                    ":id": {"SS": [instance.id]},
+                    **drain_values,
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        same_pool = "#pool = :pool" if instance.pool else "attribute_not_exists(#pool)"
+        take_slot = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": serialize(keys.worker_key(target.id)),
+                "UpdateExpression": "SET active_instances = active_instances + :one, "
+                "#v = #v + :one, updated_at = :now ADD #ids :id",
+                "ConditionExpression": "#s = :running AND active_instances < #cap AND #tpl = :tpl AND "
+                + same_pool,
+                "ExpressionAttributeNames": {
+                    "#s": "status",
+                    "#v": "version",
+                    "#cap": "capacity",
+                    "#ids": ACTIVE_IDS,
+                    "#tpl": "template",
+                    "#pool": "pool",
+                },
+                "ExpressionAttributeValues": {
+                    ":one": {"N": "1"},
+                    ":running": {"S": str(ACCEPTS_INSTANCES)},
+                    ":now": {"S": now.isoformat()},
+                    ":id": {"SS": [instance.id]},
+                    ":tpl": {"S": instance.template or target.template},
+                    **({":pool": {"S": instance.pool}} if instance.pool else {}),
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+        audit = self._audit_put(
+            AuditEvent(
+                entity="instance",
+                entity_id=instance.id,
+                action="InstanceMoved",
+                actor=actor,
+                from_status=str(instance.state),
+                to_status=str(moved.state),
+                reason="worker draining",
+                details={"from_worker_id": source_id, "worker_id": target.id, "generation": drain_generation},
+            )
+        )
+
+        def source_refuses(current: dict[str, Any] | None) -> Exception:
+            over = _drain_over(source_id, drain_generation, current)
+            if over is not None:
+                return over
+            return Conflict("worker", source_id, None, f"worker {source_id} has no slot to free")
+
+        def target_refuses(current: dict[str, Any] | None) -> Exception:
+            if current is not None:
+                other = load_record(Worker, current)
+                if other.template != (instance.template or target.template) or other.pool != instance.pool:
+                    return Conflict(
+                        "worker",
+                        target.id,
+                        other.status,
+                        f"worker {target.id} is in another pool or template",
+                    )
+            return _worker_refuses(target.id, current)
+
+        items: list[dict[str, Any]] = [move, free_slot, take_slot, audit]
+        refusals: dict[int, Refusal] = {
+            0: self._refuse_stale_instance(instance),
+            1: source_refuses,
+            2: target_refuses,
+        }
+        if instance.pool:
+            pool_name = instance.pool
+            items.append(
+                self._condition_check(
+                    keys.pool_key(pool_name),
+                    "#s = :active",
+                    {":active": str(PoolStatus.ACTIVE)},
+                    {"#s": "status"},
+                )
+            )
+            refusals[4] = lambda current: _pool_refuses(pool_name, current)
+        self._transact(items, refusals, written=moved)
+        return moved
+
     def active_instances_of(self, worker_id: str) -> list[Instance]:
         """The worker's instances that still hold a slot, exactly: read from the worker item, not an index.
 

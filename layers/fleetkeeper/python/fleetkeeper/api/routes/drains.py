@@ -49,6 +49,7 @@ def drain_worker(
             timeout_seconds=request.timeout_seconds,
             then=request.then,
             reason=request.reason,
+            reschedule=request.reschedule,
             actor=actor,
         )
         return Response(status_code=HTTPStatus.OK, content_type=JSON, body=plan)
@@ -59,6 +60,7 @@ def drain_worker(
         reason=request.reason,
         timeout_seconds=request.timeout_seconds,
         then=request.then,
+        reschedule=request.reschedule,
     )
     return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=status)
 

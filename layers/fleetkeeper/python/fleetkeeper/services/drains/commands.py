@@ -28,6 +28,7 @@ from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, DrainStatus, execution_name
+from fleetkeeper.services.drains.reschedule import plan_moves
 
 
 def _refusal(worker: Worker) -> Conflict | None:
@@ -73,6 +74,9 @@ def status_of(ctx: Context, worker: Worker, now: datetime | None = None) -> Drai
         then=record.then,
         active_instances=worker.active_instances,
         forced_instances=record.forced_instances,
+        reschedule=record.reschedule,
+        moved_instances=record.moved_instances,
+        left_instances=worker.active_instances,
         estimated_completion=estimate,
         execution_arn=record.execution_arn,
         finished_at=record.finished_at,
@@ -92,6 +96,7 @@ def plan_worker_drain(
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
     reason: str | None = None,
+    reschedule: bool = True,
     actor: str,
 ) -> DrainStatus:
     """What a drain would do now, without doing it (dry run)."""
@@ -100,6 +105,9 @@ def plan_worker_drain(
     timeout = worker_drain_timeout(timeout_seconds, ctx.store.find_template(worker.template))
     deadline = drain_deadline(now, timeout)
     refusal = _refusal(worker)
+    active = ctx.store.active_instances_of(worker.id)
+    movable = {i.id for i in plan_moves(ctx, worker)} if reschedule and refusal is None else set()
+    staying = [i for i in active if i.id not in movable]
     return DrainStatus(
         worker_id=worker.id,
         status="NOT_RUN",
@@ -111,7 +119,10 @@ def plan_worker_drain(
         requested_by=actor,
         then=then,
         active_instances=worker.active_instances,
-        estimated_completion=estimated_completion(ctx.store.active_instances_of(worker.id), deadline, now),
+        reschedule=reschedule,
+        moved_instances=len(movable),
+        left_instances=max(worker.active_instances - len(movable), 0),
+        estimated_completion=estimated_completion(staying, deadline, now),
         dry_run=True,
         may_start=refusal is None,
         refusal=refusal.message if refusal else None,
@@ -126,8 +137,12 @@ def start_worker_drain(
     reason: str | None = None,
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
+    reschedule: bool = True,
 ) -> DrainStatus:
     """Take the worker out of placement now (RUNNING → DRAINING) and start its drain workflow.
+
+    With `reschedule` (the default) the workflow's begin step moves the worker's SCHEDULED instances
+    to other workers with room (services/drains/reschedule.py).
 
     The status change happens here, before the request returns, so no instance can land on the worker
     once the caller has its 202. The workflow's begin step accepts a worker that is already DRAINING
@@ -150,6 +165,7 @@ def start_worker_drain(
             reason=reason,
             requested_by=actor,
             then=then,
+            reschedule=reschedule,
             execution_arn=ctx.workflows.execution_arn(execution_name("drain", worker.id, generation)),
         )
         if worker.status == WorkerStatus.RUNNING:

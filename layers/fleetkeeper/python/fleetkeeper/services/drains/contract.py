@@ -49,6 +49,11 @@ class DrainStatus(BaseModel):
     then: DrainThen | None = None
     active_instances: int
     forced_instances: int = 0
+    # Rescheduling (docs/drains.md): whether this drain moves SCHEDULED instances, how many it moved
+    # (a dry run: would move now), and how many it leaves to wait for (a dry run: would leave).
+    reschedule: bool | None = None
+    moved_instances: int = 0
+    left_instances: int | None = None
     estimated_completion: datetime | None = None
     execution_arn: str | None = None
     finished_at: datetime | None = None
@@ -78,6 +83,7 @@ class DrainInput(BaseModel):
     # 0 for the execution the request started; n for the watchdog's n-th replacement. A step of any
     # other execution finds the drain "no longer its own" and ends (DrainCancelled).
     restart: int = 0
+    reschedule: bool = True
 
     @model_validator(mode="after")
     def _names_its_target(self) -> DrainInput:
@@ -97,6 +103,7 @@ class DrainInput(BaseModel):
             "reason": self.reason,
             "requested_by": self.requested_by,
             "then": DrainThen(self.then),
+            "reschedule": self.reschedule,
         }
         return DrainRecord(**{**fields, **overrides})
 
@@ -125,6 +132,7 @@ class DrainInput(BaseModel):
             then=record.then.value,
             heartbeat_seconds=ctx.settings.drain_heartbeat_seconds,
             restart=record.restarts,
+            reschedule=record.reschedule,
         )
 
     @classmethod

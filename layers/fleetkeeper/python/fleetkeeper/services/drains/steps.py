@@ -29,11 +29,13 @@ from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import current_drain, drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, StepRequest, wait_plan
 from fleetkeeper.services.drains.pools import pool_await_empty, pool_begin, pool_finish, record_pool_error
+from fleetkeeper.services.drains.reschedule import reschedule
 from fleetkeeper.services.drains.signals import signal_if_drained
 
 
 def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
-    """RUNNING → DRAINING (unless the request already did it); returns the wait plan."""
+    """RUNNING → DRAINING (unless the request already did it), move what has not started yet (unless the
+    drain says not to); returns the wait plan."""
 
     def ensure_draining() -> Worker:
         worker = ctx.store.get_worker(drain.target)
@@ -60,6 +62,11 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
 
     worker = retry_conflicts(ensure_draining)
     record = drain_of(worker)
+    # Moves happen here, not in the request: this step is retried until it succeeds, and moving again
+    # after a crash only finds what is still on the worker. The count left decides whether to wait.
+    if record.reschedule and worker.active_instances > 0 and reschedule(ctx, worker, drain.generation):
+        worker = ctx.store.get_worker(drain.target)
+        current_drain(worker, drain.generation, drain.restart)
     # Reporting emptiness here lets the state machine skip the wait for a worker that is already empty.
     return {
         **wait_plan(ctx, record.deadline, record.timeout_seconds),
