@@ -23,6 +23,7 @@ from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
     MAX_DRAIN_TIMEOUT_SECONDS,
     MIN_DRAIN_TIMEOUT_HOURS,
+    OPERATION_NAME_PATTERN,
     DrainOutcome,
     DrainThen,
     Instance,
@@ -39,7 +40,6 @@ from fleetkeeper.domain.models import (
 from fleetkeeper.domain.operations import (
     MAX_PARAMETER_VALUE,
     MAX_PARAMETERS,
-    OPERATION_NAME_PATTERN,
     PARAMETER_NAME_PATTERN,
     Operation,
     OperationOrigin,

@@ -17,6 +17,8 @@ from fleetkeeper.domain.lifecycle import (
 )
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Worker operation names (domain/operations.py), e.g. register-license.
+OPERATION_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,63}$"
 REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
 
 
@@ -200,7 +202,7 @@ class TemplateSpec(Record):
     )
     tags: Ec2Tags = Field(default_factory=dict)
     # Cleanup operations (the stage's catalogue) run once a drain has emptied a worker, before it stops.
-    before_stop: list[Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,63}$")]] = Field(
+    before_stop: list[Annotated[str, Field(pattern=OPERATION_NAME_PATTERN)]] = Field(
         default_factory=list, max_length=5
     )
 

@@ -21,10 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Record, UtcDatetime, utcnow
+from fleetkeeper.domain.models import OPERATION_NAME_PATTERN, Record, UtcDatetime, utcnow
 
-# Operation and parameter names as the API and the catalogue spell them.
-OPERATION_NAME_PATTERN: Final = r"^[a-z][a-z0-9-]{0,63}$"
+# Parameter names as the API and the catalogue spell them (operation names: domain/models.py).
 PARAMETER_NAME_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_]{0,63}$"
 # SSM accepts document names of letters, digits, '_', '-', '.' (3-128).
 DOCUMENT_NAME_PATTERN: Final = r"^[A-Za-z0-9_.-]{3,128}$"
@@ -34,7 +33,6 @@ MAX_PARAMETERS: Final = 20
 OUTPUT_EXCERPT_CHARS: Final = 2000
 # system_info larger than this (as JSON) is not stored: a worker item must stay far below 400 KB.
 MAX_SYSTEM_INFO_BYTES: Final = 16 * 1024
-MAX_BEFORE_STOP: Final = 5
 
 SYSTEM_INFO_OPERATION: Final = "collect-system-info"
 
