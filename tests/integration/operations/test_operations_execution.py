@@ -160,6 +160,30 @@ def test_given_a_sender_that_died_before_recording_its_command_then_the_command_
     assert read(ctx, op).status == OperationStatus.SUCCESS
 
 
+def test_given_a_send_whose_answer_is_lost_then_it_is_looked_up_not_sent_again(
+    ctx: Context, running_worker: Callable[..., Worker]
+) -> None:
+    worker = running_worker()
+    op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
+    t0 = utcnow()
+    # SSM ran the command, but the answer the caller got was a 500.
+    lost = faults.Fault("ssm", "InternalServerError", frozenset({"SendCommand"}), status=500, after=True)
+
+    with faults.FaultPlan(faults=[lost]).installed():
+        cycle(ctx, t0)
+        cycle(ctx, t0 + timedelta(seconds=61))  # the command is found by its comment and adopted
+        cycle(ctx, t0 + timedelta(seconds=65))
+
+    assert lost.injected == 1
+    [command] = sent_commands(worker)
+    final = read(ctx, op)
+    assert (final.status, final.attempts, final.command_id) == (
+        OperationStatus.SUCCESS,
+        1,
+        command["CommandId"],
+    )
+
+
 def test_given_ssm_throttling_through_every_retry_then_the_attempt_fails_and_waits_its_backoff(
     ctx: Context, running_worker: Callable[..., Worker]
 ) -> None:

@@ -21,6 +21,10 @@ import botocore.session
 from botocore.config import Config
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
+# SSM's SendCommand is not idempotent: an SDK retry after a 5xx or a dropped connection may run the
+# command twice. The SDK does not retry SSM calls; cloud/ssm.py retries what is safe to repeat and looks
+# up a send whose outcome is unknown instead of sending it again.
+_SERVICE_CONFIGS = {"ssm": _CONFIG.merge(Config(retries={"mode": "standard", "max_attempts": 1}))}
 _SESSION_LOCK = threading.Lock()
 
 
@@ -45,7 +49,8 @@ def _session() -> boto3.session.Session:
 def client(service: str, region: str | None = None) -> Any:
     """A shared client per (service, region); boto3 clients are thread-safe."""
     with _SESSION_LOCK:
-        return _session().client(service, region_name=region, config=_CONFIG)  # type: ignore[call-overload]
+        config = _SERVICE_CONFIGS.get(service, _CONFIG)
+        return _session().client(service, region_name=region, config=config)  # type: ignore[call-overload]
 
 
 def reset_clients() -> None:

@@ -1,21 +1,32 @@
 """SSM Run Command adapter: send a document to one machine, read how its invocation went, cancel it.
 
-Errors are classified here, once: throttling, 5xx and dropped connections are retried by `with_backoff`
-(cloud/retry.py) and end as `Unavailable` when they persist; everything else is final for the attempt
-(an instance SSM does not manage or that is offline, a document or parameter SSM refuses). Right after a
+Errors are classified here, once (on cloud/retry.py's classification): for the reads, throttling, 5xx and
+dropped connections are retried by `with_backoff` and end as `Unavailable` when they persist; SendCommand,
+which is not idempotent, is retried on throttling only, and a 5xx or dropped connection is an unknown
+outcome (`SendOutcomeUnknown`) to look up, never to repeat; everything else is final for the attempt (an
+instance SSM does not manage or that is offline, a document or parameter SSM refuses). Right after a
 send, SSM may not know the invocation yet (`InvocationDoesNotExist`): that is "not started", not an error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleetkeeper.cloud.retry import error_code, is_retryable, with_backoff
+from fleetkeeper.cloud.retry import (
+    DEFAULT_BASE_SECONDS,
+    DEFAULT_CAP_SECONDS,
+    THROTTLING_CODES,
+    error_code,
+    full_jitter,
+    is_retryable,
+    with_backoff,
+)
 from fleetkeeper.observability import logger
 
 # Invocation statuses of a command still on its way or running.
@@ -25,6 +36,13 @@ NOT_YET_KNOWN: Final = "InvocationDoesNotExist"
 # SendCommand's TimeoutSeconds: how long SSM tries to deliver to an offline machine (30 s minimum).
 DELIVERY_TIMEOUT_SECONDS: Final = 120
 COMMENT_LIMIT: Final = 100
+
+
+SEND_ATTEMPTS: Final = 4
+
+
+class SendOutcomeUnknown(Exception):
+    """SendCommand failed in a way that does not say whether the command was sent (5xx, connection)."""
 
 
 @dataclass(frozen=True)
@@ -67,19 +85,40 @@ class CommandGateway:
     def __init__(self, client: Any) -> None:
         self._client = client
 
-    def send(self, instance_id: str, document: str, parameters: Mapping[str, str], *, comment: str) -> str:
-        """Send the document to the machine; the command id. Retryable errors are retried here."""
-        response = with_backoff(
-            lambda: self._client.send_command(
-                InstanceIds=[instance_id],
-                DocumentName=document,
-                Parameters={key: [value] for key, value in parameters.items()},
-                Comment=comment[:COMMENT_LIMIT],
-                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
-            ),
-            name="SendCommand",
-        )
-        return str(response["Command"]["CommandId"])
+    def send(
+        self,
+        instance_id: str,
+        document: str,
+        parameters: Mapping[str, str],
+        *,
+        comment: str,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> str:
+        """Send the document to the machine; the command id.
+
+        Only throttling is retried here (a throttled call did not run). A 5xx or a dropped connection
+        leaves the outcome unknown - the command may run - and raises `SendOutcomeUnknown`, so the
+        caller looks the command up (`find_command`) rather than sending it again.
+        """
+        for attempt in range(SEND_ATTEMPTS):
+            try:
+                response = self._client.send_command(
+                    InstanceIds=[instance_id],
+                    DocumentName=document,
+                    Parameters={key: [value] for key, value in parameters.items()},
+                    Comment=comment[:COMMENT_LIMIT],
+                    TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
+                )
+                return str(response["Command"]["CommandId"])
+            except (ClientError, BotoCoreError) as error:
+                throttled = error_code(error) in THROTTLING_CODES
+                if throttled and attempt + 1 < SEND_ATTEMPTS:
+                    sleep(full_jitter(attempt, DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS))
+                    continue
+                if is_retryable(error) and not throttled:
+                    raise SendOutcomeUnknown(describe(error)) from error
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def find_command(self, instance_id: str, comment: str, *, sent_after: datetime) -> str | None:
         """The id of a command sent to the machine with this comment since `sent_after`, if any: how a

@@ -221,6 +221,11 @@ def _send(ctx: Context, op: Operation, worker: Worker, now: datetime) -> Operati
         command_id = ssm.CommandGateway(ctx.ssm(worker.region)).send(
             instance_id, op.document, op.parameters, comment=_comment(op)
         )
+    except ssm.SendOutcomeUnknown as unknown:
+        # The command may have gone out: the claim stays, and after its grace the command is looked up
+        # by its comment and adopted, or the attempt counted as failed (_recover_claim).
+        logger.warning("SendCommand outcome unknown", operation_id=op.id, error=str(unknown))
+        return claimed
     except (ClientError, BotoCoreError, Unavailable) as error:
         # Throttling that outlasted the retries and a refusal (unmanaged or offline machine) alike
         # cost this attempt; the backoff spaces the next one.
