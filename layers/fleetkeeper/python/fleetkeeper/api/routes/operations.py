@@ -8,7 +8,7 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.errors import JSON, RETRY_AFTER_SECONDS, responses
 from fleetkeeper.api.params import PageToken, WorkerId
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
@@ -18,17 +18,21 @@ from fleetkeeper.services.context import default_context
 
 router = new_router()
 
-
-@router.post(
-    "/api/v1/workers/<worker_id>/operations",
-    responses=responses(
-        {202: ("the operation, PENDING: the reconciler sends it to the machine", OperationView)},
-        400,
-        409,
-        415,
-        503,
-    ),
+_REQUEST_RESPONSES = responses(
+    {202: ("the operation, PENDING: the reconciler sends it to the machine", OperationView)},
+    400,
+    409,
+    415,
+    503,
 )
+# No workflow starts here: the one 503 this route answers is the table staying throttled.
+_REQUEST_RESPONSES[503] = {
+    **_REQUEST_RESPONSES[503],
+    "description": f"SERVICE_UNAVAILABLE: nothing was stored; retry after {RETRY_AFTER_SECONDS} s",
+}
+
+
+@router.post("/api/v1/workers/<worker_id>/operations", responses=_REQUEST_RESPONSES)
 def request_operation(worker_id: WorkerId, body: OperationRequest) -> Response[OperationView]:
     op = operations.request(
         default_context(), worker_id, body.name, body.parameters, actor=caller(router.current_event)
