@@ -328,10 +328,15 @@ def reconcile_operations(
     *,
     time_left: Callable[[], float] = lambda: 900.0,
     margin_seconds: float = 10.0,
+    owns: Callable[[str], bool] = lambda worker_id: True,
 ) -> None:
-    """Step every open operation once, each isolated, then ask due RUNNING workers for system info."""
+    """Step every open operation once, each isolated, then ask due RUNNING workers for system info.
 
-    refs = sorted(set(ctx.store.open_operations()))
+    `owns(worker_id)` narrows the operations to this cycle's share of the fleet (a reconciler that
+    shards the fleet passes its shard's test); every worker must be owned by some cycle.
+    """
+
+    refs = sorted({ref for ref in ctx.store.open_operations() if owns(ref[0])})
     # A worker with an operation this cycle is not asked for system information until the next one:
     # the worker list was read before that operation finished.
     busy = {worker_id for worker_id, _ in refs}
