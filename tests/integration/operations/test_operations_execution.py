@@ -12,10 +12,12 @@ from typing import Any
 import boto3
 import pytest
 
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.operations import Operation, OperationStatus, system_info_due
 from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context, default_context
+from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.codec import serialize
 from fleetkeeper_local import faults
 from fleetkeeper_local.controlplane import refresh_process_caches
@@ -252,3 +254,19 @@ def test_given_a_bad_operation_record_then_only_it_fails_and_the_others_run(
 
     assert counters["operation_errors"] == 1
     assert read(ctx, good).status == OperationStatus.RUNNING
+
+
+# Last in the module: its EC2 fixture resets the emulator, and SSM's backend is slow to build again.
+def test_given_a_reconcile_cycle_then_it_sends_pending_operations_after_the_workers_steps(
+    ctx: Context, ec2_worker: Callable[..., Worker]
+) -> None:
+    worker = ec2_worker()
+    op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
+
+    report = reconcile_fleet(ctx)
+
+    sent = read(ctx, op)
+    assert (sent.status, report.counters["operations_running"]) == (OperationStatus.RUNNING, 1)
+    assert [c["CommandId"] for c in sent_commands(worker)] == [sent.command_id]
+    assert report.completed
+    assert ctx.store.get_worker(worker.id).status is WorkerStatus.RUNNING
