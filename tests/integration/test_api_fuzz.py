@@ -23,7 +23,7 @@ from fleetkeeper_local.stack import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SEED: Final = 20261122
-# 16 operations x 70 = 1,120 single-operation cases, plus the stateful sequences below.
+# 28 operations x 70 = 1,960 single-operation cases, plus the stateful sequences below.
 EXAMPLES_PER_OPERATION: Final = 70
 STATEFUL_SEQUENCES: Final = 25
 STATEFUL_ROUNDS: Final = 8  # seeds SEED + 1 ... SEED + 8, see the stateful test
