@@ -14,6 +14,7 @@ from aws_cdk import aws_logs as logs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetkeeper.domain.operations import Catalogue, OperationSpec
+from fleetkeeper.domain.sharding import MAX_SHARDS
 
 STAGE_KEY: Final = "stage"
 STAGES_KEY: Final = "fleetkeeper:stages"
@@ -65,6 +66,9 @@ class RegionConfig(_Section):
 class ScheduleConfig(_Section):
     reconcile_rate_minutes: int = Field(default=1, ge=1, le=60)
     discovery_rate_minutes: int = Field(default=5, ge=1, le=1440)
+    # Parallel reconcile cycles, one schedule each, splitting the workers by a hash of their id
+    # (docs/operations.md, "Sharding the reconciler").
+    reconcile_shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
 
 
 class ScaleDownConfig(_Section):

@@ -135,8 +135,11 @@ class Monitoring(Construct):
         self._alarm(
             "reconcile-not-running",
             heartbeat,
-            description=f"No successful reconcile run for {RECONCILE_MISSED_PERIODS} schedule periods.",
-            threshold=1,
+            description=(
+                f"A reconcile shard has not completed a cycle for {RECONCILE_MISSED_PERIODS} schedule "
+                "periods (each shard sends one heartbeat per period)."
+            ),
+            threshold=config.schedules.reconcile_shards,
             comparison=cw.ComparisonOperator.LESS_THAN_THRESHOLD,
             evaluation_periods=RECONCILE_MISSED_PERIODS,
             datapoints_to_alarm=RECONCILE_MISSED_PERIODS,

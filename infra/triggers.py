@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from aws_cdk import Duration, Stack
@@ -60,14 +61,24 @@ class Triggers(Construct):
             "schedules invoke only the unqualified functions named here.",
         )
         reconcile_minutes = config.schedules.reconcile_rate_minutes
-        self.reconcile = self._schedule(
-            "Reconcile",
-            function=reconcile,
-            minutes=reconcile_minutes,
-            payload={"source": SCHEDULE_SOURCE, "task": "reconcile"},
-            description="fleetkeeper reconcile tick",
-            dead_letter_queue=dead_letter_queue,
-        )
+        shards = config.schedules.reconcile_shards
+        # One schedule per shard, all at the same rate: the shards run in parallel, each under its own
+        # lease. An unsharded stage keeps the single schedule and payload it always had.
+        self.reconcile_shards: list[scheduler.Schedule] = []
+        for shard in range(shards):
+            sharding = {"shard": shard, "shards": shards} if shards > 1 else {}
+            self.reconcile_shards.append(
+                self._schedule(
+                    "Reconcile" if shard == 0 else f"Reconcile-{shard + 1}of{shards}",
+                    function=reconcile,
+                    minutes=reconcile_minutes,
+                    payload={"source": SCHEDULE_SOURCE, "task": "reconcile", **sharding},
+                    description="fleetkeeper reconcile tick"
+                    + (f", shard {shard + 1} of {shards}" if shards > 1 else ""),
+                    dead_letter_queue=dead_letter_queue,
+                )
+            )
+        self.reconcile = self.reconcile_shards[0]
         # One discovery schedule per worker region: a slow or failing region never delays another.
         self.discovery: dict[str, scheduler.Schedule] = {}
         for region in sorted(config.regions):
@@ -121,7 +132,7 @@ class Triggers(Construct):
         *,
         function: lambda_.IFunction,
         minutes: int,
-        payload: dict[str, str],
+        payload: Mapping[str, str | int],
         description: str,
         dead_letter_queue: sqs.IQueue,
     ) -> scheduler.Schedule:

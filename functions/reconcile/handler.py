@@ -1,4 +1,5 @@
-"""Reconcile every worker needing action (EventBridge Scheduler, rate 1 minute)."""
+"""Reconcile every worker needing action, or one shard's share of them (EventBridge Scheduler, rate 1
+minute, one schedule per shard)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from fleetkeeper.triggers import schedule_input
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    schedule_input(event)  # validates the trigger; a cycle always covers the whole fleet
+    request = schedule_input(event)
     report = reconcile_fleet(
         default_context(),
+        shard=request.reconcile_shard,
         time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         owner=context.aws_request_id,
     )

@@ -63,7 +63,7 @@ def context_with_pinned_stage() -> dict[str, Any]:
         account=PINNED_ACCOUNT,
         regions=PINNED_REGIONS,
         alarm_email="fleet-ops@example.com",
-        schedules={"reconcile_rate_minutes": 2, "discovery_rate_minutes": 10},
+        schedules={"reconcile_rate_minutes": 2, "discovery_rate_minutes": 10, "reconcile_shards": 3},
         rebalance={"enabled": True, "drain_timeout_seconds": 900},
     )
     pinned["api"] = {**pinned["api"], "manage_account_logging_role": False}

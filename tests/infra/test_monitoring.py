@@ -86,11 +86,15 @@ def test_given_a_drain_outcome_alarm_then_it_fires_on_the_first_occurrence(dev, 
     assert alarm["TreatMissingData"] == "notBreaching"
 
 
-@pytest.mark.parametrize(("stage", "period"), [("dev", 60), ("pinned", 120)])
-def test_given_no_heartbeat_for_three_reconcile_periods_then_the_alarm_fires(synthesized, stage, period):
+@pytest.mark.parametrize(("stage", "period", "shards"), [("dev", 60, 1), ("pinned", 120, 3)])
+def test_given_a_shard_without_heartbeat_for_three_reconcile_periods_then_the_alarm_fires(
+    synthesized, stage, period, shards
+):
     alarm = alarms(synthesized.template(stage), stage)["reconcile-not-running"]
     assert alarm["MetricName"] == metrics.RECONCILE_HEARTBEAT
     assert alarm["Period"] == period
+    # One heartbeat per shard per period: fewer than the shard count means one of them stopped.
+    assert (alarm["Statistic"], alarm["Threshold"]) == ("Sum", shards)
     assert alarm["EvaluationPeriods"] == 3
     assert alarm["DatapointsToAlarm"] == 3
     assert alarm["ComparisonOperator"] == "LessThanThreshold"

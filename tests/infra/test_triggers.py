@@ -8,11 +8,15 @@ from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, 
 from tests.infra.helpers import function_logical_id, properties, resources
 
 
+def schedule_key(payload):
+    """task:region, and #shard for a sharded reconcile schedule."""
+    key = f"{payload['task']}:{payload.get('region', '')}"
+    return key + (f"#{payload['shard']}" if "shard" in payload else "")
+
+
 def schedules(template):
     return {
-        json.loads(schedule["Target"]["Input"])["task"]
-        + ":"
-        + json.loads(schedule["Target"]["Input"]).get("region", ""): schedule
+        schedule_key(json.loads(schedule["Target"]["Input"])): schedule
         for schedule in properties(template, "AWS::Scheduler::Schedule")
     }
 
@@ -36,10 +40,30 @@ def test_given_dev_then_reconcile_runs_every_minute_and_discovery_every_five(dev
 
 def test_given_two_worker_regions_then_each_has_its_discovery_schedule_at_the_stage_rate(pinned):
     found = schedules(pinned)
-    assert set(found) == {"reconcile:", "discover:eu-west-1", "discover:us-east-1"}
-    assert found["reconcile:"]["ScheduleExpression"] == "rate(2 minutes)"
+    assert {key for key in found if key.startswith("discover")} == {
+        "discover:eu-west-1",
+        "discover:us-east-1",
+    }
     assert {found[key]["ScheduleExpression"] for key in found if key.startswith("discover")} == {
         "rate(10 minutes)"
+    }
+
+
+def test_given_three_reconcile_shards_then_one_schedule_each_names_its_shard_at_the_stage_rate(pinned, dev):
+    found = schedules(pinned)
+    reconcile = {key: found[key] for key in found if key.startswith("reconcile")}
+    assert set(reconcile) == {"reconcile:#0", "reconcile:#1", "reconcile:#2"}
+    for key, schedule in reconcile.items():
+        payload = json.loads(schedule["Target"]["Input"])
+        assert (payload["shard"], payload["shards"]) == (int(key[-1]), 3)
+        assert schedule["ScheduleExpression"] == "rate(2 minutes)"
+        assert schedule["Target"]["Arn"] == {
+            "Fn::GetAtt": [function_logical_id(pinned, "fleetkeeper-pinned-reconcile"), "Arn"]
+        }
+    # An unsharded stage keeps its one schedule, whose input names no shard.
+    assert json.loads(schedules(dev)["reconcile:"]["Target"]["Input"]) == {
+        "source": "fleetkeeper.schedule",
+        "task": "reconcile",
     }
 
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleetkeeper_cli import fleetfile
-from fleetkeeper_cli.app import app
+from fleetkeeper_cli.app import app, console
 from fleetkeeper_cli.client import (
     LOCAL_API,
     ApiClient,
@@ -77,6 +77,9 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(*args: str) -> tuple[int, str]:
+    # The console measured its width when the module was imported, under whatever terminal ran the
+    # tests: tables must not wrap the cells the assertions look for.
+    console.width = 200
     result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
     return result.exit_code, result.output
 

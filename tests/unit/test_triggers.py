@@ -80,3 +80,24 @@ def test_given_the_rebalance_sample_then_it_parses_as_a_rebalance_recommendation
 def test_given_the_malformed_sample_then_it_does_not_parse():
     with pytest.raises(ValidationError):
         Ec2Event.model_validate(load("ec2_malformed"))
+
+
+def test_given_a_shard_schedule_input_then_the_cycle_covers_that_shard():
+    shard = schedule_input(load("scheduler_reconcile_shard")).reconcile_shard
+    assert (shard.index, shard.count) == (1, 4)
+    assert schedule_input(load("scheduler_reconcile")).reconcile_shard.count == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"shard": 4, "shards": 4}, "shard must be below shards"),
+        ({"shard": 0, "shards": 0}, "shards"),
+        ({"shard": 0, "shards": 65}, "shards"),
+        ({"shard": "1", "shards": 2}, "shard"),
+        ({"shard": True, "shards": 2}, "shard"),
+    ],
+)
+def test_given_an_impossible_shard_input_then_it_is_refused_naming_the_field(fields, named):
+    with pytest.raises(ValidationError, match=named):
+        schedule_input({"source": "fleetkeeper.schedule", "task": "reconcile", **fields})

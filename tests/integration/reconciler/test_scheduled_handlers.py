@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.sharding import shard_of
 from fleetkeeper.services import workers
 from fleetkeeper_local.invocation import invoke
 from tests.integration.reconciler.support import ensure_template
@@ -52,3 +53,19 @@ def test_given_a_plain_input_naming_regions_then_discovery_covers_those(store, e
     result = invoke("discover", {"regions": ["us-east-2"]})
 
     assert [r["region"] for r in result["regions"]] == ["us-east-2"]
+
+
+def test_given_a_shard_schedule_then_the_handler_reconciles_that_shard_only(store, lab_image):
+    ensure_template(store)
+    created = [
+        workers.create_worker(store, template="lab", region="us-east-1", actor="api") for _ in range(8)
+    ]
+    mine = [w.id for w in created if shard_of(w.id, 4) == 1]
+
+    result = invoke("reconcile", event("scheduler_reconcile_shard"))
+
+    assert (result["shard"], result["shards"], result["lease_acquired"]) == (1, 4, True)
+    assert result["workers"] == len(mine)
+    assert result["counters"].get("provisioned_count", 0) == len(mine)
+    launched = {w.id for w in created if store.get_worker(w.id).status == WorkerStatus.PROVISIONING}
+    assert launched == set(mine)

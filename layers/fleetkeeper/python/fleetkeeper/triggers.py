@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from fleetkeeper.domain.models import Region
+from fleetkeeper.domain.sharding import MAX_SHARDS, Shard
 
 STATE_CHANGE = "EC2 Instance State-change Notification"
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
@@ -67,7 +68,8 @@ class ScheduleInput(BaseModel):
     """What a schedule gives its target: `{"source": "fleetkeeper.schedule", "task": ..., "region": ...}`.
 
     Discovery has one schedule per worker region, each naming its region; without one, every
-    configured region is swept.
+    configured region is swept. A sharded reconciler has one schedule per shard, each naming its
+    `shard` (0-based) and the `shards` it is one of; without them the cycle covers the whole fleet.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -76,6 +78,18 @@ class ScheduleInput(BaseModel):
     task: Literal["reconcile", "discover"] | None = None
     region: Region | None = None
     regions: list[Region] | None = None
+    shard: int = Field(default=0, ge=0, lt=MAX_SHARDS, strict=True)
+    shards: int = Field(default=1, ge=1, le=MAX_SHARDS, strict=True)
+
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> ScheduleInput:
+        if self.shard >= self.shards:
+            raise ValueError(f"shard must be below shards ({self.shards}), got {self.shard}")
+        return self
+
+    @property
+    def reconcile_shard(self) -> Shard:
+        return Shard(index=self.shard, count=self.shards)
 
     @property
     def target_regions(self) -> list[str] | None:

@@ -103,6 +103,36 @@ class StatsStore:
             ExpressionAttributeValues=values,
         )
 
+    def claim_timestamp(self, scope: str, name: str, *, now: datetime, free_before: datetime) -> bool:
+        """Set the scope's timestamp `name` to `now` if it is unset or before `free_before`; False when
+        someone set it since then. The condition makes a once-per-interval decision exact across
+        concurrent writers (the reconcile shards' scale-down cooldown)."""
+        attribute = f"{_TIME}{name}"
+        try:
+            self._client.update_item(
+                TableName=self.table_name,
+                Key=stats_key(scope),
+                UpdateExpression="SET #t = :now, #scope = :scope, #k = :k, #ks = :scope",
+                ConditionExpression="attribute_not_exists(#t) OR #t < :free_before",
+                ExpressionAttributeNames={
+                    "#t": attribute,
+                    "#scope": "scope",
+                    "#k": "GSI3PK",
+                    "#ks": "GSI3SK",
+                },
+                ExpressionAttributeValues={
+                    ":now": {"S": now.isoformat()},
+                    ":free_before": {"S": free_before.isoformat()},
+                    ":scope": {"S": scope},
+                    ":k": {"S": keys.kind_partition("STATS")},
+                },
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def read(self, scope: str) -> ScopeStats:
         """One scope's figures; an unknown scope reads as all zero."""
         response = self._client.get_item(TableName=self.table_name, Key=stats_key(scope), ConsistentRead=True)

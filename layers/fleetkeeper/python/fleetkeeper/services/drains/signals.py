@@ -9,6 +9,7 @@ from fleetkeeper.domain.models import (
     DrainOutcome,
     Instance,
 )
+from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains.watchdog import run_watchdog
@@ -36,7 +37,7 @@ def signal_if_drained(ctx: Context, instance: Instance) -> None:
 SWEEP_COUNTS = ("completed", "heartbeats", "errors", "running", "young", "restarted", "closed", "settled")
 
 
-def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
+def sweep_waiting_drains(ctx: Context, shard: Shard = WHOLE_FLEET) -> dict[str, int]:
     """Keep waiting drains alive, recover lost signals, and run the watchdog; the reconcile cycle runs
     this every cycle.
 
@@ -44,19 +45,22 @@ def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
     heartbeat keeps the callback task waiting without costing a state transition, so a drain's
     transition count does not grow with its length. Then the watchdog (services/drains/watchdog.py)
     restarts or closes every open drain whose execution is gone. One drain that fails here is logged
-    and counted in `errors`; the others are still swept.
+    and counted in `errors`; the others are still swept. A shard sweeps its own workers' drains; the
+    lead shard sweeps the pool drains too.
     """
     counts: Counter[str] = Counter(dict.fromkeys(SWEEP_COUNTS, 0))
     for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING]):
         record = worker.drain
         if record is None or record.outcome != DrainOutcome.RUNNING or not record.task_token:
             continue
+        if not shard.owns(worker.id):
+            continue
         try:
             _sweep_worker(ctx, worker.id, counts)
         except Exception:
             logger.exception("sweep of a waiting drain failed", extra={"worker_id": worker.id})
             counts["errors"] += 1
-    for pool in ctx.store.list_pools():
+    for pool in ctx.store.list_pools() if shard.leads else ():
         if pool.status != PoolStatus.DRAINING or not pool.drain_task_token:
             continue
         try:
@@ -69,7 +73,7 @@ def sweep_waiting_drains(ctx: Context) -> dict[str, int]:
         except Exception:
             logger.exception("sweep of a waiting pool drain failed", extra={"pool": pool.name})
             counts["errors"] += 1
-    counts.update(run_watchdog(ctx))
+    counts.update(run_watchdog(ctx, shard=shard))
     return dict(counts)
 
 

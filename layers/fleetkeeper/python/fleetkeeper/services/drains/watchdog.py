@@ -27,6 +27,7 @@ from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.cloud.workflows import ExecutionState
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, Pool, Worker, utcnow
+from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import emit, worker_detail
@@ -48,24 +49,28 @@ Verdict = Literal["running", "young", "restarted", "closed", "settled"]
 
 
 def run_watchdog(
-    ctx: Context, *, now: datetime | None = None, grace: timedelta = START_GRACE
+    ctx: Context,
+    *,
+    now: datetime | None = None,
+    grace: timedelta = START_GRACE,
+    shard: Shard = WHOLE_FLEET,
 ) -> Counter[str]:
     """Check every open worker and pool drain against Step Functions; counts per verdict (+ errors).
 
     One drain that cannot be checked (a throttled describe, a bad record) is logged and counted; the
-    others are still checked.
+    others are still checked. A shard checks its own workers' drains; the lead checks the pools'.
     """
     now = now or utcnow()
     counts: Counter[str] = Counter()
     for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING]):
-        if worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING:
+        if worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING or not shard.owns(worker.id):
             continue
         try:
             counts[_watch_worker(ctx, worker.id, now, grace)] += 1
         except Exception:
             logger.exception("drain watchdog failed on a worker", extra={"worker_id": worker.id})
             counts["errors"] += 1
-    for pool in ctx.store.list_pools():
+    for pool in ctx.store.list_pools() if shard.leads else ():
         if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
             continue
         try:

@@ -1,7 +1,9 @@
 """The reconcile cycle: the lease, the batched reads, one isolated step per worker, the report.
 
 Mutual exclusion: a cycle holds the `reconcile` lease (a conditional write on one item) for its whole
-run; a second invocation that finds it held returns at once. On top of that every worker write is
+run; a second invocation that finds it held returns at once. A sharded reconciler runs one cycle per
+shard in parallel, each over its own share of the workers (domain/sharding.py) under its own lease
+(`reconcile#2of4`). On top of that every worker write is
 conditional on version and status, and a launch is claimed on the worker item before RunInstances, so
 even a cycle that outlived its lease cannot launch a second machine for the same worker.
 
@@ -31,6 +33,7 @@ from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
+from fleetkeeper.domain.sharding import Shard
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
@@ -76,8 +79,10 @@ def _is_aws_error(error: BaseException) -> bool:
 class CycleReport:
     """What one cycle did; counters carry the names served by GET /api/v1/stats."""
 
+    shard: Shard = field(default_factory=Shard)
     lease_acquired: bool = True
     completed: bool = False
+    # This shard's workers (the whole fleet's when unsharded); `by_status` counts the whole fleet.
     workers: int = 0
     by_status: Counter[WorkerStatus] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
@@ -85,6 +90,8 @@ class CycleReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "shard": self.shard.index,
+            "shards": self.shard.count,
             "lease_acquired": self.lease_acquired,
             "workers": self.workers,
             "duration_seconds": round(self.duration_seconds, 3),
@@ -98,18 +105,21 @@ def reconcile_fleet(
     time_left: Callable[[], float] | None = None,
     owner: str | None = None,
     now: datetime | None = None,
+    shard: Shard | None = None,
 ) -> CycleReport:
-    """Run one reconcile cycle over every worker needing action, unless another cycle is running."""
+    """Run one reconcile cycle over every worker of the shard (the whole fleet by default) needing
+    action, unless another cycle of the same shard is running."""
     started = time.monotonic()
     now = now or utcnow()
     remaining = time_left or (lambda: 900.0)
     owner = owner or uuid.uuid4().hex
-    report = CycleReport()
+    report = CycleReport(shard=shard or Shard())
+    lease = LEASE_NAME + report.shard.suffix
     stats = ctx.stats
     # The lease runs on the wall clock, whatever `now` the cycle decides with.
     wall = utcnow()
     lease_until = wall + timedelta(seconds=max(remaining(), 1.0) + SAFETY_MARGIN_SECONDS)
-    if not stats.acquire_lease(LEASE_NAME, owner, now=wall, until=lease_until):
+    if not stats.acquire_lease(lease, owner, now=wall, until=lease_until):
         report.lease_acquired = False
         report.counters["lease_busy"] += 1
         logger.info("another reconcile cycle holds the lease; skipping this one")
@@ -124,7 +134,7 @@ def reconcile_fleet(
             raise
         _sweep_drains(ctx, report)
     finally:
-        stats.release_lease(LEASE_NAME, owner, now=utcnow())
+        stats.release_lease(lease, owner, now=utcnow())
         report.duration_seconds = time.monotonic() - started
         _publish(ctx, report, now)
     return report
@@ -133,7 +143,7 @@ def reconcile_fleet(
 def _sweep_drains(ctx: Context, report: CycleReport) -> None:
     """Keep waiting drains alive and complete those whose last signal was lost (see services/drains)."""
     try:
-        swept = drains.sweep_waiting_drains(ctx)
+        swept = drains.sweep_waiting_drains(ctx, report.shard)
     except Exception:  # the sweep runs again next cycle
         # The drains' own heartbeat re-check remains meanwhile.
         logger.exception("sweep of waiting drains failed")
@@ -149,9 +159,13 @@ def _sweep_drains(ctx: Context, report: CycleReport) -> None:
 
 
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
-    workers = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
+    shard = report.shard
+    # Every shard reads the whole status index: the fleet-wide counts the scale-down guards need come
+    # with it, and a shard's workers are a hash of their ids, which no index key carries.
+    fleet = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
+    workers = [w for w in fleet if shard.owns(w.id)]
     report.workers = len(workers)
-    report.by_status = Counter(w.status for w in workers)
+    report.by_status = Counter(w.status for w in fleet)
     due = [w for w in workers if is_due(w, now)]
     report.counters["outcome_skip"] += len(workers) - len(due)
     report.counters["backoff_waiting"] += len(workers) - len(due)
@@ -160,7 +174,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     readings = _collect_metrics(ctx, due, now, report)
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     try:
-        plan_steady_running(ctx, work, readings, now, report.counters)
+        plan_steady_running(ctx, work, readings, now, report.counters, fleet=fleet, shard=shard)
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1
@@ -185,7 +199,13 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     try:
         # After the workers' own steps, so an operation never delays them (services/operations.py).
         operations.reconcile_operations(
-            ctx, workers, now, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ctx,
+            workers,
+            now,
+            report.counters,
+            time_left=remaining,
+            margin_seconds=SAFETY_MARGIN_SECONDS,
+            owns=shard.owns,
         )
     except Exception:  # the operations wait a cycle; the worker steps above already ran
         logger.exception("worker operations failed")
@@ -355,17 +375,38 @@ def _worker_failed(
 
 
 def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
-    gauges = {"running_worker_count": report.counters.pop("running_worker_count", 0)}
+    """Counters add up in the `reconcile` stats scope whichever shard counted them; the fleet-wide
+    gauges come from the lead shard; each shard's own timings go to its own scope (`reconcile#2of4`)."""
+    shard = report.shard
+    running = report.counters.pop("running_worker_count", 0)
+    fleet_gauges = {"running_worker_count": running} if report.lease_acquired and shard.leads else {}
+    own_gauges: dict[str, int] = {}
+    own_times: dict[str, datetime] = {}
     if report.lease_acquired:
-        gauges["last_cycle_workers"] = report.workers
-        gauges["last_cycle_ms"] = int(report.duration_seconds * 1000)
-    ctx.stats.record(
-        STATS_SCOPE,
-        counters=report.counters,
-        gauges=gauges if report.lease_acquired else None,
-        timestamps={"last_run_at": now} if report.lease_acquired else None,
-    )
-    report.counters["running_worker_count"] = gauges["running_worker_count"]
+        own_gauges = {
+            "last_cycle_workers": report.workers,
+            "last_cycle_ms": int(report.duration_seconds * 1000),
+        }
+        own_times = {"last_run_at": now}
+        if report.completed:
+            own_times["last_completed_at"] = now
+    if shard.count == 1:
+        ctx.stats.record(
+            STATS_SCOPE,
+            counters=report.counters,
+            gauges={**fleet_gauges, **own_gauges} or None,
+            timestamps=own_times or None,
+        )
+    else:
+        ctx.stats.record(
+            STATS_SCOPE,
+            counters=report.counters,
+            gauges=fleet_gauges or None,
+            timestamps={"last_run_at": now} if report.lease_acquired else None,
+        )
+        if report.lease_acquired:
+            ctx.stats.record(STATS_SCOPE + shard.suffix, gauges=own_gauges, timestamps=own_times)
+    report.counters["running_worker_count"] = running
     emit_counters("Reconcile", report.counters)
     if report.lease_acquired:
         metrics.add_metric(
@@ -375,10 +416,13 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
             name=METRIC_ERRORS, unit=MetricUnit.Count, value=report.counters["reconcile_errors"]
         )
     if report.completed:
-        for status in RECONCILE_STATUSES:
-            metrics.add_metric(
-                name=workers_metric(status), unit=MetricUnit.Count, value=report.by_status[status]
-            )
+        if shard.leads:
+            # Every shard reads the whole fleet; one of them reports it.
+            for status in RECONCILE_STATUSES:
+                metrics.add_metric(
+                    name=workers_metric(status), unit=MetricUnit.Count, value=report.by_status[status]
+                )
+        # One per shard and cycle: the alarm wants as many per period as there are shards.
         metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -20,6 +20,7 @@ from fleetkeeper.domain.scale_down import (
     next_idle_since,
     scope_of,
 )
+from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
@@ -49,14 +50,23 @@ def plan_steady_running(
     readings: Mapping[str, Mapping[str, float]],
     now: datetime,
     counters: Counter[str],
+    *,
+    fleet: Sequence[Worker] | None = None,
+    shard: Shard = WHOLE_FLEET,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
 
     Decisions are taken in one thread so the minimum per scope and the disruption budget account for
     the scale-downs already chosen in this cycle. A worker whose evaluation raises (a bad record, a
     failed read) gets the error on its work item and no scale-down; the others are decided as usual.
+
+    With shards, `work` is this shard's and `fleet` every worker read: the minimum per scope counts
+    the whole fleet, the shard's own drains count against its share of the budget, and each
+    scale-down first claims its scope's cooldown with a conditional write, so two shards never
+    scale the same scope down within one cooldown.
     """
     policy = scale_down_policy(ctx.settings)
+    view = list(fleet) if fleet is not None else [item.worker for item in work]
     steady = [
         item
         for item in work
@@ -66,12 +76,10 @@ def plan_steady_running(
         and item.step.call is None
         and item.step.drain_then is None
     ]
-    running_in_scope: Counter[str] = Counter(
-        scope_of(item.worker) for item in work if item.worker.status == WorkerStatus.RUNNING
-    )
-    draining = sum(1 for item in work if item.worker.status == WorkerStatus.DRAINING)
-    fleet = sum(1 for item in work if item.worker.status in (WorkerStatus.RUNNING, WorkerStatus.DRAINING))
-    tally = _Tally(policy, running_in_scope, draining, fleet)
+    running_in_scope: Counter[str] = Counter(scope_of(w) for w in view if w.status == WorkerStatus.RUNNING)
+    draining = sum(1 for w in view if w.status == WorkerStatus.DRAINING and shard.owns(w.id))
+    fleet_size = sum(1 for w in view if w.status in (WorkerStatus.RUNNING, WorkerStatus.DRAINING))
+    tally = _Tally(policy, running_in_scope, draining, fleet_size, shard)
     if policy.enabled:
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
             tally.last_by_scope[name] = datetime.fromisoformat(stamp)
@@ -79,6 +87,9 @@ def plan_steady_running(
     for item in steady:
         try:
             _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
+            if item.scale_down is not None and not _claim_cooldown(ctx, item.worker, policy, now):
+                counters["scale_down_refused_cooldown"] += 1
+                item.scale_down = None
         except Exception as error:  # one worker's failure is its own (see cycle.py)
             item.error = error
             item.scale_down = None
@@ -89,10 +100,13 @@ def plan_steady_running(
             tally.last_by_scope[scope] = now
             if item.scale_down.action is Action.DRAIN:
                 tally.draining += 1
-    if policy.enabled:
-        touched = {scope: at for scope, at in tally.last_by_scope.items() if at == now}
-        if touched:
-            ctx.stats.record(SCALE_DOWN_SCOPE, timestamps=touched)
+
+
+def _claim_cooldown(ctx: Context, worker: Worker, policy: ScaleDownPolicy, now: datetime) -> bool:
+    """Take the scope's cooldown for this scale-down, unless another cycle took it meanwhile."""
+    return ctx.stats.claim_timestamp(
+        SCALE_DOWN_SCOPE, scope_of(worker), now=now, free_before=now - policy.cooldown
+    )
 
 
 @dataclass
@@ -103,6 +117,7 @@ class _Tally:
     running_in_scope: Counter[str]
     draining: int
     fleet: int
+    shard: Shard
     last_by_scope: dict[str, datetime] = field(default_factory=dict)
 
 
@@ -144,6 +159,7 @@ def _plan_one(
         last_scale_down_at=tally.last_by_scope.get(scope),
         draining_now=tally.draining,
         fleet_size=tally.fleet,
+        shard=tally.shard,
         timeslot_starts=partial(timeslot_starts, ctx, worker),
     )
     if verdict.refused_by is not None:

@@ -1,0 +1,115 @@
+"""Parallel reconcile shards: each worker is handled by exactly one shard per cycle, the shards never wait
+on each other, and the fleet-wide scale-down limits hold across them."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import utcnow
+from fleetkeeper.domain.sharding import Shard, shard_of
+from fleetkeeper.services import workers
+from fleetkeeper.services.reconcile import CycleReport, reconcile_fleet
+from tests.integration.reconciler.support import ensure_template, instances_tagged
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SHARDS = 3
+WORKERS = 18
+
+
+def run_shards_at_once(make_ctx: Callable[..., Any], count: int, **settings: str) -> list[CycleReport]:
+    """One cycle per shard, all started together, as one schedule per shard starts them."""
+    barrier = threading.Barrier(count)
+    reports: list[CycleReport] = []
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+
+    def cycle(index: int) -> None:
+        ctx = make_ctx(**settings)
+        barrier.wait()
+        try:
+            report = reconcile_fleet(ctx, shard=Shard(index, count), owner=f"shard-{index}")
+        except BaseException as error:  # surfaced below: a thread's exception would vanish
+            with lock:
+                failures.append(error)
+            return
+        with lock:
+            reports.append(report)
+
+    threads = [threading.Thread(target=cycle, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not failures, failures
+    return sorted(reports, key=lambda r: r.shard.index)
+
+
+def test_given_three_shards_at_once_then_every_worker_is_launched_once_by_its_own_shard(
+    make_ctx, store, ec2, lab_image
+):
+    ensure_template(store)
+    ids = [
+        workers.create_worker(store, template="lab", region="us-east-1", actor="test").id
+        for _ in range(WORKERS)
+    ]
+    expected = Counter(shard_of(worker_id, SHARDS) for worker_id in ids)
+
+    reports = run_shards_at_once(make_ctx, SHARDS)
+
+    # Each shard took its own lease, so none skipped its turn for another.
+    assert [r.lease_acquired for r in reports] == [True] * SHARDS
+    assert [r.workers for r in reports] == [expected[index] for index in range(SHARDS)]
+    assert [r.counters["provisioned_count"] for r in reports] == [expected[index] for index in range(SHARDS)]
+    for worker_id in ids:
+        assert len(instances_tagged(ec2, worker_id)) == 1, worker_id
+        assert store.get_worker(worker_id).status == WorkerStatus.PROVISIONING
+
+
+def test_given_shards_then_each_worker_appears_in_exactly_one_shards_cycle(make_ctx, store, live_worker):
+    fleet = [live_worker() for _ in range(9)]
+
+    reports = run_shards_at_once(make_ctx, SHARDS)
+
+    assert sum(r.workers for r in reports) == len(fleet)
+    # The fleet-wide counts come from every shard's full read, and the lead alone reports them.
+    assert all(r.by_status[WorkerStatus.RUNNING] == len(fleet) for r in reports)
+    stats = make_ctx().stats
+    assert stats.read("reconcile").gauges["running_worker_count"] == len(fleet)
+    for report in reports:
+        own = stats.read(f"reconcile#{report.shard.index + 1}of{SHARDS}")
+        assert own.gauges["last_cycle_workers"] == report.workers
+        assert "last_completed_at" in own.timestamps
+
+
+def test_given_idle_workers_of_one_scope_in_every_shard_then_one_scale_down_per_cooldown_in_all(
+    make_ctx, store, live_worker
+):
+    fleet = [live_worker() for _ in range(9)]
+    idle = utcnow() - timedelta(hours=2)
+    for worker in fleet:
+        store.update_worker(worker, {"idle_since": idle}, actor="test", action="IdleSeeded")
+    assert len({shard_of(w.id, SHARDS) for w in fleet}) == SHARDS  # the scope spans every shard
+
+    reports = run_shards_at_once(
+        make_ctx,
+        SHARDS,
+        SCALE_DOWN_ENABLED="true",
+        IDLE_WINDOW_SECONDS="1800",
+        SCALE_DOWN_COOLDOWN_SECONDS="3600",
+        METRICS_INTERVAL_SECONDS="0",
+    )
+
+    stopped = [w.id for w in fleet if store.get_worker(w.id).status == WorkerStatus.STOPPING]
+    assert len(stopped) == 1
+    assert sum(r.counters["scale_down_stop_count"] for r in reports) == 1
+    # Every other idle worker was held by the cooldown: read at the start of its shard's cycle, or lost
+    # to the conditional claim of the shard that stopped one first.
+    assert sum(r.counters["scale_down_refused_cooldown"] for r in reports) == len(fleet) - 1
