@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cloud.fleet_reads import describe_instances
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.sharding import Shard, shard_of
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
 from fleetkeeper.services import workers
 from fleetkeeper.services.reconcile import CycleReport, reconcile_fleet
 from tests.integration.reconciler.support import ensure_template, instances_tagged
@@ -113,3 +115,33 @@ def test_given_idle_workers_of_one_scope_in_every_shard_then_one_scale_down_per_
     # Every other idle worker was held by the cooldown: read at the start of its shard's cycle, or lost
     # to the conditional claim of the shard that stopped one first.
     assert sum(r.counters["scale_down_refused_cooldown"] for r in reports) == len(fleet) - 1
+
+
+def test_given_a_shards_share_of_a_region_then_it_reads_its_own_instances_by_id_not_the_whole_region(
+    ctx, ec2, lab_image
+):
+    launched = ec2.run_instances(
+        ImageId=lab_image,
+        InstanceType="m5.large",
+        MinCount=450,
+        MaxCount=450,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE}]}
+        ],
+    )["Instances"]
+    ids = {raw["InstanceId"] for raw in launched}
+    share = set(sorted(ids)[:210])  # about a third would be one of three shards; past one call's 200
+    gateway = ctx.ec2("us-east-1")
+    filters: list[str] = []
+    gateway._client.meta.events.register(
+        "provide-client-params.ec2.DescribeInstances",
+        lambda params, **_: filters.extend(f["Name"] for f in params.get("Filters", [])),
+    )
+
+    own = describe_instances(gateway, share, managed_in_region=len(ids))
+    whole = describe_instances(gateway, ids, managed_in_region=len(ids))
+
+    assert set(own) == share
+    assert set(whole) == ids
+    # The share: two calls by instance id. The whole region: one listing by the managed-by tag.
+    assert filters == ["instance-id", "instance-id", f"tag:{MANAGED_BY_TAG}"]

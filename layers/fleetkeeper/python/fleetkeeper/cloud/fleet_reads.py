@@ -31,14 +31,20 @@ class RegionReads(Generic[T]):
     failed: dict[str, Exception] = field(default_factory=dict)
 
 
-def describe_instances(gateway: Ec2Gateway, instance_ids: set[str]) -> dict[str, Ec2Instance]:
-    """The instances among these ids, in the fewest DescribeInstances calls.
+def describe_instances(
+    gateway: Ec2Gateway, instance_ids: set[str], *, managed_in_region: int | None = None
+) -> dict[str, Ec2Instance]:
+    """The instances among these ids, in the fewest DescribeInstances calls for what they return.
 
     Up to 200 ids fit one call with an instance-id filter. Beyond that, listing every managed instance
-    by tag (1000 a page) is cheaper; the few ids it misses (an instance that lost its tag, or one that
-    is gone) are then asked for by id.
+    by tag (1000 a page) is cheaper, as long as these ids are most of the region's managed instances
+    (`managed_in_region`, when the caller knows it): a reconcile shard that wants a third of them reads
+    its own by id rather than list all of them, so its read does not grow with the whole fleet. The
+    few ids a listing misses (an instance that lost its tag, or one that is gone) are asked for by id.
     """
     if len(instance_ids) <= FILTER_VALUES_LIMIT:
+        return gateway.describe(instance_ids)
+    if managed_in_region is not None and len(instance_ids) * 2 < managed_in_region:
         return gateway.describe(instance_ids)
     found = {i.instance_id: i for i in gateway.describe_managed() if i.instance_id in instance_ids}
     missing = instance_ids - found.keys()
@@ -48,13 +54,19 @@ def describe_instances(gateway: Ec2Gateway, instance_ids: set[str]) -> dict[str,
 
 
 def read_instances(
-    ec2: Callable[[str], Ec2Gateway], wanted: Mapping[str, set[str]]
+    ec2: Callable[[str], Ec2Gateway],
+    wanted: Mapping[str, set[str]],
+    *,
+    managed: Mapping[str, int] | None = None,
 ) -> RegionReads[Ec2Instance | None]:
-    """instance id -> what EC2 says (None: EC2 does not know it), for each region's ids."""
+    """instance id -> what EC2 says (None: EC2 does not know it), for each region's ids; `managed` is
+    how many instances the fleet has in each region, when known (see describe_instances)."""
     reads: RegionReads[Ec2Instance | None] = RegionReads()
     for region, ids in sorted(wanted.items()):
         try:
-            found = describe_instances(ec2(region), ids)
+            found = describe_instances(
+                ec2(region), ids, managed_in_region=managed.get(region) if managed is not None else None
+            )
         except Exception as error:  # one region's failure is the caller's to classify
             reads.failed[region] = error
             continue

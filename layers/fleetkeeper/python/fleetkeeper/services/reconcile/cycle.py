@@ -170,7 +170,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     report.counters["outcome_skip"] += len(workers) - len(due)
     report.counters["backoff_waiting"] += len(workers) - len(due)
 
-    observations, unreadable = _observe(ctx, due, report)
+    observations, unreadable = _observe(ctx, due, report, fleet=fleet)
     readings = _collect_metrics(ctx, due, now, report)
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     try:
@@ -259,15 +259,19 @@ def _to_observation(instance: Ec2Instance | None, at: datetime) -> Observation:
 
 
 def _observe(
-    ctx: Context, workers: list[Worker], report: CycleReport
+    ctx: Context, workers: list[Worker], report: CycleReport, *, fleet: list[Worker] | None = None
 ) -> tuple[dict[str, Observation], dict[str, BaseException]]:
-    """instance id -> observation, and the regions EC2 could not be read in (with the error)."""
+    """instance id -> observation, and the regions EC2 could not be read in (with the error).
+
+    `fleet` (every worker, when this cycle is one shard) tells how many instances each region has, so
+    a shard reads its own by id instead of listing the whole region's."""
     wanted: dict[str, set[str]] = defaultdict(set)
     for worker in workers:
         if worker.ec2_instance_id:
             wanted[worker.region].add(worker.ec2_instance_id)
     at = utcnow()
-    reads = read_instances(ctx.ec2, wanted)
+    managed = Counter(w.region for w in fleet if w.ec2_instance_id) if fleet is not None else None
+    reads = read_instances(ctx.ec2, wanted, managed=managed)
     for region, error in reads.failed.items():
         logger.error(
             "DescribeInstances failed", region=region, error=str(error), retryable=is_retryable(error)
