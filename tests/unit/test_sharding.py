@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetkeeper.domain.sharding import MAX_SHARDS, Shard, shard_of
+from fleetkeeper.domain.sharding import MAX_SHARDS, Shard, shard_of, split_mismatch
 
 worker_ids = st.text(min_size=1, max_size=64)
 counts = st.integers(min_value=1, max_value=MAX_SHARDS)
@@ -20,14 +20,6 @@ def test_given_any_fleet_and_shard_count_then_each_worker_has_exactly_one_owner(
 
     assert all(len(found) == 1 for found in owners.values())
     assert all(owners[w] == [shard_of(w, count)] for w in ids)
-
-
-@given(allowed=st.integers(min_value=0, max_value=10_000), count=counts)
-def test_given_a_fleet_wide_allowance_then_the_shares_add_up_to_it_and_differ_by_at_most_one(allowed, count):
-    shares = [Shard(index, count).budget_share(allowed) for index in range(count)]
-
-    assert sum(shares) == allowed
-    assert max(shares) - min(shares) <= 1
 
 
 def test_given_the_same_id_then_the_shard_is_the_same_in_every_process_and_release():
@@ -56,3 +48,17 @@ def test_given_an_impossible_shard_then_it_is_refused_naming_the_field(index, co
 def test_given_one_shard_then_its_names_stay_the_unsharded_ones_and_it_leads():
     assert (Shard().suffix, Shard().leads) == ("", True)
     assert (Shard(1, 4).suffix, Shard(1, 4).leads) == ("#2of4", False)
+
+
+def test_given_the_configured_split_then_a_cycle_over_any_of_its_shards_may_run():
+    assert [split_mismatch(Shard(index, 3), 3) for index in range(3)] == [None] * 3
+    assert split_mismatch(Shard(), 1) is None
+
+
+@pytest.mark.parametrize(("shard", "configured"), [(Shard(), 3), (Shard(1, 4), 3), (Shard(0, 2), 1)])
+def test_given_another_split_than_the_configured_one_then_the_refusal_names_both(shard, configured):
+    reason = split_mismatch(shard, configured)
+
+    assert reason is not None
+    assert f"runs {configured} reconcile shard(s)" in reason
+    assert f"got shard {shard.index} of {shard.count}" in reason

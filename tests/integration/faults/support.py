@@ -48,6 +48,9 @@ def drain(plane: ControlPlane, worker_id: str, **body: Any) -> dict[str, Any]:
 
     The API refuses timeouts under a minute (a typo, not a policy), but internal callers such as spot
     warnings start drains that short, and the fault tests need their deadlines to pass quickly.
+
+    Tests whose drained worker must keep its instances pass `reschedule=False`: otherwise the drain
+    moves SCHEDULED instances to the other test workers and the step under test never waits.
     """
     timeout = body.get("timeout_seconds")
     if isinstance(timeout, int) and timeout < MIN_API_DRAIN_SECONDS:
@@ -58,6 +61,7 @@ def drain(plane: ControlPlane, worker_id: str, **body: Any) -> dict[str, Any]:
             timeout_seconds=timeout,
             then=DrainThen(body.get("then", DrainThen.STOP.value)),
             reason=body.get("reason"),
+            reschedule=body.get("reschedule", True),
         )
         return status.model_dump(mode="json")
     status_code, payload = plane.api("POST", f"/api/v1/workers/{worker_id}/drain", body)

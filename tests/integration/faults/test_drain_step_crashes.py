@@ -74,7 +74,7 @@ def test_given_await_empty_crashes_before_or_after_storing_its_token_then_the_la
     for position, worker in workers.items():
         crash(control_plane, "await_empty", worker.id, after=POSITIONS[position])
 
-    started = {position: drain(control_plane, w.id) for position, w in workers.items()}
+    started = {position: drain(control_plane, w.id, reschedule=False) for position, w in workers.items()}
     for worker in workers.values():
         eventually(partial(retried_and_waiting, control_plane, worker.id))
     for instance in instances.values():
@@ -96,7 +96,10 @@ def test_given_recheck_crashes_before_or_after_it_ran_then_the_lost_signal_is_st
     instances = {position: place(plane, worker_id=w.id) for position, w in workers.items()}
     for position, worker in workers.items():
         crash(plane, "recheck", worker.id, after=POSITIONS[position])
-    started = {position: drain(plane, w.id) for position, w in workers.items()}
+    # A 10-minute timeout keeps the re-check heartbeat at the configured 2 s (a longer drain stretches it).
+    started = {
+        position: drain(plane, w.id, reschedule=False, timeout_seconds=600) for position, w in workers.items()
+    }
     store = plane.ctx.store
     for position, worker in workers.items():
         # Waiting, and past the await step's own count: from now on only a re-check can see it empty.
@@ -119,7 +122,10 @@ def test_given_force_crashes_before_or_after_terminating_then_each_instance_is_f
     for position, worker in workers.items():
         crash(control_plane, "force", worker.id, after=POSITIONS[position])
 
-    started = {position: drain(control_plane, w.id, timeout_seconds=2) for position, w in workers.items()}
+    started = {
+        position: drain(control_plane, w.id, timeout_seconds=2, reschedule=False)
+        for position, w in workers.items()
+    }
 
     store = control_plane.ctx.store
     for position, worker in workers.items():

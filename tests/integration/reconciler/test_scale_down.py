@@ -127,6 +127,21 @@ def test_given_a_scale_down_in_the_scope_then_cooldown_refuses_the_next_one(make
     assert reconcile_fleet(ctx).counters["scale_down_refused_cooldown"] == 1
 
 
+def test_given_no_cooldown_then_every_idle_worker_of_a_scope_above_its_minimum_stops_in_one_cycle(
+    make_ctx, store, live_worker
+):
+    ctx = make_ctx(**ENABLED, SCALE_DOWN_COOLDOWN_SECONDS="0", MIN_WORKERS="1")
+    live_worker()
+    idle = [idle_for(store, live_worker(), 31) for _ in range(2)]
+
+    report = reconcile_fleet(ctx)
+
+    # Nothing to claim without a cooldown: only the minimum per scope holds the scope's workers.
+    assert [store.get_worker(w.id).status for w in idle] == [WorkerStatus.STOPPING] * 2
+    assert report.counters["scale_down_stop_count"] == 2
+    assert report.counters["scale_down_refused_cooldown"] == 0
+
+
 def test_given_do_not_disrupt_then_the_idle_worker_stays(make_ctx, store, live_worker):
     ctx = make_ctx(**ENABLED)
     live_worker()

@@ -55,7 +55,8 @@ def test_given_a_plain_input_naming_regions_then_discovery_covers_those(store, e
     assert [r["region"] for r in result["regions"]] == ["us-east-2"]
 
 
-def test_given_a_shard_schedule_then_the_handler_reconciles_that_shard_only(store, lab_image):
+def test_given_a_shard_schedule_then_the_handler_reconciles_that_shard_only(store, lab_image, monkeypatch):
+    monkeypatch.setenv("RECONCILE_SHARDS", "4")
     ensure_template(store)
     created = [
         workers.create_worker(store, template="lab", region="us-east-1", actor="api") for _ in range(8)
@@ -69,3 +70,17 @@ def test_given_a_shard_schedule_then_the_handler_reconciles_that_shard_only(stor
     assert result["counters"].get("provisioned_count", 0) == len(mine)
     launched = {w.id for w in created if store.get_worker(w.id).status == WorkerStatus.PROVISIONING}
     assert launched == set(mine)
+
+
+def test_given_a_shard_schedule_on_an_unsharded_stage_then_the_cycle_is_refused_and_touches_nothing(
+    store, lab_image
+):
+    ensure_template(store)
+    worker = workers.create_worker(store, template="lab", region="us-east-1", actor="api")
+
+    result = invoke("reconcile", event("scheduler_reconcile_shard"))
+
+    assert (result["lease_acquired"], result["workers"]) == (False, 0)
+    assert "this stage runs 1 reconcile shard(s)" in result["refused"]
+    assert result["counters"] == {"shard_mismatch": 1}
+    assert store.get_worker(worker.id).status == WorkerStatus.PENDING

@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from fleetkeeper.cloud.fleet_reads import describe_instances
-from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import utcnow
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import Instance, Worker, utcnow
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
 from fleetkeeper.services import workers
@@ -26,18 +26,29 @@ SHARDS = 3
 WORKERS = 18
 
 
-def run_shards_at_once(make_ctx: Callable[..., Any], count: int, **settings: str) -> list[CycleReport]:
-    """One cycle per shard, all started together, as one schedule per shard starts them."""
+def in_every_shard(make: Callable[[], Worker], *, each: int = 2) -> list[Worker]:
+    """Workers made until every shard owns at least `each` of them (ids are random)."""
+    made: list[Worker] = []
+    while min(Counter(shard_of(w.id, SHARDS) for w in made).get(i, 0) for i in range(SHARDS)) < each:
+        made.append(make())
+    return made
+
+
+def run_shards_at_once(
+    make_ctx: Callable[..., Any], count: int, now: datetime | None = None, **settings: str
+) -> list[CycleReport]:
+    """One cycle per shard, all started together, as one schedule per shard starts them, on a stage
+    configured for `count` shards."""
     barrier = threading.Barrier(count)
     reports: list[CycleReport] = []
     failures: list[BaseException] = []
     lock = threading.Lock()
 
     def cycle(index: int) -> None:
-        ctx = make_ctx(**settings)
+        ctx = make_ctx(RECONCILE_SHARDS=str(count), **settings)
         barrier.wait()
         try:
-            report = reconcile_fleet(ctx, shard=Shard(index, count), owner=f"shard-{index}")
+            report = reconcile_fleet(ctx, shard=Shard(index, count), owner=f"shard-{index}", now=now)
         except BaseException as error:  # surfaced below: a thread's exception would vanish
             with lock:
                 failures.append(error)
@@ -94,11 +105,10 @@ def test_given_shards_then_each_worker_appears_in_exactly_one_shards_cycle(make_
 def test_given_idle_workers_of_one_scope_in_every_shard_then_one_scale_down_per_cooldown_in_all(
     make_ctx, store, live_worker
 ):
-    fleet = [live_worker() for _ in range(9)]
+    fleet = in_every_shard(live_worker)  # one scope that spans every shard
     idle = utcnow() - timedelta(hours=2)
     for worker in fleet:
         store.update_worker(worker, {"idle_since": idle}, actor="test", action="IdleSeeded")
-    assert len({shard_of(w.id, SHARDS) for w in fleet}) == SHARDS  # the scope spans every shard
 
     reports = run_shards_at_once(
         make_ctx,
@@ -115,6 +125,54 @@ def test_given_idle_workers_of_one_scope_in_every_shard_then_one_scale_down_per_
     # Every other idle worker was held by the cooldown: read at the start of its shard's cycle, or lost
     # to the conditional claim of the shard that stopped one first.
     assert sum(r.counters["scale_down_refused_cooldown"] for r in reports) == len(fleet) - 1
+
+
+def test_given_idle_busy_workers_in_every_shard_then_the_drains_of_all_shards_stay_within_the_budget(
+    make_ctx, store, live_worker, drains_started
+):
+    """Each idle worker is alone in its scope (no cooldown in the way) and holds a session, so
+    scaling it down is a drain; two may run fleet-wide. Every shard has candidates every cycle."""
+    scopes = iter(range(1000))
+
+    def idle_candidate() -> Worker:
+        template = f"lab{next(scopes)}"
+        worker = live_worker(template=template)
+        live_worker(template=template)  # the scope's other worker keeps it above its minimum
+        store.place_instance(Instance(id=f"i-{worker.id}", worker_id=""), worker, actor="test")
+        idle: Worker = store.update_worker(
+            store.get_worker(worker.id),
+            {"idle_since": utcnow() - timedelta(hours=2)},
+            actor="test",
+            action="IdleSeeded",
+        )
+        return idle
+
+    fleet = in_every_shard(idle_candidate)
+    settings = {
+        "SCALE_DOWN_ENABLED": "true",
+        "IDLE_WINDOW_SECONDS": "1800",
+        "SCALE_DOWN_COOLDOWN_SECONDS": "60",
+        "MAX_CONCURRENT_DRAINS": "2",
+        "METRICS_INTERVAL_SECONDS": "0",
+    }
+
+    def start_drains(at: datetime) -> int:
+        before = len(drains_started)
+        run_shards_at_once(make_ctx, SHARDS, now=at, **settings)
+        # The seam records the drain instead of starting a workflow: show it as the workflow would.
+        for started in drains_started[before:]:
+            current = store.get_worker(started["worker_id"])
+            store.transition_worker(current, WorkerStatus.DRAINING, cause=Cause.CONTROL, actor="test")
+        return len(drains_started) - before
+
+    start = utcnow()
+    # One drain ticket per two periods across the shards; each later claimer sees the earlier drains.
+    assert start_drains(start) == 1
+    assert start_drains(start + timedelta(seconds=30)) == 0
+    assert start_drains(start + timedelta(seconds=121)) == 1
+    assert start_drains(start + timedelta(seconds=242)) == 0  # two draining: the budget is spent
+    draining = [w.id for w in fleet if store.get_worker(w.id).status == WorkerStatus.DRAINING]
+    assert len(draining) == 2
 
 
 def test_given_a_shards_share_of_a_region_then_it_reads_its_own_instances_by_id_not_the_whole_region(

@@ -11,7 +11,6 @@ from enum import StrEnum
 
 from fleetkeeper.domain.errors import InvalidInput
 from fleetkeeper.domain.models import Worker
-from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
 
 
 class Guard(StrEnum):
@@ -110,12 +109,11 @@ def evaluate(
     draining_now: int,
     fleet_size: int,
     timeslot_starts: Callable[[], Iterable[datetime]],
-    shard: Shard = WHOLE_FLEET,
 ) -> Verdict:
     """Whether this RUNNING worker should be scaled down now, checking the guards in order.
 
-    `running_in_scope` and `fleet_size` count the whole fleet; `draining_now` counts the shard's own
-    drains, which its share of the budget bounds, so the shards' drains together stay within it.
+    `running_in_scope`, `draining_now` and `fleet_size` count the whole fleet, including the
+    scale-downs already chosen in this cycle.
     """
     if worker.idle_since is None or now - worker.idle_since < policy.idle_window:
         return Verdict(Action.NONE, "not idle for the idle window")
@@ -141,7 +139,7 @@ def evaluate(
         why = "do_not_disrupt is set" if worker.do_not_disrupt else "do_not_disrupt_until is in the future"
         return Verdict(Action.NONE, why, Guard.DO_NOT_DISRUPT)
     if action is Action.DRAIN:
-        allowed = shard.budget_share(policy.budget.allowed(fleet_size))
+        allowed = policy.budget.allowed(fleet_size)
         if draining_now >= allowed:
             return Verdict(
                 Action.NONE, f"{draining_now} drains running, budget {allowed}", Guard.DISRUPTION_BUDGET

@@ -8,7 +8,8 @@ template and pool evenly over the shards, so each shard's EC2 reads stay batched
 
 Fleet-wide work (pool drains and their watchdog, the fleet's gauges) runs in shard 0 only. The
 fleet-wide limits (the minimum per scope, the scale-down cooldown, the disruption budget) hold across
-shards: see docs/operations.md, "Sharding the reconciler".
+shards through conditional claims: see services/reconcile/scale_down.py and docs/operations.md,
+"Sharding the reconciler".
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class Shard:
 
     @property
     def leads(self) -> bool:
-        """Whether the fleet-wide work runs here (pool drains, the fleet's gauges, the check that every
-        shard keeps running): in exactly one of the cycle's shards, the first."""
+        """Whether the fleet-wide work runs here (pool drains and their watchdog, the fleet's gauges): in
+        exactly one of the cycle's shards, the first."""
         return self.index == 0
 
     def owns(self, worker_id: str) -> bool:
@@ -57,9 +58,19 @@ class Shard:
         names stay what they always were; `#2of4` for the second of four shards."""
         return "" if self.count == 1 else f"#{self.index + 1}of{self.count}"
 
-    def budget_share(self, allowed: int) -> int:
-        """This shard's part of a fleet-wide allowance: the parts of all `count` shards add up to it."""
-        return allowed // self.count + (1 if self.index < allowed % self.count else 0)
-
 
 WHOLE_FLEET = Shard()
+
+
+def split_mismatch(shard: Shard, configured: int) -> str | None:
+    """Why a cycle over `shard` must not run on a stage configured for `configured` shards, or None.
+
+    A cycle of another split overlaps the configured shards' cycles on some workers (a different
+    lease, the same workers), and only the configured split's claims keep the scale-down limits.
+    """
+    if shard.count == configured:
+        return None
+    return (
+        f"this stage runs {configured} reconcile shard(s), so a cycle must name shard 0..{configured - 1}"
+        f" of shards={configured}; got shard {shard.index} of {shard.count}"
+    )

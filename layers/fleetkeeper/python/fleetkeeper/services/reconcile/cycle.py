@@ -33,7 +33,7 @@ from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
-from fleetkeeper.domain.sharding import Shard
+from fleetkeeper.domain.sharding import Shard, split_mismatch
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
@@ -82,6 +82,8 @@ class CycleReport:
     shard: Shard = field(default_factory=Shard)
     lease_acquired: bool = True
     completed: bool = False
+    # Why the cycle did not run at all (a shard split the stage is not configured for), if it did not.
+    refused: str | None = None
     # This shard's workers (the whole fleet's when unsharded); `by_status` counts the whole fleet.
     workers: int = 0
     by_status: Counter[WorkerStatus] = field(default_factory=Counter)
@@ -93,6 +95,7 @@ class CycleReport:
             "shard": self.shard.index,
             "shards": self.shard.count,
             "lease_acquired": self.lease_acquired,
+            **({"refused": self.refused} if self.refused else {}),
             "workers": self.workers,
             "duration_seconds": round(self.duration_seconds, 3),
             "counters": dict(sorted(self.counters.items())),
@@ -114,6 +117,16 @@ def reconcile_fleet(
     remaining = time_left or (lambda: 900.0)
     owner = owner or uuid.uuid4().hex
     report = CycleReport(shard=shard or Shard())
+    report.refused = split_mismatch(report.shard, ctx.settings.reconcile_shards)
+    if report.refused is not None:
+        # A by-hand run or a schedule left over from another split: running it would overlap the
+        # configured shards. Refused loudly, but not as a failure: a deploy that changes the split
+        # can deliver one such tick, and the missing shard shows in `reconcile-not-running`.
+        report.lease_acquired = False
+        report.counters["shard_mismatch"] += 1
+        logger.warning("reconcile cycle refused", reason=report.refused)
+        emit_counters("Reconcile", report.counters)
+        return report
     lease = LEASE_NAME + report.shard.suffix
     stats = ctx.stats
     # The lease runs on the wall clock, whatever `now` the cycle decides with.
@@ -402,16 +415,18 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
             timestamps=own_times or None,
         )
     else:
+        # The shared scope's times are the lead's, like its gauges; each shard's are in its own scope.
         ctx.stats.record(
             STATS_SCOPE,
             counters=report.counters,
             gauges=fleet_gauges or None,
-            timestamps={"last_run_at": now} if report.lease_acquired else None,
+            timestamps=own_times if fleet_gauges else None,
         )
         if report.lease_acquired:
             ctx.stats.record(STATS_SCOPE + shard.suffix, gauges=own_gauges, timestamps=own_times)
+    # The fleet's running count is a gauge that happens to travel with the counters: one shard sends it.
+    emit_counters("Reconcile", {**report.counters, **fleet_gauges})
     report.counters["running_worker_count"] = running
-    emit_counters("Reconcile", report.counters)
     if report.lease_acquired:
         metrics.add_metric(
             name=METRIC_DURATION_MS, unit=MetricUnit.Milliseconds, value=report.duration_seconds * 1000

@@ -14,6 +14,7 @@ from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
 from fleetkeeper.domain.scale_down import (
     Action,
     DisruptionBudget,
+    Guard,
     ScaleDownPolicy,
     Verdict,
     evaluate,
@@ -30,6 +31,8 @@ from fleetkeeper.settings import Settings
 
 SCALE_DOWN_ACTOR = "scale-down"
 SCALE_DOWN_SCOPE = "scale-down"
+# Beside each scope's last scale-down time in that stats item: the sharded cycles' drain ticket.
+DRAIN_TICKET = "drain-ticket"
 
 
 def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
@@ -60,10 +63,9 @@ def plan_steady_running(
     the scale-downs already chosen in this cycle. A worker whose evaluation raises (a bad record, a
     failed read) gets the error on its work item and no scale-down; the others are decided as usual.
 
-    With shards, `work` is this shard's and `fleet` every worker read: the minimum per scope counts
-    the whole fleet, the shard's own drains count against its share of the budget, and each
-    scale-down first claims its scope's cooldown with a conditional write, so two shards never
-    scale the same scope down within one cooldown.
+    With shards, `work` is this shard's and `fleet` every worker read: the guards count the whole
+    fleet, and each chosen scale-down must first win its claims (`_claims`), which keep the limits
+    exact although the shards decide at the same time.
     """
     policy = scale_down_policy(ctx.settings)
     view = list(fleet) if fleet is not None else [item.worker for item in work]
@@ -77,19 +79,23 @@ def plan_steady_running(
         and item.step.drain_then is None
     ]
     running_in_scope: Counter[str] = Counter(scope_of(w) for w in view if w.status == WorkerStatus.RUNNING)
-    draining = sum(1 for w in view if w.status == WorkerStatus.DRAINING and shard.owns(w.id))
+    draining = sum(1 for w in view if w.status == WorkerStatus.DRAINING)
     fleet_size = sum(1 for w in view if w.status in (WorkerStatus.RUNNING, WorkerStatus.DRAINING))
-    tally = _Tally(policy, running_in_scope, draining, fleet_size, shard)
+    tally = _Tally(policy, running_in_scope, draining, fleet_size)
+    claims = _Claims(ctx, policy, shard, now)
     if policy.enabled:
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
-            tally.last_by_scope[name] = datetime.fromisoformat(stamp)
+            if name != DRAIN_TICKET:
+                tally.last_by_scope[name] = datetime.fromisoformat(stamp)
 
     for item in steady:
         try:
             _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
-            if item.scale_down is not None and not _claim_cooldown(ctx, item.worker, policy, now):
-                counters["scale_down_refused_cooldown"] += 1
-                item.scale_down = None
+            if item.scale_down is not None:
+                refused_by = claims.take(item.worker, item.scale_down.action)
+                if refused_by is not None:
+                    counters[f"scale_down_refused_{refused_by}"] += 1
+                    item.scale_down = None
         except Exception as error:  # one worker's failure is its own (see cycle.py)
             item.error = error
             item.scale_down = None
@@ -102,11 +108,52 @@ def plan_steady_running(
                 tally.draining += 1
 
 
-def _claim_cooldown(ctx: Context, worker: Worker, policy: ScaleDownPolicy, now: datetime) -> bool:
-    """Take the scope's cooldown for this scale-down, unless another cycle took it meanwhile."""
-    return ctx.stats.claim_timestamp(
-        SCALE_DOWN_SCOPE, scope_of(worker), now=now, free_before=now - policy.cooldown
-    )
+@dataclass(frozen=True)
+class _Claims:
+    """The conditional writes a scale-down wins before it is acted on.
+
+    Each shard decides from a view of the fleet read at the start of its cycle, and acts on its choice
+    later in the same invocation: a choice reaches the other shards' views within two reconcile
+    periods (an invocation ends before its period does). A claim held for that long therefore
+    guarantees that the next claimer's view already shows the previous claimer's scale-down:
+
+    - the scope's cooldown, held for max(cooldown, two periods) when sharded: one scale-down per scope
+      at a time, so the minimum per scope, counted over the whole fleet, holds across shards;
+    - with shards, one fleet-wide drain ticket, held for two periods: at most one scale-down drain
+      starts across the shards per ticket, and each sees every earlier one, so the drains counted
+      against the disruption budget are exact.
+
+    Unsharded, the one cycle counts its own choices and the lease keeps cycles apart: the cooldown is
+    claimed only when it is set (with no cooldown there is nothing to hold), and no ticket is needed.
+    """
+
+    ctx: Context
+    policy: ScaleDownPolicy
+    shard: Shard
+    now: datetime
+
+    @property
+    def _two_periods(self) -> timedelta:
+        return timedelta(seconds=2 * self.ctx.settings.reconcile_period_seconds)
+
+    def take(self, worker: Worker, action: Action) -> Guard | None:
+        """None when this scale-down may go ahead; else the guard whose claim another cycle holds.
+
+        The ticket goes first: a ticket won for nothing idles the budget for two periods, a cooldown
+        won for nothing idles the scope for a whole cooldown.
+        """
+        sharded = self.shard.count > 1
+        if sharded and action is Action.DRAIN and not self._claim(DRAIN_TICKET, self._two_periods):
+            return Guard.DISRUPTION_BUDGET
+        hold = max(self.policy.cooldown, self._two_periods) if sharded else self.policy.cooldown
+        if hold > timedelta(0) and not self._claim(scope_of(worker), hold):
+            return Guard.COOLDOWN
+        return None
+
+    def _claim(self, name: str, hold: timedelta) -> bool:
+        return self.ctx.stats.claim_timestamp(
+            SCALE_DOWN_SCOPE, name, now=self.now, free_before=self.now - hold
+        )
 
 
 @dataclass
@@ -117,7 +164,6 @@ class _Tally:
     running_in_scope: Counter[str]
     draining: int
     fleet: int
-    shard: Shard
     last_by_scope: dict[str, datetime] = field(default_factory=dict)
 
 
@@ -159,7 +205,6 @@ def _plan_one(
         last_scale_down_at=tally.last_by_scope.get(scope),
         draining_now=tally.draining,
         fleet_size=tally.fleet,
-        shard=tally.shard,
         timeslot_starts=partial(timeslot_starts, ctx, worker),
     )
     if verdict.refused_by is not None:
