@@ -127,7 +127,6 @@ def fleet_settings_environment(config: StageConfig) -> dict[str, str]:
         "GC_MODE": config.gc_mode,
         "AMI_OWNERS": ",".join(config.ami_owners),
         "RECONCILE_SHARDS": str(config.schedules.reconcile_shards),
-        "RECONCILE_PERIOD_SECONDS": str(60 * config.schedules.reconcile_rate_minutes),
         "SCALE_DOWN_ENABLED": "true" if scale_down.enabled else "false",
         "MIN_WORKERS": str(scale_down.min_workers),
         "SCALE_DOWN_COOLDOWN_SECONDS": str(scale_down.cooldown_seconds),

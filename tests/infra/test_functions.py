@@ -28,7 +28,6 @@ FLEET_ENV = {
     "REGION_CONFIGS",
     "GC_MODE",
     "RECONCILE_SHARDS",
-    "RECONCILE_PERIOD_SECONDS",
     "SCALE_DOWN_ENABLED",
     "MIN_WORKERS",
     "SCALE_DOWN_COOLDOWN_SECONDS",
@@ -136,12 +135,11 @@ def test_given_the_fleet_settings_then_reconcile_and_discover_read_them_from_the
     assert env["MAX_CONCURRENT_DRAINS"] == str(settings["scale_down"]["max_concurrent_drains"])
 
 
-def test_given_a_sharded_stage_then_the_reconciler_knows_its_split_and_period(pinned, prod):
+def test_given_a_sharded_stage_then_the_reconciler_knows_its_split(pinned, prod):
     pinned_env = function_properties(pinned, name("pinned", "reconcile"))["Environment"]["Variables"]
     prod_env = function_properties(prod, name("prod", "reconcile"))["Environment"]["Variables"]
-    # A cycle told another split than these refuses to run; the scale-down claims hold two periods.
-    assert (pinned_env["RECONCILE_SHARDS"], pinned_env["RECONCILE_PERIOD_SECONDS"]) == ("3", "120")
-    assert (prod_env["RECONCILE_SHARDS"], prod_env["RECONCILE_PERIOD_SECONDS"]) == ("1", "60")
+    # A cycle told another split than this refuses to run.
+    assert (pinned_env["RECONCILE_SHARDS"], prod_env["RECONCILE_SHARDS"]) == ("3", "1")
 
 
 def test_given_pinned_regions_then_region_configs_carry_subnets_groups_keys_and_tags(pinned):

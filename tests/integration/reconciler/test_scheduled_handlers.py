@@ -11,6 +11,7 @@ import pytest
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.sharding import shard_of
 from fleetkeeper.services import workers
+from fleetkeeper.services.context import default_context
 from fleetkeeper_local.invocation import invoke
 from tests.integration.reconciler.support import ensure_template
 
@@ -84,3 +85,4 @@ def test_given_a_shard_schedule_on_an_unsharded_stage_then_the_cycle_is_refused_
     assert "this stage runs 1 reconcile shard(s)" in result["refused"]
     assert result["counters"] == {"shard_mismatch": 1}
     assert store.get_worker(worker.id).status == WorkerStatus.PENDING
+    assert default_context().stats.read("reconcile").counters == {"shard_mismatch": 1}

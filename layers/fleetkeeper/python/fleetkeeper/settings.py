@@ -57,11 +57,9 @@ class Settings(BaseModel):
     ami_owners: tuple[str, ...] = Field(default=("self",), alias="AMI_OWNERS")
     ec2_provisioning_timeout_seconds: int = Field(default=900, gt=0, alias="EC2_PROVISIONING_TIMEOUT_SECONDS")
     metrics_interval_seconds: int = Field(default=300, ge=0, alias="METRICS_INTERVAL_SECONDS")
-    # How many reconcile shards the stage schedules, and how often each runs: a cycle told another
-    # split refuses to run (it would overlap the configured shards), and the shards' scale-down
-    # claims are held for two periods (docs/operations.md, "Sharding the reconciler").
+    # How many reconcile shards the stage schedules: a cycle told another split refuses to run, as it
+    # would overlap the configured shards (docs/operations.md, "Sharding the reconciler").
     reconcile_shards: int = Field(default=1, ge=1, le=MAX_SHARDS, alias="RECONCILE_SHARDS")
-    reconcile_period_seconds: int = Field(default=60, gt=0, alias="RECONCILE_PERIOD_SECONDS")
     scale_down_enabled: bool = Field(default=False, alias="SCALE_DOWN_ENABLED")
     min_workers: int = Field(default=0, ge=0, alias="MIN_WORKERS")
     scale_down_cooldown_seconds: int = Field(default=600, ge=0, alias="SCALE_DOWN_COOLDOWN_SECONDS")

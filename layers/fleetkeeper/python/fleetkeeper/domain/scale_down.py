@@ -22,6 +22,8 @@ class Guard(StrEnum):
     UPCOMING_TIMESLOT = "upcoming_timeslot"
     DO_NOT_DISRUPT = "do_not_disrupt"
     DISRUPTION_BUDGET = "disruption_budget"
+    # Another cycle chose this worker already, or the ledger of choices in flight is full.
+    IN_FLIGHT = "in_flight"
 
 
 class Action(StrEnum):

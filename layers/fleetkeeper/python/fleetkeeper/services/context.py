@@ -13,6 +13,7 @@ from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.breakers import BreakerStore
+from fleetkeeper.store.ledger import LedgerStore
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.stats import StatsStore
 
@@ -43,6 +44,10 @@ class Context:
     @property
     def stats(self) -> StatsStore:
         return StatsStore(client("dynamodb"), self.settings.table_name)
+
+    @property
+    def ledger(self) -> LedgerStore:
+        return LedgerStore(client("dynamodb"), self.settings.table_name)
 
     @property
     def breakers(self) -> BreakerStore:

@@ -125,6 +125,7 @@ def reconcile_fleet(
         report.lease_acquired = False
         report.counters["shard_mismatch"] += 1
         logger.warning("reconcile cycle refused", reason=report.refused)
+        ctx.stats.record(STATS_SCOPE, counters=report.counters)
         emit_counters("Reconcile", report.counters)
         return report
     lease = LEASE_NAME + report.shard.suffix
@@ -175,6 +176,10 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     shard = report.shard
     # Every shard reads the whole status index: the fleet-wide counts the scale-down guards need come
     # with it, and a shard's workers are a hash of their ids, which no index key carries.
+    # Wall-clock times (whatever `now` the cycle decides with) for the scale-down ledger: when this
+    # view was read, and by when this invocation is gone.
+    view_read_at = utcnow()
+    deadline = view_read_at + timedelta(seconds=max(remaining(), 0.0))
     fleet = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
     workers = [w for w in fleet if shard.owns(w.id)]
     report.workers = len(workers)
@@ -187,7 +192,16 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     readings = _collect_metrics(ctx, due, now, report)
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     try:
-        plan_steady_running(ctx, work, readings, now, report.counters, fleet=fleet, shard=shard)
+        plan_steady_running(
+            ctx,
+            work,
+            readings,
+            now,
+            report.counters,
+            fleet=fleet,
+            view_read_at=view_read_at,
+            deadline=deadline,
+        )
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1

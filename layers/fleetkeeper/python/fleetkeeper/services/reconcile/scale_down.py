@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
+from fleetkeeper.domain.errors import StaleWrite, Unavailable
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Worker, WorkerMetrics
+from fleetkeeper.domain.models import DrainThen, Worker, WorkerMetrics, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
 from fleetkeeper.domain.scale_down import (
     Action,
@@ -21,7 +22,7 @@ from fleetkeeper.domain.scale_down import (
     next_idle_since,
     scope_of,
 )
-from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
+from fleetkeeper.domain.scale_down_ledger import InFlight, admit, in_flight
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
@@ -31,8 +32,6 @@ from fleetkeeper.settings import Settings
 
 SCALE_DOWN_ACTOR = "scale-down"
 SCALE_DOWN_SCOPE = "scale-down"
-# Beside each scope's last scale-down time in that stats item: the sharded cycles' drain ticket.
-DRAIN_TICKET = "drain-ticket"
 
 
 def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
@@ -55,7 +54,8 @@ def plan_steady_running(
     counters: Counter[str],
     *,
     fleet: Sequence[Worker] | None = None,
-    shard: Shard = WHOLE_FLEET,
+    view_read_at: datetime | None = None,
+    deadline: datetime | None = None,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
 
@@ -63,9 +63,11 @@ def plan_steady_running(
     the scale-downs already chosen in this cycle. A worker whose evaluation raises (a bad record, a
     failed read) gets the error on its work item and no scale-down; the others are decided as usual.
 
-    With shards, `work` is this shard's and `fleet` every worker read: the guards count the whole
-    fleet, and each chosen scale-down must first win its claims (`_claims`), which keep the limits
-    exact although the shards decide at the same time.
+    `work` is this shard's workers and `fleet` every worker the cycle read (its view), read from
+    `view_read_at` on; the cycle's invocation ends by `deadline`. The guards count the whole fleet,
+    and each chosen scale-down must then be admitted by the ledger (domain/scale_down_ledger.py),
+    which also counts what other cycles chose that this view cannot show yet, and win its scope's
+    cooldown, so the limits hold exactly however many cycles decide at once.
     """
     policy = scale_down_policy(ctx.settings)
     view = list(fleet) if fleet is not None else [item.worker for item in work]
@@ -81,12 +83,21 @@ def plan_steady_running(
     running_in_scope: Counter[str] = Counter(scope_of(w) for w in view if w.status == WorkerStatus.RUNNING)
     draining = sum(1 for w in view if w.status == WorkerStatus.DRAINING)
     fleet_size = sum(1 for w in view if w.status in (WorkerStatus.RUNNING, WorkerStatus.DRAINING))
-    tally = _Tally(policy, running_in_scope, draining, fleet_size)
-    claims = _Claims(ctx, policy, shard, now)
+    tally = _Tally(policy, Counter(running_in_scope), draining, fleet_size)
+    wall = utcnow()
+    claims = _Claims(
+        ctx,
+        policy,
+        now=now,
+        statuses={w.id: w.status for w in view},
+        running_in_scope=running_in_scope,
+        fleet_size=fleet_size,
+        view_read_at=view_read_at or wall,
+        deadline=deadline or wall + DEFAULT_INVOCATION,
+    )
     if policy.enabled:
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
-            if name != DRAIN_TICKET:
-                tally.last_by_scope[name] = datetime.fromisoformat(stamp)
+            tally.last_by_scope[name] = datetime.fromisoformat(stamp)
 
     for item in steady:
         try:
@@ -108,52 +119,72 @@ def plan_steady_running(
                 tally.draining += 1
 
 
-@dataclass(frozen=True)
+# Without a deadline from the caller (a test, a by-hand run), a cycle is taken to end within this.
+DEFAULT_INVOCATION = timedelta(minutes=15)
+# Turns a cycle takes at the ledger before leaving the worker for the next cycle.
+LEDGER_ATTEMPTS = 5
+
+
+@dataclass
 class _Claims:
-    """The conditional writes a scale-down wins before it is acted on.
+    """What a chosen scale-down must win before it is acted on: a place in the ledger, then (with a
+    cooldown) its scope's cooldown, a conditional write on the `scale-down` stats item.
 
-    Each shard decides from a view of the fleet read at the start of its cycle, and acts on its choice
-    later in the same invocation: a choice reaches the other shards' views within two reconcile
-    periods (an invocation ends before its period does). A claim held for that long therefore
-    guarantees that the next claimer's view already shows the previous claimer's scale-down:
-
-    - the scope's cooldown, held for max(cooldown, two periods) when sharded: one scale-down per scope
-      at a time, so the minimum per scope, counted over the whole fleet, holds across shards;
-    - with shards, one fleet-wide drain ticket, held for two periods: at most one scale-down drain
-      starts across the shards per ticket, and each sees every earlier one, so the drains counted
-      against the disruption budget are exact.
-
-    Unsharded, the one cycle counts its own choices and the lease keeps cycles apart: the cooldown is
-    claimed only when it is set (with no cooldown there is nothing to hold), and no ticket is needed.
+    The ledger comes first: a ledger entry won for nothing is counted as leaving only until this
+    invocation's deadline; a cooldown won for nothing holds the scope for a whole cooldown.
     """
 
     ctx: Context
     policy: ScaleDownPolicy
-    shard: Shard
     now: datetime
-
-    @property
-    def _two_periods(self) -> timedelta:
-        return timedelta(seconds=2 * self.ctx.settings.reconcile_period_seconds)
+    statuses: Mapping[str, WorkerStatus]
+    running_in_scope: Mapping[str, int]
+    fleet_size: int
+    view_read_at: datetime
+    deadline: datetime
+    # Once the ledger refused a drain for the budget, no later drain of this cycle can fit.
+    budget_spent: bool = False
 
     def take(self, worker: Worker, action: Action) -> Guard | None:
-        """None when this scale-down may go ahead; else the guard whose claim another cycle holds.
-
-        The ticket goes first: a ticket won for nothing idles the budget for two periods, a cooldown
-        won for nothing idles the scope for a whole cooldown.
-        """
-        sharded = self.shard.count > 1
-        if sharded and action is Action.DRAIN and not self._claim(DRAIN_TICKET, self._two_periods):
+        """None when this scale-down may go ahead; else the guard that refused it."""
+        if action is Action.DRAIN and self.budget_spent:
             return Guard.DISRUPTION_BUDGET
-        hold = max(self.policy.cooldown, self._two_periods) if sharded else self.policy.cooldown
-        if hold > timedelta(0) and not self._claim(scope_of(worker), hold):
+        refused = self._enter(worker, action)
+        if refused is Guard.DISRUPTION_BUDGET:
+            self.budget_spent = True
+        if refused is not None:
+            return refused
+        if self.policy.cooldown > timedelta(0) and not self.ctx.stats.claim_timestamp(
+            SCALE_DOWN_SCOPE, scope_of(worker), now=self.now, free_before=self.now - self.policy.cooldown
+        ):
             return Guard.COOLDOWN
         return None
 
-    def _claim(self, name: str, hold: timedelta) -> bool:
-        return self.ctx.stats.claim_timestamp(
-            SCALE_DOWN_SCOPE, name, now=self.now, free_before=self.now - hold
-        )
+    def _enter(self, worker: Worker, action: Action) -> Guard | None:
+        ledger = self.ctx.ledger
+        for _ in range(LEDGER_ATTEMPTS):
+            current = ledger.read()
+            entries = in_flight(current, self.view_read_at)
+            if any(e.worker_id == worker.id and e.until == self.deadline for e in entries):
+                return None  # our own write landed, though its answer was lost and the retry refused
+            refused = admit(
+                worker,
+                action,
+                entries=entries,
+                statuses=self.statuses,
+                running_in_scope=self.running_in_scope,
+                policy=self.policy,
+                fleet_size=self.fleet_size,
+            )
+            if refused is not None:
+                return refused
+            entry = InFlight(worker_id=worker.id, scope=scope_of(worker), action=action, until=self.deadline)
+            try:
+                ledger.save(current, [*entries, entry])
+            except StaleWrite:
+                continue  # another cycle entered first: decide again with its entry counted
+            return None
+        raise Unavailable("scale-down ledger", f"{LEDGER_ATTEMPTS} cycles wrote it first")
 
 
 @dataclass
