@@ -9,14 +9,18 @@ from hypothesis import strategies as st
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.reconcile import newest_per_worker
 from fleetkeeper.domain.scale_down import Action, DisruptionBudget, Guard, ScaleDownPolicy
 from fleetkeeper.domain.scale_down_ledger import (
     INDEX_LAG,
     MAX_IN_FLIGHT,
+    MAX_VIEW_AGE,
     InFlight,
     ScaleDownLedger,
     admit,
     in_flight,
+    still_needed,
+    view_too_old,
 )
 
 NOW = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
@@ -129,3 +133,44 @@ def test_given_any_sequence_of_choices_through_the_ledger_then_the_limits_hold(r
     drains = draining + sum(1 for e in entries if e.action is Action.DRAIN)
     assert left_running >= min(POLICY.min_workers, running)
     assert drains <= max(draining, 2)
+
+
+@given(
+    untils=st.lists(st.integers(min_value=-900, max_value=900), max_size=20),
+    view_age=st.integers(min_value=0, max_value=int(MAX_VIEW_AGE.total_seconds())),
+)
+def test_given_any_writer_then_it_keeps_every_entry_a_view_young_enough_to_decide_from_still_counts(
+    untils, view_age
+):
+    """A writer prunes by the clock, not by its own view: a slower cycle whose view is older (but not
+    too old to decide from) still finds every entry it must count."""
+    ledger = ScaleDownLedger(
+        entries=[entry(f"w-{n}", until=NOW + timedelta(seconds=offset)) for n, offset in enumerate(untils)]
+    )
+    slower_view = NOW - timedelta(seconds=view_age)
+
+    kept = {e.worker_id for e in still_needed(ledger, NOW)}
+
+    assert not view_too_old(slower_view, NOW)
+    assert {e.worker_id for e in in_flight(ledger, slower_view)} <= kept
+
+
+def test_given_a_view_older_than_the_limit_then_it_is_too_old_to_decide_from():
+    assert view_too_old(NOW - MAX_VIEW_AGE - timedelta(seconds=1), NOW)
+    assert not view_too_old(NOW - MAX_VIEW_AGE, NOW)
+
+
+def test_given_a_worker_read_twice_as_it_changed_status_then_the_view_keeps_its_newer_row():
+    """The index is read one status at a time: a worker stopped during the read comes back as RUNNING
+    from an early page and STOPPING from a later one. Counted twice, another cycle's stop would look
+    like a worker still running, and the scope could go under its minimum."""
+    running = worker("w-1").model_copy(update={"version": 4})
+    stopping = running.model_copy(update={"status": WorkerStatus.STOPPING, "version": 5})
+    other = worker("w-2")
+
+    view = newest_per_worker([running, other, stopping])
+
+    assert [(w.id, w.status) for w in view] == [("w-1", WorkerStatus.STOPPING), ("w-2", WorkerStatus.RUNNING)]
+    statuses = {w.id: w.status for w in view}
+    # Minimum one, one running in the view: nothing more may stop.
+    assert admitted("w-2", Action.STOP, [entry("w-1")], statuses) is Guard.MIN_WORKERS

@@ -91,9 +91,31 @@ def test_given_a_ledger_that_keeps_changing_then_only_that_worker_waits_and_the_
 
     assert contended.injected == LEDGER_ATTEMPTS
     assert report.completed
-    assert report.counters["worker_errors"] == 1
+    assert report.counters["scale_down_refused_in_flight"] == 1
+    assert report.counters["worker_errors"] == 0
     waiting = store.get_worker(idle.id)
-    assert (waiting.status, waiting.reconcile_attempts) == (WorkerStatus.RUNNING, 1)
-    assert "scale-down ledger" in (waiting.last_reconcile_error or "")
+    # Not an error of the worker: no backoff, and looked at again next cycle.
+    assert (waiting.status, waiting.reconcile_attempts) == (WorkerStatus.RUNNING, 0)
     # Another worker's step in the same cycle still ran.
     assert store.get_worker(pending.id).status == WorkerStatus.STOPPING
+
+
+def cooldown_claim(operation: str, params: dict[str, Any]) -> bool:
+    key = params.get("Key", {}).get("PK", {}).get("S")
+    return operation == "UpdateItem" and key == "STATS#scale-down" and "ConditionExpression" in params
+
+
+def test_given_another_cycle_took_the_scopes_cooldown_first_then_the_ledger_place_is_given_back(
+    make_ctx, store, live_worker
+):
+    _keep, idle = idle_scope(store, live_worker)
+    taken = faults.Fault("dynamodb", "ConditionalCheckFailedException", when=cooldown_claim, limit=1)
+
+    with faults.FaultPlan(faults=[taken]).installed():
+        report = reconcile_fleet(make_ctx(**{**ENABLED, "SCALE_DOWN_COOLDOWN_SECONDS": "600"}))
+
+    assert taken.injected == 1
+    assert report.counters["scale_down_refused_cooldown"] == 1
+    assert store.get_worker(idle.id).status == WorkerStatus.RUNNING
+    # The place it won is free again: it holds neither the scope's minimum nor the budget.
+    assert make_ctx().ledger.read().entries == []

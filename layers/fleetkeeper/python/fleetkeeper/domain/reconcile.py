@@ -6,7 +6,7 @@ EC2, asks `decide` for a step, stores the transition and makes the EC2 call the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -41,6 +41,21 @@ class Ec2Call(StrEnum):
     START = "start"
     STOP = "stop"
     TERMINATE = "terminate"
+
+
+def newest_per_worker(rows: Iterable[Worker]) -> list[Worker]:
+    """One row per worker, its highest version, in first-seen order.
+
+    The status index is read one status at a time, so a worker that changed status during the read
+    can come back twice (RUNNING from an early page, STOPPING from a later one). Counting both would
+    count it twice; the newer row is the truth.
+    """
+    newest: dict[str, Worker] = {}
+    for row in rows:
+        seen = newest.get(row.id)
+        if seen is None or row.version > seen.version:
+            newest[row.id] = row
+    return list(newest.values())
 
 
 def backoff_seconds(attempts: int) -> int:

@@ -22,8 +22,11 @@ class Guard(StrEnum):
     UPCOMING_TIMESLOT = "upcoming_timeslot"
     DO_NOT_DISRUPT = "do_not_disrupt"
     DISRUPTION_BUDGET = "disruption_budget"
-    # Another cycle chose this worker already, or the ledger of choices in flight is full.
+    # Another cycle chose this worker already, the ledger of choices in flight is full, or other
+    # cycles kept writing it first: the worker is looked at again next cycle.
     IN_FLIGHT = "in_flight"
+    # The cycle's view of the fleet is too old to decide from (domain/scale_down_ledger.py).
+    STALE_VIEW = "stale_view"
 
 
 class Action(StrEnum):

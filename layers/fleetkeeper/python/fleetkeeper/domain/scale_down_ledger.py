@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Record, UtcDatetime, Worker
@@ -27,13 +27,20 @@ from fleetkeeper.domain.scale_down import Action, Guard, ScaleDownPolicy, scope_
 # How long a write may take to show in the status index after it landed. DynamoDB's global secondary
 # indexes typically follow within a second; this allows for a slow stretch.
 INDEX_LAG = timedelta(seconds=30)
-# A ledger that holds this many entries refuses more: far beyond any real burst of scale-downs within
-# one invocation's lifetime, and far below the item size limit.
-MAX_IN_FLIGHT = 1_000
+# A cycle decides from a view at most this old; past it, it scales nothing down until its next view.
+# Entries are kept this much longer than any view could need them, so no writer drops an entry that a
+# slower cycle, deciding from an older view, must still count.
+MAX_VIEW_AGE = timedelta(seconds=240)
+# A ledger that holds this many entries refuses more: beyond any real burst of scale-downs within a
+# few minutes, and it keeps the one item small (every entry is rewritten with each change).
+MAX_IN_FLIGHT = 200
 
 
 class InFlight(Record):
     """A scale-down some cycle chose, which other cycles' views may not show until `until`."""
+
+    # Fields a later release adds are ignored rather than refused, so a rollback still reads the item.
+    model_config = ConfigDict(extra="ignore")
 
     worker_id: str
     scope: str
@@ -42,6 +49,8 @@ class InFlight(Record):
 
 
 class ScaleDownLedger(Record):
+    model_config = ConfigDict(extra="ignore")
+
     version: int = Field(default=0, ge=0)
     entries: list[InFlight] = Field(default_factory=list)
 
@@ -50,6 +59,17 @@ def in_flight(ledger: ScaleDownLedger, view_read_at: datetime) -> list[InFlight]
     """The entries a view read at `view_read_at` may still miss: written by an invocation that could
     act on them after that view's index had caught up."""
     return [entry for entry in ledger.entries if entry.until + INDEX_LAG >= view_read_at]
+
+
+def still_needed(ledger: ScaleDownLedger, now: datetime) -> list[InFlight]:
+    """The entries a writer at `now` keeps: every one that a view young enough to decide from
+    (`MAX_VIEW_AGE`) may still miss. Pruning by the writer's own view instead would drop entries
+    that a slower cycle, with an older view, still has to count."""
+    return [entry for entry in ledger.entries if entry.until + INDEX_LAG + MAX_VIEW_AGE >= now]
+
+
+def view_too_old(view_read_at: datetime, now: datetime) -> bool:
+    return now - view_read_at > MAX_VIEW_AGE
 
 
 def admit(

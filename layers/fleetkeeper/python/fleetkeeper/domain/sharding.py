@@ -8,8 +8,8 @@ template and pool evenly over the shards, so each shard's EC2 reads stay batched
 
 Fleet-wide work (pool drains and their watchdog, the fleet's gauges) runs in shard 0 only. The
 fleet-wide limits (the minimum per scope, the scale-down cooldown, the disruption budget) hold across
-shards through the scale-down ledger (domain/scale_down_ledger.py); see docs/operations.md, "Sharding
-the reconciler".
+shards: the minimum and the budget through the scale-down ledger (domain/scale_down_ledger.py), the
+cooldown through a conditional claim; see docs/operations.md, "Sharding the reconciler".
 """
 
 from __future__ import annotations

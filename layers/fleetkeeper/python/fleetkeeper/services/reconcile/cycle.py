@@ -32,7 +32,15 @@ from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metr
 from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.reconcile import Ec2Call, Observation, Outcome, Step, decide, is_due
+from fleetkeeper.domain.reconcile import (
+    Ec2Call,
+    Observation,
+    Outcome,
+    Step,
+    decide,
+    is_due,
+    newest_per_worker,
+)
 from fleetkeeper.domain.sharding import Shard, split_mismatch
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import drains, operations
@@ -180,7 +188,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     # view was read, and by when this invocation is gone.
     view_read_at = utcnow()
     deadline = view_read_at + timedelta(seconds=max(remaining(), 0.0))
-    fleet = list(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
+    fleet = newest_per_worker(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
     workers = [w for w in fleet if shard.owns(w.id)]
     report.workers = len(workers)
     report.by_status = Counter(w.status for w in fleet)

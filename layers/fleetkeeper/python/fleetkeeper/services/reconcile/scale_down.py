@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
-from fleetkeeper.domain.errors import StaleWrite, Unavailable
+from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, WorkerMetrics, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
@@ -22,7 +22,7 @@ from fleetkeeper.domain.scale_down import (
     next_idle_since,
     scope_of,
 )
-from fleetkeeper.domain.scale_down_ledger import InFlight, admit, in_flight
+from fleetkeeper.domain.scale_down_ledger import InFlight, admit, in_flight, still_needed, view_too_old
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
@@ -130,8 +130,8 @@ class _Claims:
     """What a chosen scale-down must win before it is acted on: a place in the ledger, then (with a
     cooldown) its scope's cooldown, a conditional write on the `scale-down` stats item.
 
-    The ledger comes first: a ledger entry won for nothing is counted as leaving only until this
-    invocation's deadline; a cooldown won for nothing holds the scope for a whole cooldown.
+    The ledger comes first; a place won for a scale-down that then loses its cooldown is given back,
+    so it does not hold the budget or the scope for nothing.
     """
 
     ctx: Context
@@ -157,20 +157,26 @@ class _Claims:
         if self.policy.cooldown > timedelta(0) and not self.ctx.stats.claim_timestamp(
             SCALE_DOWN_SCOPE, scope_of(worker), now=self.now, free_before=self.now - self.policy.cooldown
         ):
+            self._leave(worker)
             return Guard.COOLDOWN
         return None
+
+    def _mine(self, entry: InFlight, worker: Worker) -> bool:
+        return entry.worker_id == worker.id and entry.until == self.deadline
 
     def _enter(self, worker: Worker, action: Action) -> Guard | None:
         ledger = self.ctx.ledger
         for _ in range(LEDGER_ATTEMPTS):
+            wall = utcnow()
+            if view_too_old(self.view_read_at, wall):
+                return Guard.STALE_VIEW
             current = ledger.read()
-            entries = in_flight(current, self.view_read_at)
-            if any(e.worker_id == worker.id and e.until == self.deadline for e in entries):
+            if any(self._mine(e, worker) for e in current.entries):
                 return None  # our own write landed, though its answer was lost and the retry refused
             refused = admit(
                 worker,
                 action,
-                entries=entries,
+                entries=in_flight(current, self.view_read_at),
                 statuses=self.statuses,
                 running_in_scope=self.running_in_scope,
                 policy=self.policy,
@@ -180,11 +186,26 @@ class _Claims:
                 return refused
             entry = InFlight(worker_id=worker.id, scope=scope_of(worker), action=action, until=self.deadline)
             try:
-                ledger.save(current, [*entries, entry])
+                ledger.save(current, [*still_needed(current, wall), entry])
             except StaleWrite:
                 continue  # another cycle entered first: decide again with its entry counted
             return None
-        raise Unavailable("scale-down ledger", f"{LEDGER_ATTEMPTS} cycles wrote it first")
+        logger.info("scale-down ledger busy; the worker waits for the next cycle", worker_id=worker.id)
+        return Guard.IN_FLIGHT
+
+    def _leave(self, worker: Worker) -> None:
+        """Give this cycle's place back; if the ledger stays busy, the place lapses at its deadline."""
+        ledger = self.ctx.ledger
+        for _ in range(LEDGER_ATTEMPTS):
+            current = ledger.read()
+            kept = [e for e in still_needed(current, utcnow()) if not self._mine(e, worker)]
+            if len(kept) == len(current.entries):
+                return
+            try:
+                ledger.save(current, kept)
+            except StaleWrite:
+                continue
+            return
 
 
 @dataclass
