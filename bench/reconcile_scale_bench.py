@@ -82,11 +82,22 @@ class PhaseClock:
         return taken
 
 
+# A cycle that hit any of these did not do the steady fleet's work (an emulator answer timed out, say):
+# its time is not a figure, and the workers it backed off would skew the next cycles.
+NOT_STEADY = ("worker_errors", "region_unavailable", "backoff_waiting", "deferred", "conflicts")
+
+
+def steady(report: cycle.CycleReport) -> None:
+    """Stop the benchmark when a cycle did not do what a steady cycle does."""
+    if not (report.lease_acquired and report.completed) or any(report.counters[n] for n in NOT_STEADY):
+        raise RuntimeError(f"not a steady cycle, so not a figure: {report.as_dict()}")
+
+
 def timed_cycles(ctx: Context, shard: Shard, clock: PhaseClock) -> dict[str, Any]:
     """Median wall time (and phases) of REPEATS cycles of one shard, after a warm-up cycle, on a stage
     configured for that shard's split."""
     ctx = replace(ctx, settings=ctx.settings.model_copy(update={"reconcile_shards": shard.count}))
-    reconcile_fleet(ctx, shard=shard)
+    steady(reconcile_fleet(ctx, shard=shard))
     walls: list[float] = []
     phases: list[defaultdict[str, float]] = []
     workers = 0
@@ -99,8 +110,7 @@ def timed_cycles(ctx: Context, shard: Shard, clock: PhaseClock) -> dict[str, Any
         with clock.attached():
             report = reconcile_fleet(ctx, shard=shard)
         walls.append(time.perf_counter() - started)
-        assert report.lease_acquired, report.as_dict()
-        assert report.completed, report.as_dict()
+        steady(report)
         taken = clock.take()
         taken["status index read"] = read
         phases.append(taken)
