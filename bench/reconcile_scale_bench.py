@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 from unittest.mock import patch
 
-from bench.reconcile_bench import build_fleet, speed_up_moto_instance_id_filter, speed_up_moto_tag_lookup
+from bench.reconcile_bench import build_fleet, speed_up_moto_instance_filters, speed_up_moto_tag_lookup
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services.context import Context
@@ -233,7 +233,7 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
 
 def run() -> str:
     speed_up_moto_tag_lookup()
-    speed_up_moto_instance_id_filter()
+    speed_up_moto_instance_filters()
     stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
     saved = dict(os.environ)
     try:
