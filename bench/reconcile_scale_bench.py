@@ -35,7 +35,12 @@ from datetime import UTC, datetime
 from typing import Any
 from unittest.mock import patch
 
-from bench.reconcile_bench import build_fleet, speed_up_moto_instance_filters, speed_up_moto_tag_lookup
+from bench.reconcile_bench import (
+    build_fleet,
+    page_moto_instances_like_aws,
+    speed_up_moto_instance_filters,
+    speed_up_moto_tag_lookup,
+)
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services.context import Context
@@ -234,6 +239,7 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
 def run() -> str:
     speed_up_moto_tag_lookup()
     speed_up_moto_instance_filters()
+    page_moto_instances_like_aws()
     stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
     saved = dict(os.environ)
     try:
