@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.orphan_breaker import OrphanBreaker
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import load_record, record_attributes, serialize, serialize_value
+from fleetkeeper.store.codec import load_record, record_attributes, serialize
 from fleetkeeper.store.schema import BY_KIND
+from fleetkeeper.store.table import put_next_version
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -68,27 +67,16 @@ class BreakerStore:
             "GSI3PK": keys.kind_partition("BREAKER"),
             "GSI3SK": stored.region,
         }
-        condition: dict[str, Any]
-        if current is None:
-            condition = {"ConditionExpression": "attribute_not_exists(PK)"}
-        else:
-            condition = {
-                "ConditionExpression": "#v = :v",
-                "ExpressionAttributeNames": {"#v": "version"},
-                "ExpressionAttributeValues": {":v": serialize_value(expected)},
-            }
-        try:
-            with_backoff(
-                lambda: self._client.put_item(TableName=self.table_name, Item=serialize(item), **condition),
-                name="PutItem",
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                raise StaleWrite(
-                    "orphan-gc-breaker",
-                    stored.region,
-                    None,
-                    f"the orphan GC breaker of {stored.region} changed concurrently; read it again",
-                ) from exc
-            raise
+        put_next_version(
+            self._client,
+            self.table_name,
+            item,
+            expected_version=expected,
+            stale=lambda: StaleWrite(
+                "orphan-gc-breaker",
+                stored.region,
+                None,
+                f"the orphan GC breaker of {stored.region} changed concurrently; read it again",
+            ),
+        )
         return stored

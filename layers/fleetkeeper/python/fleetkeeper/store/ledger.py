@@ -4,14 +4,13 @@ cycles take turns: the loser gets `StaleWrite` and reads again."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from botocore.exceptions import ClientError
+from typing import TYPE_CHECKING
 
 from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.scale_down_ledger import InFlight, ScaleDownLedger
-from fleetkeeper.store.codec import load_record, record_attributes, serialize, serialize_value
+from fleetkeeper.store.codec import load_record, record_attributes, serialize
+from fleetkeeper.store.table import put_next_version
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -40,25 +39,13 @@ class LedgerStore:
     def save(self, current: ScaleDownLedger, entries: list[InFlight]) -> ScaleDownLedger:
         """Write `entries` as the next version of `current`; StaleWrite when another cycle wrote first."""
         stored = ScaleDownLedger(version=current.version + 1, entries=entries)
-        condition: dict[str, Any]
-        if current.version == 0:
-            condition = {"ConditionExpression": "attribute_not_exists(PK)"}
-        else:
-            condition = {
-                "ConditionExpression": "#v = :v",
-                "ExpressionAttributeNames": {"#v": "version"},
-                "ExpressionAttributeValues": {":v": serialize_value(current.version)},
-            }
-        item = {**LEDGER_KEY, **record_attributes(stored)}
-        try:
-            with_backoff(
-                lambda: self._client.put_item(TableName=self.table_name, Item=serialize(item), **condition),
-                name="PutItem",
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                raise StaleWrite(
-                    "scale-down-ledger", "scale-down", None, "another reconcile cycle wrote the ledger first"
-                ) from exc
-            raise
+        put_next_version(
+            self._client,
+            self.table_name,
+            {**LEDGER_KEY, **record_attributes(stored)},
+            expected_version=current.version,
+            stale=lambda: StaleWrite(
+                "scale-down-ledger", "scale-down", None, "another reconcile cycle wrote the ledger first"
+            ),
+        )
         return stored

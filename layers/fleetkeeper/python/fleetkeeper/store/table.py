@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
 from fleetkeeper.cloud.retry import cancellation_reasons, with_backoff
-from fleetkeeper.domain.errors import InvalidInput, NotFound
+from fleetkeeper.domain.errors import InvalidInput, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import (
@@ -248,6 +248,35 @@ class TableAccess:
             **audit_expiration(event.at, self.audit_retention_days),
         }
         return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
+
+
+def put_next_version(
+    client: DynamoDBClient,
+    table_name: str,
+    item: Mapping[str, Any],
+    *,
+    expected_version: int,
+    stale: Callable[[], StaleWrite],
+) -> None:
+    """Put `item` only if the stored one is still at `expected_version` (0: there is none yet); raise
+    `stale()` when another writer got there first. For small items replaced whole (not transitions)."""
+    condition: dict[str, Any]
+    if expected_version == 0:
+        condition = {"ConditionExpression": "attribute_not_exists(PK)"}
+    else:
+        condition = {
+            "ConditionExpression": "#v = :v",
+            "ExpressionAttributeNames": {"#v": "version"},
+            "ExpressionAttributeValues": {":v": serialize_value(expected_version)},
+        }
+    try:
+        with_backoff(
+            lambda: client.put_item(TableName=table_name, Item=serialize(item), **condition), name="PutItem"
+        )
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            raise stale() from exc
+        raise
 
 
 def current_status(model: type[BaseModel], item: Mapping[str, Any], field: str = "status") -> str | None:
