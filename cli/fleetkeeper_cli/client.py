@@ -22,7 +22,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-LOCAL_API = "http://127.0.0.1:8080"
+# The local control plane (`make run`) serves on FLEETKEEPER_API_PORT, 8080 unless set: the CLI follows it.
+LOCAL_PORT = 8080
+LOCAL_PORT_ENV = "FLEETKEEPER_API_PORT"
+LOCAL_API = f"http://127.0.0.1:{LOCAL_PORT}"
 API_ENV = "FLEETKEEPER_API"
 API_URL_OUTPUT = "ApiUrl"
 SERVICE = "execute-api"
@@ -78,7 +81,9 @@ def _api_error(response: requests.Response) -> ApiError:
         message = str(body.get("message") or "")
         details = body.get("details")
         if isinstance(details, list) and details:
-            fields = "; ".join(f"{d.get('field')}: {d.get('reason')}" for d in details if isinstance(d, dict))
+            # A rule broken by one field already says "field: reason" in the message: say it once.
+            said = [f"{d.get('field')}: {d.get('reason')}" for d in details if isinstance(d, dict)]
+            fields = "; ".join(text for text in said if text not in message)
             message = f"{message} ({fields})" if fields else message
         return ApiError(response.status_code, str(body["error"]), message, body)
     # API Gateway's own refusals (a missing or bad signature) say {"message": ...} and no code.
@@ -122,17 +127,42 @@ def stack_api_url(stack: str, *, region: str | None = None, profile: str | None 
     raise CliError(f"stack {stack} has no {API_URL_OUTPUT} output", ExitCode.NOT_FOUND_OR_CONFLICT)
 
 
-def resolve_api_url(
+@dataclass(frozen=True)
+class ApiTarget:
+    url: str
+    source: str | None = None  # what chose it, when neither --api nor the default did
+
+
+def local_api() -> ApiTarget:
+    """The local control plane, on the port `make run` uses (FLEETKEEPER_API_PORT, default 8080)."""
+    port = os.environ.get(LOCAL_PORT_ENV, "").strip()
+    if not port:
+        return ApiTarget(LOCAL_API)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError(f"{LOCAL_PORT_ENV}={port!r} is not a port number", ExitCode.USAGE)
+    url = f"http://127.0.0.1:{int(port)}"
+    return ApiTarget(url, None if url == LOCAL_API else f"{LOCAL_PORT_ENV}={int(port)}")
+
+
+def resolve_api_target(
     api: str | None, stack: str | None, *, region: str | None = None, profile: str | None = None
-) -> str:
-    """--api, then --stack, then $FLEETKEEPER_API, then the local control plane."""
+) -> ApiTarget:
+    """--api, then --stack, then $FLEETKEEPER_API, then the local control plane on $FLEETKEEPER_API_PORT."""
     if api and stack:
         raise CliError("give --api or --stack, not both", ExitCode.USAGE)
     if api:
-        return api
+        return ApiTarget(api)
     if stack:
-        return stack_api_url(stack, region=region, profile=profile)
-    return os.environ.get(API_ENV) or LOCAL_API
+        return ApiTarget(stack_api_url(stack, region=region, profile=profile), f"stack {stack}")
+    if os.environ.get(API_ENV):
+        return ApiTarget(os.environ[API_ENV], API_ENV)
+    return local_api()
+
+
+def resolve_api_url(
+    api: str | None, stack: str | None, *, region: str | None = None, profile: str | None = None
+) -> str:
+    return resolve_api_target(api, stack, region=region, profile=profile).url
 
 
 @dataclass
@@ -201,7 +231,11 @@ class ApiClient:
         try:
             response = self._http.request(method, url, data=data, headers=headers, timeout=self.timeout)
         except requests.ConnectionError as exc:
-            hint = " (is `make run` running?)" if is_local(self.base_url) else ""
+            hint = (
+                f" (is `make run` running there? it serves on ${LOCAL_PORT_ENV})"
+                if is_local(self.base_url)
+                else ""
+            )
             raise CliError(f"cannot reach the API at {self.base_url}{hint}", ExitCode.FAILED) from exc
         except requests.Timeout as exc:
             raise CliError(

@@ -16,7 +16,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
-from fleetkeeper_cli import app as cli_app
+from fleetkeeper_cli import output as cli_output
 from fleetkeeper_cli.app import app
 
 pytestmark = [pytest.mark.slow]
@@ -58,7 +58,7 @@ class Cli:
         self.runner = CliRunner()
         # Wide enough that no table cell wraps the text a test looks for, whatever terminal (or none)
         # the test run has: rich sizes a console without a terminal from its environment.
-        cli_app.console.width = 200
+        cli_output.console.width = 200
 
     def __call__(self, *args: str) -> tuple[int, str]:
         # Wide enough that no table cell wraps the text a test looks for.

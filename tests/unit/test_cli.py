@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -13,17 +14,21 @@ import pytest
 from typer.testing import CliRunner
 
 from fleetkeeper_cli import fleetfile
-from fleetkeeper_cli.app import app, console
+from fleetkeeper_cli.app import app
 from fleetkeeper_cli.client import (
     LOCAL_API,
     ApiClient,
+    ApiTarget,
     CliError,
     ExitCode,
     is_local,
     region_of,
+    resolve_api_target,
     resolve_api_url,
 )
+from fleetkeeper_cli.commands.pools import POOL_DRAIN_DEFAULT_SECONDS
 from fleetkeeper_cli.durations import format_seconds, parse_duration
+from fleetkeeper_cli.output import console
 
 DEPLOYED = "https://a1b2c3d4e5.execute-api.eu-west-1.amazonaws.com/prod/"
 
@@ -76,16 +81,17 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-def run(*args: str) -> tuple[int, str]:
+def run(*args: str, width: int = 200) -> tuple[int, str]:
     # The console measured its width when the module was imported, under whatever terminal ran the
     # tests: tables must not wrap the cells the assertions look for.
-    console.width = 200
-    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    console.width = width
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": str(width)})
     return result.exit_code, result.output
 
 
 def test_given_no_target_then_the_local_api_else_the_environment_else_the_flag(monkeypatch):
     monkeypatch.delenv("FLEETKEEPER_API", raising=False)
+    monkeypatch.delenv("FLEETKEEPER_API_PORT", raising=False)
     assert resolve_api_url(None, None) == LOCAL_API
     monkeypatch.setenv("FLEETKEEPER_API", DEPLOYED)
     assert resolve_api_url(None, None) == DEPLOYED
@@ -211,6 +217,7 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["instances"],
         ["place"],
         ["complete"],
+        ["instance", "state"],
         ["templates"],
         ["stats"],
         ["audit"],
@@ -332,3 +339,146 @@ def test_given_the_reschedule_flag_then_the_drain_body_carries_it(
     method, path, body = Recorder.requests[-1]
     assert (method, path) == ("POST", "/api/v1/workers/w-1/drain")
     assert body["reschedule"] is reschedule
+
+
+def test_given_the_local_stack_on_another_port_then_a_bare_command_follows_it_and_says_so(
+    server: str, monkeypatch: pytest.MonkeyPatch
+):
+    port = server.rsplit(":", 1)[1]
+    monkeypatch.delenv("FLEETKEEPER_API", raising=False)
+    monkeypatch.setenv("FLEETKEEPER_API_PORT", port)
+
+    exit_code, output = run("workers")
+
+    assert exit_code == 0, output
+    assert [(method, path.split("?")[0]) for method, path, _ in Recorder.requests] == [
+        ("GET", "/api/v1/workers")
+    ]
+    assert f"API http://127.0.0.1:{port} (from FLEETKEEPER_API_PORT={port})" in output
+
+
+def test_given_the_default_port_then_no_note_and_a_bad_port_is_a_usage_error(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("FLEETKEEPER_API", raising=False)
+    monkeypatch.setenv("FLEETKEEPER_API_PORT", "8080")
+    assert resolve_api_target(None, None) == ApiTarget(LOCAL_API)
+    monkeypatch.setenv("FLEETKEEPER_API_PORT", "eighty")
+    exit_code, output = run("workers")
+    assert exit_code == 2
+    assert "FLEETKEEPER_API_PORT='eighty' is not a port number" in output
+
+
+def test_given_the_cli_and_the_local_stack_then_they_default_to_the_same_port():
+    from fleetkeeper_local.__main__ import DEFAULT_API_PORT
+
+    assert f"http://127.0.0.1:{DEFAULT_API_PORT}" == LOCAL_API
+
+
+def _worker(worker_id: str) -> dict[str, Any]:
+    return {
+        "id": worker_id,
+        "status": "DRAINING",
+        "pool": "research-labs-eu-west",
+        "template": "lab-large-gpu-accelerated",
+        "active_instances": 12,
+        "capacity": 16,
+        "drain": {"outcome": "RUNNING", "generation": 12},
+    }
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_given_a_narrow_terminal_then_worker_ids_print_whole_and_other_columns_give_way(
+    server: str, width: int
+):
+    ids = ["w-8bb9fe4038174019", "w-28f13b9ecb3a446a"]
+    Recorder.answer = (200, {"items": [_worker(i) for i in ids], "next_token": None})
+
+    exit_code, output = run("--api", server, "workers", width=width)
+
+    assert exit_code == 0, output
+    assert max(len(line) for line in output.splitlines()) <= width
+    for worker_id in ids:
+        assert worker_id in output
+
+
+@pytest.mark.parametrize(("group", "commands"), [("worker", {"show"}), ("pool", {"drain", "cancel-drain"})])
+def test_given_a_group_then_its_help_names_exactly_the_commands_it_has(group: str, commands: set[str]):
+    exit_code, output = run(group, "--help")
+
+    assert exit_code == 0, output
+    description = output.split("Options")[0]
+    assert set(re.findall(r"`([a-z-]+)`", description)) == commands
+    for command in commands:
+        assert run(group, command, "--help")[0] == 0
+
+
+def test_given_a_pool_drain_without_timeout_then_the_help_gives_the_apis_default():
+    from fleetkeeper.domain.models import DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS
+
+    exit_code, output = run("pool", "drain", "--help")
+
+    assert exit_code == 0
+    assert POOL_DRAIN_DEFAULT_SECONDS == DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS
+    assert f"default: {DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS} s" in " ".join(output.split())
+    drains_doc = (Path(__file__).parents[2] / "docs" / "drains.md").read_text(encoding="utf-8")
+    assert f"({DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS} s when absent" in drains_doc
+
+
+def test_given_a_rule_broken_by_one_field_then_its_reason_prints_once(server: str):
+    reason = "unknown operation 'reboot'; this stage offers: collect-system-info, register-license"
+    Recorder.answer = (
+        422,
+        {
+            "error": "INVALID_INPUT",
+            "message": f"name: {reason}",
+            "details": [{"field": "name", "reason": reason}],
+        },
+    )
+
+    exit_code, output = run("--api", server, "operation", "run", "w-1", "reboot")
+
+    assert exit_code == 2
+    assert output.count("unknown operation") == 1, output
+
+
+@pytest.mark.parametrize(
+    ("items", "line"),
+    [
+        ([], "no region's breaker ever tripped: orphan GC holds nothing back"),
+        (
+            [
+                {
+                    "region": "eu-west-1",
+                    "holding": False,
+                    "held_back": [],
+                    "share_percent": 0,
+                    "confirmed_by": None,
+                    "confirmed_until": None,
+                }
+            ],
+            "orphan GC holds nothing back in any region",
+        ),
+    ],
+)
+def test_given_a_breaker_holding_nothing_then_orphans_show_says_so(
+    server: str, items: list[dict[str, Any]], line: str
+):
+    Recorder.answer = (200, {"items": items})
+
+    exit_code, output = run("--api", server, "orphans", "show")
+
+    assert exit_code == 0, output
+    assert line in output
+
+
+def test_given_instance_state_then_the_cli_reports_it_in_upper_case(server: str):
+    Recorder.answer = (200, {"id": "i-1", "state": "RUNNING"})
+
+    exit_code, output = run("--api", server, "instance", "state", "i-1", "running", "--reason", "booted")
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == (
+        "POST",
+        "/api/v1/instances/i-1/state",
+        {"state": "RUNNING", "reason": "booted"},
+    )
+    assert "instance i-1 RUNNING" in output

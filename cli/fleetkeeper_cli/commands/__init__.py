@@ -1,0 +1,1 @@
+"""One module per command group; `fleetkeeper_cli.app` registers each command under its name."""

@@ -1,0 +1,153 @@
+"""`fleetkeeper drain`, `drain-status` and `cancel-drain`: one worker's drain, and following it live."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from fleetkeeper_cli.client import CliError, ExitCode
+from fleetkeeper_cli.output import (
+    TIMEOUT_FORMS,
+    IntervalOption,
+    Output,
+    OutputOption,
+    console,
+    error_console,
+    fail,
+    json_mode,
+    print_json,
+    run,
+    seconds,
+    settings,
+    table,
+)
+from fleetkeeper_cli.watch import DrainWatch, follow
+
+FAILED_DRAIN_STATES = frozenset({"ERROR", "TIMED_OUT"})
+
+
+class Then(StrEnum):
+    STOP = "stop"
+    TERMINATE = "terminate"
+
+
+WorkerTimeoutOption = Annotated[
+    str | None,
+    typer.Option(
+        "--timeout",
+        help=f"drain deadline from now: {TIMEOUT_FORMS}; default: the template's drain_timeout_hours",
+    ),
+]
+
+
+def print_drain_status(status: dict[str, Any]) -> None:
+    rows = [[k, v] for k, v in status.items() if v is not None and k != "worker_id"]
+    fields = table(f"drain of {status['worker_id']}", ["field", "value"], rows)
+    fields.show_header = False
+    console.print(fields)
+
+
+def _drain_exit(status: dict[str, Any]) -> ExitCode:
+    return ExitCode.FAILED if status.get("status") in FAILED_DRAIN_STATES else ExitCode.OK
+
+
+def _watch(ctx: typer.Context, worker_id: str, interval: float) -> None:
+    """Follow a drain to its end; exit 1 when it failed or timed out. Ctrl-C detaches."""
+    as_json = settings(ctx).output == Output.JSON
+    watch = DrainWatch(settings(ctx).client(), worker_id, interval=interval)
+    try:
+        outcome = follow(watch, console, live=not as_json)
+    except CliError as error:
+        fail(error)
+    except KeyboardInterrupt:
+        error_console.print(
+            f"detached: the drain of {worker_id} goes on. "
+            f"Re-attach with: fleetkeeper drain-status {worker_id} --watch"
+        )
+        raise typer.Exit(int(ExitCode.OK)) from None
+    if as_json:
+        print_json(outcome)
+    else:
+        console.print(
+            f"drain of {worker_id}: {outcome['status']} - {outcome['graceful_instances']} instance(s) ended "
+            f"gracefully, {outcome['forced_instances']} forced, {outcome.get('moved_instances') or 0} moved "
+            f"to other workers; worker {outcome['worker_status']}"
+        )
+    raise typer.Exit(int(_drain_exit(outcome)))
+
+
+def drain(
+    ctx: typer.Context,
+    worker_id: Annotated[str, typer.Argument(help="worker id")],
+    timeout: WorkerTimeoutOption = None,
+    reason: Annotated[str | None, typer.Option(help="why; kept in the audit trail")] = None,
+    then: Annotated[Then, typer.Option("--then", help="what happens to the worker once empty")] = Then.STOP,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="show what the drain would do; change nothing")
+    ] = False,
+    reschedule: Annotated[
+        bool,
+        typer.Option(
+            "--reschedule/--no-reschedule",
+            help="move instances not started yet (SCHEDULED) to other workers of the pool and template "
+            "with room; --no-reschedule waits for them",
+        ),
+    ] = True,
+    wait: Annotated[bool, typer.Option("--wait", help="follow the drain live until it ends")] = False,
+    interval: IntervalOption = 2.0,
+    output: OutputOption = None,
+) -> None:
+    """Drain a worker: no new work lands on it, its work finishes, then it stops (forced at the deadline)."""
+    body: dict[str, Any] = {"then": then.value, "dry_run": dry_run, "reschedule": reschedule}
+    timeout_seconds = seconds(timeout)
+    if timeout_seconds is not None:
+        body["timeout_seconds"] = timeout_seconds
+    if reason:
+        body["reason"] = reason
+    as_json = json_mode(ctx, output)
+    try:
+        status = settings(ctx).client().post(f"/api/v1/workers/{worker_id}/drain", body)
+    except CliError as error:
+        fail(error)
+    if not (wait and not dry_run):
+        print_json(status) if as_json else print_drain_status(status)
+        return
+    if not as_json:
+        console.print(f"drain of {worker_id} started (deadline {status.get('deadline')})")
+    _watch(ctx, worker_id, interval)
+
+
+def drain_status(
+    ctx: typer.Context,
+    worker_id: Annotated[str, typer.Argument(help="worker id")],
+    watch: Annotated[bool, typer.Option("--watch", help="follow the drain live until it ends")] = False,
+    interval: IntervalOption = 2.0,
+    output: OutputOption = None,
+) -> None:
+    """A worker's latest drain: status, deadline, estimate, active and forced instances."""
+    as_json = json_mode(ctx, output)
+    if watch:
+        _watch(ctx, worker_id, interval)
+    try:
+        status = settings(ctx).client().get(f"/api/v1/workers/{worker_id}/drain")
+    except CliError as error:
+        fail(error)
+    print_json(status) if as_json else print_drain_status(status)
+    raise typer.Exit(int(_drain_exit(status)))
+
+
+def cancel_drain(
+    ctx: typer.Context,
+    worker_id: Annotated[str, typer.Argument(help="worker id")],
+    reason: Annotated[str | None, typer.Option(help="why the drain is cancelled")] = None,
+    output: OutputOption = None,
+) -> None:
+    """Cancel a worker's drain: it goes back to RUNNING and takes work again."""
+    body = {"reason": reason} if reason else None
+
+    def render(worker: dict[str, Any]) -> None:
+        console.print(f"drain of {worker['id']} cancelled; worker {worker['status']}")
+
+    run(ctx, output, lambda c: c.post(f"/api/v1/workers/{worker_id}/cancel-drain", body), render)
