@@ -203,7 +203,11 @@ def test_given_a_pool_when_drained_then_it_ends_once_its_work_is_done(cli):
     started = cli.json("pool", "drain", DRAIN_POOL, "--timeout", "5m")
     assert (started["status"], started["drain_outcome"]) == ("draining", "RUNNING")
     code, output = cli("place", "--pool", DRAIN_POOL)
-    assert code in (1, 3), output  # a draining pool takes no new work
+    # A draining pool takes no new work: an answer about the fleet (409, exit 3), not a failure.
+    assert (code, output) == (
+        3,
+        f"error: NO_CAPACITY (409): pool {DRAIN_POOL} is draining and accepts no instances\n",
+    )
     for instance_id in active_instances(cli, worker_id):
         assert cli("complete", instance_id)[0] == 0
 
@@ -244,4 +248,28 @@ def test_given_mistakes_then_exit_codes_say_which(cli):
     assert cli("audit", "w-nobody")[0] == 3
     code, output = cli("place", "--template", "no-such-template")
     assert code == 2
-    assert "VALIDATION_FAILED (422)" in output or "template" in output
+    assert output == "error: INVALID_INPUT (422): template: unknown template 'no-such-template'\n"
+    code, output = cli("operation", "run", "w-nobody", "no-such-operation")
+    assert code == 2
+    assert output.startswith("error: INVALID_INPUT (422): name: unknown operation 'no-such-operation'")
+    assert output.count("no-such-operation") == 1, output
+
+
+def test_given_a_started_instance_when_its_worker_is_drained_then_the_drain_waits_and_cancel_drain_works(cli):
+    worker_id = new_worker(cli, instances=1)
+    (instance_id,) = active_instances(cli, worker_id)
+    code, output = cli("instance", "state", instance_id, "RUNNING")
+    assert (code, output) == (0, f"instance {instance_id} RUNNING\n")
+
+    # A RUNNING instance cannot move to another worker: the drain waits for it.
+    drained = cli.json("drain", worker_id, "--reason", "tour")
+    assert (drained["status"], drained["worker_status"], drained["active_instances"]) == (
+        "RUNNING",
+        "DRAINING",
+        1,
+    )
+    assert cli.json("drain-status", worker_id)["status"] == "RUNNING"
+    code, output = cli("cancel-drain", worker_id)
+
+    assert (code, output) == (0, f"drain of {worker_id} cancelled; worker RUNNING\n")
+    assert cli("complete", instance_id)[0] == 0
