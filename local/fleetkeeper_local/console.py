@@ -10,12 +10,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Pool, Worker
 from fleetkeeper.store.repository import FleetStore
 
 # The reason a drain's force step writes on the instances it terminates.
 FORCED_REASON = "drain_timeout"
 DEFAULT_INTERVAL_SECONDS = 1.0
+# Audit events read back to find the steps between two looks; a second between looks holds a handful.
+TRAIL_LOOKBACK = 20
 
 
 @dataclass(frozen=True)
@@ -96,24 +99,13 @@ class FleetConsole:
         self._workers, self._pools = current, current_pools
 
     def _worker_changes(self, worker: Worker, before: _WorkerSeen | None, now: _WorkerSeen) -> None:
+        """The lines of what happened to one worker since the last look, in the order it happened: the
+        drain's start, the transitions into DRAINING, moved and forced instances, the transitions out of
+        it, the drain's end. A drain that starts and ends between two looks still shows each step."""
         where = "/".join(part for part in (worker.template, worker.pool) if part)
         if before is None:
             self._say(f"worker {worker.id} ({where}) created: {now.status}")
             return
-        if before.forced < now.forced:
-            forced = [
-                i.id
-                for i in self._store.list_instances(worker_id=worker.id, limit=1000).items
-                if i.reason == FORCED_REASON
-            ]
-            self._say(
-                f"drain of {worker.id} reached its deadline: {now.forced - before.forced} instance(s) forced "
-                f"({', '.join(forced) or '-'})"
-            )
-        if before.status != now.status:
-            why = self._why(worker)
-            reason = f": {why}" if why else ""
-            self._say(f"worker {worker.id} ({where}) {before.status} -> {now.status}{reason}")
         drain = worker.drain
         new_drain = drain is not None and before.drain_generation != now.drain_generation
         if drain is not None and new_drain:
@@ -122,9 +114,28 @@ class FleetConsole:
                 f"drain of {worker.id} started by {drain.requested_by}{why}, "
                 f"deadline {drain.deadline:%H:%M:%S}"
             )
+        steps = self._transitions(worker, before.status) if before.status != now.status else []
+        leaving = next(
+            (i for i, (source, _, _) in enumerate(steps) if source == WorkerStatus.DRAINING), len(steps)
+        )
+        for source, target, reason in steps[:leaving]:
+            self._say(f"worker {worker.id} ({where}) {source} -> {target}{f': {reason}' if reason else ''}")
         moved = now.moved - (0 if new_drain else before.moved)
         if moved > 0:
             self._say(f"drain of {worker.id} moved {moved} scheduled instance(s) to other workers")
+        forced_before = 0 if new_drain else before.forced
+        if forced_before < now.forced:
+            forced = [
+                i.id
+                for i in self._store.list_instances(worker_id=worker.id, limit=1000).items
+                if i.reason == FORCED_REASON
+            ]
+            self._say(
+                f"drain of {worker.id} reached its deadline: {now.forced - forced_before} instance(s) forced "
+                f"({', '.join(forced) or '-'})"
+            )
+        for source, target, reason in steps[leaving:]:
+            self._say(f"worker {worker.id} ({where}) {source} -> {target}{f': {reason}' if reason else ''}")
         if (
             drain is not None
             and now.drain_outcome != "RUNNING"
@@ -133,12 +144,20 @@ class FleetConsole:
             by = f" by {drain.cancelled_by}" if drain.cancelled_by else ""
             self._say(f"drain of {worker.id} ended {now.drain_outcome}{by}; {now.forced} instance(s) forced")
 
-    def _why(self, worker: Worker) -> str | None:
-        """The reason of the transition that led to the worker's current status."""
-        for event in self._store.audit_page("worker", worker.id, limit=5).items:
-            if event.to_status == worker.status and event.from_status != event.to_status:
-                return event.reason
-        return worker.status_reason
+    def _transitions(self, worker: Worker, seen: str) -> list[tuple[str, str, str | None]]:
+        """The status changes from `seen` to the worker's status, oldest first, read from its audit trail
+        (every transition writes one event with it); one line from its own record if the trail is short."""
+        chain: list[tuple[str, str, str | None]] = []
+        for event in self._store.audit_page("worker", worker.id, limit=TRAIL_LOOKBACK).items:
+            if not event.from_status or not event.to_status or event.from_status == event.to_status:
+                continue
+            expected = chain[0][0] if chain else str(worker.status)
+            if event.to_status != expected:
+                continue  # not a step of the path to the current status
+            chain.insert(0, (event.from_status, event.to_status, event.reason))
+            if event.from_status == seen:
+                return chain
+        return [(seen, str(worker.status), worker.status_reason)]
 
     def _pool_changes(self, pool: Pool, before: _PoolSeen | None, now: _PoolSeen) -> None:
         if before is None:

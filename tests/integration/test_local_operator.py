@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
-from fleetkeeper.domain.models import DrainRecord, utcnow
+from fleetkeeper.domain.models import DrainOutcome, DrainRecord, utcnow
 from fleetkeeper.services import drains, placement
 from fleetkeeper.services.context import default_context
 from fleetkeeper_local.console import FleetConsole
@@ -56,6 +57,51 @@ def test_given_a_drain_that_ends_then_the_console_says_how(control_plane, store,
 
     assert any(f"drain of {worker.id} started by alice (patch)" in line for line in lines)
     assert any(f"drain of {worker.id} ended CANCELLED by bob" in line for line in lines)
+
+
+def test_given_a_drain_that_starts_and_ends_between_two_looks_then_the_console_tells_each_step_in_order(
+    store, running_worker
+):
+    worker = running_worker(pool="labs")
+    lines: list[str] = []
+    console = FleetConsole(store, printer=lines.append)
+    console.poll_once()
+    now = utcnow()
+    record = DrainRecord(
+        generation=1,
+        started_at=now,
+        deadline=now + timedelta(minutes=30),
+        timeout_seconds=1800,
+        requested_by="alice",
+        reason="patch",
+    )
+    draining = store.transition_worker(
+        store.get_worker(worker.id),
+        WorkerStatus.DRAINING,
+        cause=Cause.CONTROL,
+        actor="alice",
+        reason="patch",
+        changes={"drain": record},
+    )
+    done = record.model_copy(update={"outcome": DrainOutcome.SUCCESS, "finished_at": utcnow()})
+    store.transition_worker(
+        draining,
+        WorkerStatus.STOPPING,
+        cause=Cause.CONTROL,
+        actor="drain-workflow",
+        reason="drain success",
+        changes={"drain": done},
+    )
+
+    console.poll_once()
+
+    said = [line.split("  ", 1)[1] for line in lines]
+    assert said == [
+        f"drain of {worker.id} started by alice (patch), deadline {record.deadline:%H:%M:%S}",
+        f"worker {worker.id} (lab/labs) RUNNING -> DRAINING: patch",
+        f"worker {worker.id} (lab/labs) DRAINING -> STOPPING: drain success",
+        f"drain of {worker.id} ended SUCCESS; 0 instance(s) forced",
+    ]
 
 
 def test_given_a_drain_that_moves_scheduled_work_then_the_console_says_how_many(store, running_worker):
