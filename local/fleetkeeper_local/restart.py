@@ -8,19 +8,24 @@ restart reconciles that side on purpose, and says so line by line:
 - each worker that had a machine (PROVISIONING through STOPPED) gets a new emulated machine, tagged as
   before; a STOPPING or STOPPED worker's machine is stopped again. The worker records the new instance id
   (audit action `WorkerMachineRecreated`).
-- each drain that was running (a worker's or a pool's) is cancelled, its workflow being gone, and started
-  again with the time it had left, so it ends as it would have (at once if its deadline passed).
+- each drain that was running (a worker's or a pool's) gets a new execution of the same generation, with
+  the same deadline, so it ends as it would have (at once if its deadline passed). Its audit action is
+  `WorkerDrainResumed` (`PoolDrainResumed`): the drain goes on, it was neither cancelled nor restarted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.drain_policy import drain_deadline
 from fleetkeeper.domain.errors import FleetkeeperError
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, PoolDrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.models import DrainOutcome, Pool, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import drains
 from fleetkeeper.services.context import Context
@@ -28,6 +33,7 @@ from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.images import register_template_images
 
 RESTART_ACTOR = "local-restart"
+RESUMED_REASON = "its workflow was lost in a restart of the local control plane; same drain, new execution"
 WITH_MACHINE = frozenset(
     {
         WorkerStatus.PROVISIONING,
@@ -75,11 +81,6 @@ def _launch(ec2: Any, worker: Worker, template: WorkerTemplate | None, image_id:
     return dict(reservation["Instances"][0])
 
 
-def _seconds_left(deadline: datetime, now: datetime) -> int:
-    # At least one second: a timeout of 0 would mean "the template's default" to the drain API.
-    return max(1, int((deadline - now).total_seconds()))
-
-
 def recreate_machines(ctx: Context, ec2: Any, say: Callable[[str], None]) -> int:
     store = ctx.store
     templates = {t.name: t for t in store.list_templates()}
@@ -111,48 +112,84 @@ def recreate_machines(ctx: Context, ec2: Any, say: Callable[[str], None]) -> int
     return count
 
 
+def _resume_worker_drain(ctx: Context, worker_id: str) -> Worker | None:
+    """Point the open drain at a new execution of the same generation and deadline, and start it."""
+
+    def claim() -> Worker | None:
+        worker = ctx.store.get_worker(worker_id)
+        record = worker.drain
+        if worker.status != WorkerStatus.DRAINING or record is None or record.outcome != DrainOutcome.RUNNING:
+            return None
+        name = drains.execution_name("drain", worker.id, record.generation, record.restarts)
+        # The old execution's task token died with it; the new one stores its own.
+        resumed = record.model_copy(
+            update={"execution_arn": ctx.workflows.execution_arn(name), "task_token": None}
+        )
+        return ctx.store.update_worker(
+            worker,
+            {"drain": resumed},
+            actor=RESTART_ACTOR,
+            action="WorkerDrainResumed",
+            reason=RESUMED_REASON,
+        )
+
+    worker = retry_conflicts(claim)
+    if worker is None or worker.drain is None:
+        return None
+    drains.launch_worker_drain(ctx, worker.id, worker.drain)
+    return worker
+
+
+def _resume_pool_drain(ctx: Context, name: str) -> Pool | None:
+    def claim() -> Pool | None:
+        pool = ctx.store.get_pool(name)
+        if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
+            return None
+        execution = drains.execution_name("pool", pool.name, pool.drain_generation, pool.drain_restarts)
+        changes = {"drain_execution_arn": ctx.workflows.execution_arn(execution), "drain_task_token": None}
+        return ctx.store.save_pool(
+            pool, changes, actor=RESTART_ACTOR, action="PoolDrainResumed", reason=RESUMED_REASON
+        )
+
+    pool = retry_conflicts(claim)
+    if pool is None:
+        return None
+    drains.launch_pool_drain(ctx, pool)
+    return pool
+
+
+def _lost(what: str, deadline: datetime) -> str:
+    left = max(0, int((deadline - utcnow()).total_seconds()))
+    return f"drain of {what}: its workflow was lost in the restart; resumed with {left} s left"
+
+
 def resume_drains(ctx: Context, say: Callable[[str], None]) -> int:
-    now = utcnow()
+    """Give each running drain a new execution: same generation, same deadline, audited as resumed."""
     count = 0
     for worker in _all_workers(ctx.store):
         record = worker.drain
         if worker.status != WorkerStatus.DRAINING or record is None or record.outcome != DrainOutcome.RUNNING:
             continue
-        left = _seconds_left(record.deadline, now)
         try:
-            drains.cancel_worker_drain(ctx, worker.id, actor=RESTART_ACTOR)
-            drains.start_worker_drain(
-                ctx,
-                worker.id,
-                actor=RESTART_ACTOR,
-                reason=f"resumed after a restart: {record.reason or '-'} ({record.requested_by})",
-                timeout_seconds=left,
-                then=record.then,
-            )
-        except FleetkeeperError as exc:
+            resumed = _resume_worker_drain(ctx, worker.id)
+        except (FleetkeeperError, ClientError, BotoCoreError) as exc:
             say(f"drain of {worker.id} could not be resumed: {exc}; drain it again by hand")
             continue
-        say(f"drain of {worker.id}: its workflow was lost in the restart; resumed with {left} s left")
-        count += 1
+        if resumed is not None:
+            say(_lost(worker.id, record.deadline))
+            count += 1
     for pool in ctx.store.list_pools():
         if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
             continue
-        started = pool.drain_started_at or now
-        left = _seconds_left(started + timedelta(seconds=pool.drain_timeout_seconds or 0), now)
         try:
-            drains.cancel_pool_drain(ctx, pool.name, actor=RESTART_ACTOR)
-            drains.start_pool_drain(
-                ctx,
-                pool.name,
-                actor=RESTART_ACTOR,
-                timeout_seconds=left,
-                then=pool.drain_then or PoolDrainThen.NONE,
-            )
-        except FleetkeeperError as exc:
+            resumed_pool = _resume_pool_drain(ctx, pool.name)
+        except (FleetkeeperError, ClientError, BotoCoreError) as exc:
             say(f"drain of pool {pool.name} could not be resumed: {exc}; drain it again by hand")
             continue
-        say(f"drain of pool {pool.name}: its workflow was lost in the restart; resumed with {left} s left")
-        count += 1
+        if resumed_pool is not None:
+            started = resumed_pool.drain_started_at or utcnow()
+            say(_lost(f"pool {pool.name}", drain_deadline(started, resumed_pool.drain_timeout_seconds or 0)))
+            count += 1
     return count
 
 

@@ -172,9 +172,12 @@ def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated
     control_plane_factory, local_stack, ec2_worker, store
 ):
     plane = control_plane_factory()
-    worker = ec2_worker()
+    worker = ec2_worker(pool="labs")
     placement.place_instance(store, actor="test", worker_id=worker.id)
     drains.start_worker_drain(plane.ctx, worker.id, actor="alice", reason="patch", timeout_seconds=3600)
+    drains.start_pool_drain(plane.ctx, "labs", actor="alice", timeout_seconds=600)
+    before = store.get_worker(worker.id).drain
+    pool_before = store.get_pool("labs")
     assert has_fleet(store)
 
     local_stack.reset_moto()  # what a restart does to the emulated EC2 and Step Functions
@@ -188,14 +191,30 @@ def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated
     described = ec2.describe_instances(InstanceIds=[after.ec2_instance_id])["Reservations"][0]["Instances"][0]
     assert described["State"]["Name"] in ("pending", "running")
     assert after.status == WorkerStatus.DRAINING
+    assert before is not None
     assert after.drain is not None
-    assert after.drain.generation == 2
-    assert 3500 < after.drain.timeout_seconds <= 3600
-    execution = plane.execution(str(after.drain.execution_arn))
-    assert execution["status"] == "RUNNING"
+    # The same drain goes on: its generation, deadline, reason and requester, in a new execution.
+    assert (after.drain.generation, after.drain.deadline, after.drain.reason, after.drain.requested_by) == (
+        before.generation,
+        before.deadline,
+        "patch",
+        "alice",
+    )
+    assert plane.execution(str(after.drain.execution_arn))["status"] == "RUNNING"
     actions = [e.action for e in store.audit_trail("worker", worker.id)]
     assert "WorkerMachineRecreated" in actions
-    assert lines[-1] == "restart: 1 machine(s) re-created, 1 drain(s) resumed"
+    assert actions[-1] == "WorkerDrainResumed"
+    assert "WorkerDrainCancelled" not in actions
+    pool = store.get_pool("labs")
+    assert (pool.drain_generation, pool.drain_started_at) == (
+        pool_before.drain_generation,
+        pool_before.drain_started_at,
+    )
+    assert plane.execution(str(pool.drain_execution_arn))["status"] == "RUNNING"
+    pool_actions = [e.action for e in store.audit_trail("pool", "labs")]
+    assert pool_actions[-1] == "PoolDrainResumed"
+    assert "PoolDrainCancelled" not in pool_actions
+    assert lines[-1] == "restart: 1 machine(s) re-created, 2 drain(s) resumed"
 
 
 def test_given_an_empty_table_then_there_is_no_fleet_to_keep(store):
