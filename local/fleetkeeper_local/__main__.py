@@ -17,7 +17,13 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.console import FleetConsole
-from fleetkeeper_local.controlplane import ApiServer, LocalResources, activate, provision
+from fleetkeeper_local.controlplane import (
+    API_PORT_ENVIRONMENT,
+    ApiServer,
+    LocalResources,
+    activate,
+    provision,
+)
 from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler
@@ -122,12 +128,12 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault(key, value)
     # The shared logger was built at import, before the line above could reach it.
     logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])
-    api_port = int(os.environ.get("FLEETKEEPER_API_PORT", DEFAULT_API_PORT))
+    api_port = int(os.environ.get(API_PORT_ENVIRONMENT, DEFAULT_API_PORT))
     if args.data_dir is not None:
         os.environ[DATA_DIR_ENV] = str(args.data_dir)
     stack = LocalStack.from_environ()
     try:
-        ensure_port_free(api_port, "the admin API", "FLEETKEEPER_API_PORT")
+        ensure_port_free(api_port, "the admin API", API_PORT_ENVIRONMENT)
         stack.start()
     except LocalStackError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -161,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
                 pass
         except KeyboardInterrupt:
             pass
+    except LocalStackError as exc:
+        # A port taken after the pre-check, at the bind: the same message, and everything started stops.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     finally:
         # A second Ctrl-C while the servers shut down would leave DynamoDB Local running.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

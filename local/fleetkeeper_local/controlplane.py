@@ -36,7 +36,7 @@ from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import faults, lambdas
-from fleetkeeper_local.stack import LocalStack, _wait_for_http, free_port, project_root
+from fleetkeeper_local.stack import LocalStack, _wait_for_http, binding, free_port, project_root
 from functions.api.handler import handler as api_handler
 from functions.drain_tasks.handler import handler as drain_tasks_handler
 
@@ -210,6 +210,7 @@ _INVOCATION_LOCK = threading.Lock()
 LOCAL_CONTROL_PREFIX = "/_local/"
 FAULTS_ENVIRONMENT = "FLEETKEEPER_LOCAL_FAULTS"
 API_INSTANCES_ENVIRONMENT = "FLEETKEEPER_LOCAL_API_INSTANCES"
+API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
 _FORWARDED_FOR = "X-Forwarded-For"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -428,16 +429,18 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         if self.instances <= 1:
-            self._server = _LocalServer(("127.0.0.1", self.port), _ApiRequestHandler)
+            with binding(self.port, "the admin API", API_PORT_ENVIRONMENT):
+                self._server = _LocalServer(("127.0.0.1", self.port), _ApiRequestHandler)
         else:
             instances: queue.Queue[_Instance] = queue.Queue()
             try:
                 for index in range(self.instances):
                     instances.put(self._start_instance(index))
+                with binding(self.port, "the admin API", API_PORT_ENVIRONMENT):
+                    self._server = _ProxyServer(("127.0.0.1", self.port), instances)
             except BaseException:
                 self.stop()
                 raise
-            self._server = _ProxyServer(("127.0.0.1", self.port), instances)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="api-server", daemon=True)
         self._thread.start()

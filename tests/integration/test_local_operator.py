@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +16,9 @@ from fleetkeeper.domain.models import DrainOutcome, DrainRecord, utcnow
 from fleetkeeper.services import drains, placement
 from fleetkeeper.services.context import default_context
 from fleetkeeper_local.console import FleetConsole
+from fleetkeeper_local.controlplane import ApiServer
 from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
+from fleetkeeper_local.stack import LocalStack, LocalStackError
 from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
 
 pytestmark = pytest.mark.integration
@@ -219,3 +224,45 @@ def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated
 
 def test_given_an_empty_table_then_there_is_no_fleet_to_keep(store):
     assert not has_fleet(store)
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port some other program listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield int(other.getsockname()[1])
+
+
+def test_given_the_api_port_taken_after_the_pre_check_then_the_bind_says_so_as_the_pre_check_does(taken_port):
+    with pytest.raises(LocalStackError) as taken:
+        ApiServer(port=taken_port, instances=1).start()
+
+    assert str(taken.value) == (
+        f"port {taken_port} for the admin API is already taken; "
+        "stop what uses it or set FLEETKEEPER_API_PORT to another port"
+    )
+
+
+def test_given_the_moto_port_taken_after_the_pre_check_then_the_start_fails_at_once_with_the_message(
+    taken_port,
+):
+    stack = LocalStack(moto_port=taken_port)
+    failures: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            stack._start_moto()
+        except BaseException as exc:
+            failures.append(exc)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(15)
+
+    assert not starting.is_alive(), "the moto server's start waits forever for a port it never got"
+    assert [str(f) for f in failures] == [
+        f"port {taken_port} for the moto server is already taken; "
+        "stop what uses it or set FLEETKEEPER_MOTO_PORT to another port"
+    ]
