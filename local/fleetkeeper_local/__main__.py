@@ -13,6 +13,7 @@ from typing import Any
 
 import boto3
 
+from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
@@ -39,18 +40,31 @@ DEFAULT_API_PORT = 8080
 QUIET_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISABLED": "true"}
 
 
-def _examples(api: str, worker_id: str) -> str:
+def _tour_target(store: FleetStore) -> tuple[str, str]:
+    """A RUNNING worker with a started (RUNNING) instance, and that instance: its drain waits for it."""
+    for worker in store.list_workers(status=WorkerStatus.RUNNING, limit=1000).items:
+        started = [i for i in store.active_instances_of(worker.id) if i.state == InstanceState.RUNNING]
+        if started:
+            return worker.id, started[0].id
+    return "<worker-id>", "<instance-id>"
+
+
+def _examples(api: str, worker_id: str, instance_id: str) -> str:
     post = "curl -s -H 'Content-Type: application/json' -X POST"
+    cli = "fleetkeeper" if api.endswith(f":{DEFAULT_API_PORT}") else f"fleetkeeper --api {api}"
     return "\n".join(
         [
-            "Try it:",
+            f"Try it ({worker_id} runs the started instance {instance_id}, so its drain waits for it):",
+            f"  {cli} workers",
+            f"  {cli} drain {worker_id} --reason maintenance     # DRAINING; its scheduled work moves",
+            f"  {cli} drain-status {worker_id} --watch            # Ctrl-C detaches; the drain goes on",
+            f"  {cli} cancel-drain {worker_id}                    # back to RUNNING",
+            f"  {cli} drain {worker_id} --wait                    # then, from another shell:",
+            f"  {cli} instance state {instance_id} COMPLETED      # its last instance ends the drain",
             f"  curl -s {api}/api/v1/workers | python3 -m json.tool",
-            f'  {post} {api}/api/v1/workers/{worker_id}/drain -d \'{{"reason": "maintenance"}}\'',
-            f"  curl -s {api}/api/v1/workers/{worker_id}/drain",
-            f"  {post} {api}/api/v1/workers/{worker_id}/cancel-drain",
             f'  {post} {api}/api/v1/instances -d \'{{"template": "lab-small"}}\'',
             f"  {post} {api}/api/v1/pools/batch/drain -d '{{\"timeout_seconds\": 60}}'",
-            f"  curl -s {api}/openapi.json",
+            f"  Swagger UI: {api}/docs",
         ]
     )
 
@@ -83,10 +97,7 @@ def _print_banner(
     print()
     print(describe_fleet(store))
     print()
-    running = store.list_workers(limit=1000).items
-    example = next((w.id for w in running if w.status == "RUNNING" and w.active_instances), "<worker-id>")
-    print(_examples(api.url, example))
-    print(f"  fleetkeeper --api {api.url} drain {example} --wait      # the CLI, with a live view")
+    print(_examples(api.url, *_tour_target(store)))
     print()
 
 
@@ -98,7 +109,7 @@ def _prepare_fleet(args: argparse.Namespace, stack: LocalStack, store: FleetStor
         print(f"restarting into the fleet kept in {stack.data_dir or 'the table'}", flush=True)
         reconcile_after_restart(default_context(), ec2)
     elif not args.no_seed:
-        seed_demo_fleet(store, ec2, stack.environment()["AWS_REGION"])
+        seed_demo_fleet(default_context(), ec2, stack.environment()["AWS_REGION"])
 
 
 def _workload(args: argparse.Namespace) -> WorkloadSimulator | None:

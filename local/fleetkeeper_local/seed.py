@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
-from fleetkeeper.services import catalog, placement, workers
+from fleetkeeper.services import catalog, instances, placement, workers
+from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
 
 SEED_ACTOR = "seed"
@@ -41,7 +42,15 @@ WORKERS = [
     ("lab-small", "labs", False),
 ]
 
-PLACEMENTS = [("lab-small", "labs"), ("lab-small", "labs"), ("lab-large", "labs"), ("batch", "batch")]
+# (template, pool, started?) for each demo instance. A started one is RUNNING: a drain waits for it (a drain
+# in progress to watch, and to cancel); one not started yet is SCHEDULED, and a drain moves it to another
+# worker with room (the lab-small and batch workers have a twin).
+PLACEMENTS = [
+    ("lab-small", "labs", True),
+    ("lab-small", "labs", False),
+    ("lab-large", "labs", True),
+    ("batch", "batch", False),
+]
 
 
 @dataclass
@@ -70,8 +79,9 @@ def _launch(ec2: Any, worker: Worker, image_id: str) -> dict[str, Any]:
     return dict(reservation["Instances"][0])
 
 
-def seed_demo_fleet(store: FleetStore, ec2: Any, region: str) -> SeededFleet:
+def seed_demo_fleet(ctx: Context, ec2: Any, region: str) -> SeededFleet:
     """Seed the demo fleet; running it twice adds a second set of workers, never breaks the first."""
+    store = ctx.store
     for template in TEMPLATES:
         catalog.put_template(store, template, actor=SEED_ACTOR)
     for pool in ("labs", "batch"):
@@ -106,11 +116,15 @@ def seed_demo_fleet(store: FleetStore, ec2: Any, region: str) -> SeededFleet:
             )
         seeded.append(worker)
 
-    instances = [
-        placement.place_instance(store, actor=SEED_ACTOR, template=template_name, pool=pool)
-        for template_name, pool in PLACEMENTS
-    ]
-    return SeededFleet(workers=[store.get_worker(w.id) for w in seeded], instances=instances)
+    placed: list[Instance] = []
+    for template_name, pool, started in PLACEMENTS:
+        instance = placement.place_instance(store, actor=SEED_ACTOR, template=template_name, pool=pool)
+        if started:
+            instance = instances.change_instance_state(
+                ctx, instance.id, InstanceState.RUNNING, actor=SEED_ACTOR, reason="demo workload"
+            )
+        placed.append(instance)
+    return SeededFleet(workers=[store.get_worker(w.id) for w in seeded], instances=placed)
 
 
 def describe_fleet(store: FleetStore) -> str:
@@ -120,7 +134,7 @@ def describe_fleet(store: FleetStore) -> str:
     ]
     page = store.list_workers(limit=1000)
     for worker in sorted(page.items, key=lambda w: (w.pool or "", w.template, w.id)):
-        running = [i.id for i in store.active_instances_of(worker.id)]
+        running = [f"{i.id} ({i.state})" for i in store.active_instances_of(worker.id)]
         lines.append(
             f"{worker.id:<20} {worker.template:<10} {worker.pool or '-':<6} {worker.status:<12} "
             f"{worker.ec2_instance_id or '-':<20} {worker.active_instances}/{worker.capacity:<4} "

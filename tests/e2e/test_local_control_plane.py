@@ -54,6 +54,29 @@ def test_given_the_seeded_fleet_when_a_busy_worker_is_drained_then_it_stops_afte
     assert status["worker_status"] in ("STOPPING", "STOPPED")
 
 
+def test_given_the_seeded_fleet_then_a_started_instance_holds_its_workers_drain_until_it_is_cancelled(
+    control_plane_url,
+):
+    api = control_plane_url
+    query = f"{api}/api/v1/instances?state=RUNNING&limit=100"
+    seeded = [i for i in requests.get(query, timeout=10).json()["items"] if i["pool"] in ("labs", "batch")]
+    workers = {
+        i["worker_id"]: requests.get(f"{api}/api/v1/workers/{i['worker_id']}", timeout=10).json()
+        for i in seeded
+    }
+    worker_id = next(w for w, body in workers.items() if body["status"] == "RUNNING")
+
+    drained = requests.post(f"{api}/api/v1/workers/{worker_id}/drain", json={"reason": "tour"}, timeout=10)
+    assert drained.status_code == 202, drained.text
+    time.sleep(2)  # the workflow's first steps ran: the drain still waits for the started instance
+    status = requests.get(f"{api}/api/v1/workers/{worker_id}/drain", timeout=10).json()
+    assert (status["status"], status["worker_status"]) == ("RUNNING", "DRAINING")
+    cancelled = requests.post(f"{api}/api/v1/workers/{worker_id}/cancel-drain", timeout=10)
+
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "RUNNING"
+
+
 def test_given_the_api_then_bad_input_never_gets_a_500(control_plane_url):
     api = control_plane_url
     assert requests.post(f"{api}/api/v1/workers", data="{oops", headers=JSON, timeout=10).status_code == 400
