@@ -18,7 +18,7 @@ UV := $(VENV)/bin/uv
 NODE_MAJORS := 22 24
 
 .PHONY: help install layer lock lock-upgrade lock-check deps-report test lint typecheck unit integration infra \
-	synth run bench clean stress
+	synth run bench clean stress browser
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F ':.*## ' '{printf "make %-12s %s\n", $$1, $$2}'
@@ -72,6 +72,26 @@ node_modules/.local-stack: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed layer $(TOOLS_STAMP) ## the virtualenv (.venv), the isolated tools (.tools), the npm tooling and the Lambda layer
 
+# Headless Chromium from Debian's packages, for the browser test of Swagger UI (tests/e2e/test_docs_page.py,
+# driven by the npm package playwright-core): installed here when missing and run as root, as CI is on a
+# fresh machine. Elsewhere install it yourself, or name a Chromium or Chrome in FLEETKEEPER_CHROMIUM;
+# without one the test is skipped, except in CI.
+BROWSER_STAMP := .tools/.browser
+$(BROWSER_STAMP):
+	@if [ -n "$$FLEETKEEPER_CHROMIUM" ] || command -v chromium >/dev/null; then \
+		mkdir -p .tools && touch $@; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium (Debian's package) for the browser test of /docs"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null && \
+		mkdir -p .tools && touch $@; \
+	else \
+		echo "NOTE: no chromium, so the browser test of /docs is skipped: apt-get install chromium" \
+			"(as root), or set FLEETKEEPER_CHROMIUM to a Chromium or Chrome" >&2; \
+	fi
+
+browser: $(BROWSER_STAMP) ## headless Chromium for the browser test of /docs (apt-get as root when missing)
+
 # The Lambda dependency layer, installed from requirements/lambda.txt for arm64 (wheels only, no Docker);
 # synthesis builds it too when it is missing.
 layer: $(VENV)/.installed ## build the Lambda dependency layer from requirements/lambda.txt
@@ -111,15 +131,18 @@ synth: install ## synthesize the CDK app into cdk.out/ (STAGE=dev|prod, default 
 # loadgroup keeps each xdist_group on one worker: the infra tests share one CDK synthesis.
 # mypy runs beside pytest: most of its 1-2 minutes on a fresh clone go to the CDK's type stubs, and the
 # tests leave CPU free while they wait on timers. Its report follows pytest's; either failing fails.
-test: lint install ## ruff, mypy and every test: unit, integration, infra, e2e
+test: lint install $(BROWSER_STAMP) ## ruff, mypy and every test: unit, integration, infra, e2e (and /docs in Chromium)
 	@mkdir -p build; $(VENV)/bin/mypy > build/mypy.log 2>&1 & typecheck=$$!; \
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); tests=$$?; \
 	wait $$typecheck; types=$$?; \
 	echo "--- mypy"; cat build/mypy.log; \
 	exit $$(( tests != 0 ? tests : types ))
 
-run: $(VENV)/.installed node_modules/.local-stack ## the local control plane with a seeded demo fleet (Ctrl-C stops it)
-	$(PY) -m fleetkeeper_local run
+# The local stack's options pass through ARGS, e.g. `make run ARGS="--data-dir .fleet --workload"`;
+# `make run ARGS=--help` lists them.
+ARGS ?=
+run: $(VENV)/.installed node_modules/.local-stack ## the local control plane with a seeded demo fleet (Ctrl-C stops it; options: ARGS=--help)
+	$(PY) -m fleetkeeper_local run $(ARGS)
 
 bench: install ## run the benchmarks and write bench/results.md
 	$(PY) -m bench

@@ -178,7 +178,9 @@ def api_event(
         "requestContext": {
             "resourcePath": "/{proxy+}",
             "httpMethod": method,
-            "path": f"/local{path}",
+            # The local server has no stage in its URLs, as a custom domain mapped at its root: a stage
+            # prefix here would make /docs send Swagger UI's calls to /local/api/..., which 404.
+            "path": path,
             "stage": "local",
             "requestId": request_id,
             "accountId": LOCAL_ACCOUNT,

@@ -197,10 +197,15 @@ errors.register(app)
 
 @app.get(OPENAPI_PATH, include_in_schema=False)
 def openapi() -> Response[Any]:
+    from aws_lambda_powertools.event_handler.openapi.models import Server  # noqa: PLC0415 - see above
+
+    # The server the caller reached this document on, as /docs computes it for Swagger UI: the stage's
+    # path on an execute-api URL, "/" behind a custom domain or locally. The two never disagree.
+    server = Server(url=app._get_base_path() or "/")
     return Response(
         status_code=HTTPStatus.OK,
         content_type=errors.JSON,
-        body=app.get_openapi_json_schema(),
+        body=app.get_openapi_json_schema(servers=[server]),
     )
 
 
