@@ -49,18 +49,31 @@ def _tour_target(store: FleetStore) -> tuple[str, str]:
     return "<worker-id>", "<instance-id>"
 
 
+def _commented(lines: list[tuple[str, str]]) -> list[str]:
+    width = max(len(command) for command, _ in lines) + 2
+    return [f"  {command:<{width}}# {note}" if note else f"  {command}" for command, note in lines]
+
+
 def _examples(api: str, worker_id: str, instance_id: str) -> str:
+    fk, w, i = "fleetkeeper", worker_id, instance_id
     post = "curl -s -H 'Content-Type: application/json' -X POST"
-    cli = "fleetkeeper" if api.endswith(f":{DEFAULT_API_PORT}") else f"fleetkeeper --api {api}"
+    port = api.rsplit(":", 1)[1]
+    # The CLI finds the local API on FLEETKEEPER_API_PORT, as this control plane does.
+    follow = [] if port == str(DEFAULT_API_PORT) else [f"  export {API_PORT_ENVIRONMENT}={port}"]
     return "\n".join(
         [
             f"Try it ({worker_id} runs the started instance {instance_id}, so its drain waits for it):",
-            f"  {cli} workers",
-            f"  {cli} drain {worker_id} --reason maintenance     # DRAINING; its scheduled work moves",
-            f"  {cli} drain-status {worker_id} --watch            # Ctrl-C detaches; the drain goes on",
-            f"  {cli} cancel-drain {worker_id}                    # back to RUNNING",
-            f"  {cli} drain {worker_id} --wait                    # then, from another shell:",
-            f"  {cli} instance state {instance_id} COMPLETED      # its last instance ends the drain",
+            *follow,
+            *_commented(
+                [
+                    (f"{fk} workers", ""),
+                    (f"{fk} drain {w} --reason maintenance", "DRAINING; its scheduled work moves"),
+                    (f"{fk} drain-status {w} --watch", "Ctrl-C detaches; the drain goes on"),
+                    (f"{fk} cancel-drain {w}", "back to RUNNING"),
+                    (f"{fk} drain {w} --wait", "then, from another shell:"),
+                    (f"{fk} instance state {i} COMPLETED", "its last instance ends the drain"),
+                ]
+            ),
             f"  curl -s {api}/api/v1/workers | python3 -m json.tool",
             f'  {post} {api}/api/v1/instances -d \'{{"template": "lab-small"}}\'',
             f"  {post} {api}/api/v1/pools/batch/drain -d '{{\"timeout_seconds\": 60}}'",
