@@ -41,12 +41,18 @@ QUIET_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISAB
 
 
 def _tour_target(store: FleetStore) -> tuple[str, str]:
-    """A RUNNING worker with a started (RUNNING) instance, and that instance: its drain waits for it."""
+    """A RUNNING worker with a started (RUNNING) instance, and that instance: its drain waits for it.
+    The busiest such worker, whose drain also moves its scheduled work."""
+    candidates: list[tuple[int, str, str]] = []
     for worker in store.list_workers(status=WorkerStatus.RUNNING, limit=1000).items:
-        started = [i for i in store.active_instances_of(worker.id) if i.state == InstanceState.RUNNING]
+        active = store.active_instances_of(worker.id)
+        started = [i.id for i in active if i.state == InstanceState.RUNNING]
         if started:
-            return worker.id, started[0].id
-    return "<worker-id>", "<instance-id>"
+            candidates.append((len(active), worker.id, started[0]))
+    if not candidates:
+        return "<worker-id>", "<instance-id>"
+    _, worker_id, instance_id = max(candidates)
+    return worker_id, instance_id
 
 
 def _commented(lines: list[tuple[str, str]]) -> list[str]:
