@@ -526,3 +526,8 @@ class ErrorBody(BaseModel):
         default=None,
         description="the fields at fault (a list), or facts about the entity (an object); absent if none",
     )
+    details_total: int | None = Field(
+        default=None,
+        description="how many fields were at fault when details lists only the first of them; absent "
+        "when details lists them all",
+    )

@@ -47,7 +47,7 @@ def list_workers(
 
 @router.post(
     "/api/v1/workers",
-    responses=responses({201: ("the new worker, PENDING", WorkerView)}, 400, 409, 415),
+    responses=responses({201: ("the new worker, PENDING", WorkerView)}, 409),
 )
 def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
     context = default_context()
@@ -71,7 +71,7 @@ def get_worker(worker_id: WorkerId) -> WorkerView:
 
 @router.put(
     "/api/v1/workers/<worker_id>/desired-status",
-    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> WorkerView:
     worker = workers.set_desired_status(
@@ -85,7 +85,7 @@ def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> Worke
 
 @router.put(
     "/api/v1/workers/<worker_id>/do-not-disrupt",
-    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> WorkerView:
     worker = workers.set_do_not_disrupt_until(
