@@ -13,6 +13,7 @@ from fleetkeeper.api import idempotency
 from fleetkeeper.api.app import contract
 from fleetkeeper.api.body import MAX_BODY_BYTES
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
+from fleetkeeper_local.controlplane import refresh_process_caches
 
 pytestmark = pytest.mark.integration
 
@@ -516,3 +517,69 @@ def test_given_a_ten_megabyte_body_then_413_and_a_small_answer(control_plane, ru
     status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=raw)
     assert (status, body["error"]) == (413, "PAYLOAD_TOO_LARGE")
     assert len(json.dumps(body)) < MAX_ANSWER_BYTES
+
+
+# ---- values that disagree with the fleet -----------------------------------------------------------
+
+
+def test_given_a_region_the_stage_does_not_manage_then_422_names_it_and_no_worker_is_made(control_plane):
+    # The worker used to be created, then stayed PENDING for ever: its launch refused every cycle.
+    _template(control_plane)
+    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "zz-nowhere-9"})
+    assert status == 422
+    assert body["details"] == [
+        {
+            "field": "region",
+            "reason": "'zz-nowhere-9' is not a region this stage manages; it manages us-east-1",
+        }
+    ]
+    assert control_plane.api("GET", "/api/v1/workers")[1]["items"] == []
+    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "us-east-1"})
+    assert (status, body["region"]) == (201, "us-east-1")
+
+
+def test_given_configured_regions_then_only_they_take_workers(control_plane, monkeypatch):
+    _template(control_plane)
+    monkeypatch.setenv("REGION_CONFIGS", '{"eu-west-1": {}, "eu-central-1": {}}')
+    refresh_process_caches()
+    assert control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "eu-west-1"})[0] == 201
+    # Without a region a worker goes to the API's own, which this stage does not manage.
+    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    assert (status, body["details"][0]["field"]) == (422, "region")
+    assert "eu-central-1, eu-west-1" in body["details"][0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("claim", "field"),
+    [
+        ({"template": "other"}, "template"),
+        ({"pool": "elsewhere"}, "pool"),
+        ({"template": "lab", "pool": "x"}, "pool"),
+    ],
+)
+def test_given_a_worker_id_with_a_template_or_pool_it_does_not_have_then_422_and_nothing_is_placed(
+    control_plane, running_worker, claim, field
+):
+    # The instance used to be recorded under the worker's template and pool, not the ones asked for.
+    worker = running_worker(pool="labs")
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, **claim})
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [field]
+    assert control_plane.ctx.store.get_worker(worker.id).active_instances == 0
+
+
+def test_given_a_worker_id_with_its_own_template_and_pool_then_the_instance_is_placed(
+    control_plane, running_worker
+):
+    worker = running_worker(pool="labs")
+    status, body = control_plane.api(
+        "POST", "/api/v1/instances", {"worker_id": worker.id, "template": "lab", "pool": "labs"}
+    )
+    assert (status, body["worker_id"], body["template"], body["pool"]) == (201, worker.id, "lab", "labs")
+
+
+def test_given_a_worker_without_a_pool_and_a_pool_named_then_422(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, "pool": "labs"})
+    assert (status, body["details"][0]["field"]) == (422, "pool")
+    assert "has pool none" in body["details"][0]["reason"]

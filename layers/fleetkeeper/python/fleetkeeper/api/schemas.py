@@ -148,7 +148,10 @@ class CreateWorkerRequest(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"template": "lab", "pool": "labs"}]})
 
     template: Name
-    region: Region | None = None
+    region: Region | None = Field(
+        default=None,
+        description="one of the regions the stage manages (any other is a 422); default: the API's own",
+    )
     pool: Name | None = None
 
 

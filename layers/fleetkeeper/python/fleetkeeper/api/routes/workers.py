@@ -57,6 +57,7 @@ def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
         region=body.region or context.settings.default_region,
         pool=body.pool,
         actor=caller(router.current_event),
+        regions=context.settings.regions,
     )
     return Response(status_code=HTTPStatus.CREATED, content_type=JSON, body=WorkerView.of(worker))
 
