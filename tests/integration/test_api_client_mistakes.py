@@ -231,6 +231,10 @@ def test_given_a_template_value_that_is_not_what_it_says_then_422(control_plane,
         {"timeslot_start": 1_700_000_000},
         {"timeslot_start": "2026-03-01T09:00:00"},
         {"timeslot_end": "2026-03-01T09:00:00"},
+        # Text that pydantic alone reads as a time, and RFC 3339 (the contract's date-time) does not.
+        {"timeslot_start": "1700000000"},
+        {"timeslot_start": "2099-03-01 09:00:00Z"},
+        {"timeslot_end": "2099-03-01T09:00:00+0100"},
     ],
 )
 def test_given_a_timestamp_that_is_a_number_or_naive_then_422_names_it(control_plane, running_worker, slot):

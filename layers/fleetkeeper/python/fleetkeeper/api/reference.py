@@ -103,11 +103,12 @@ Routes that take no body ignore one. On AWS, a body near or above Lambda's 6 MB 
 reaches the function: API Gateway or Lambda refuses it first, with an answer that is not an `ErrorBody`.
 
 Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not a boolean, and a timestamp
-is an ISO 8601 string with a timezone (a naive time or an epoch number is refused). A drain timeout is a
-whole number of seconds from {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for
-the default (the template's timeout for a worker, 300 s for a pool). An empty drain body means all defaults.
-Some values are checked against the fleet, each a 422 naming the field: a worker's `region` must be one the
-stage manages, and a placement's `template` or `pool` next to a `worker_id` must be that worker's own.
+is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time, an epoch number, a space
+for the `T` or an offset without its colon is refused). A drain timeout is a whole number of seconds from
+{MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
+timeout for a worker, 300 s for a pool). An empty drain body means all defaults. Some values are checked
+against the fleet, each a 422 naming the field: a worker's `region` must be one the stage manages, and a
+placement's `template` or `pool` next to a `worker_id` must be that worker's own.
 
 ## Pages
 
