@@ -546,9 +546,15 @@ def test_given_configured_regions_then_only_they_take_workers(control_plane, mon
     _template(control_plane)
     monkeypatch.setenv("REGION_CONFIGS", '{"eu-west-1": {}, "eu-central-1": {}}')
     refresh_process_caches()
-    assert control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "eu-west-1"})[0] == 201
-    # Without a region a worker goes to the API's own, which this stage does not manage.
-    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    try:
+        created = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "eu-west-1"})
+        # Without a region a worker goes to the API's own, which this stage does not manage.
+        status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    finally:
+        # The settings are cached for the process: the next test must not inherit these regions.
+        monkeypatch.delenv("REGION_CONFIGS")
+        refresh_process_caches()
+    assert created[0] == 201
     assert (status, body["details"][0]["field"]) == (422, "region")
     assert "eu-central-1, eu-west-1" in body["details"][0]["reason"]
 
