@@ -71,6 +71,8 @@ def function_specs(config: StageConfig) -> tuple[FunctionSpec, ...]:
             memory_mb=512,
             timeout=Duration.seconds(29),
             snap_start=config.api.snap_start,
+            # The regions the stage manages: a worker asked for anywhere else is refused (422).
+            environment={"REGION_CONFIGS": config.region_configs_json()},
         ),
         # The finish step may wait for the template's before_stop operations on top of its own work.
         FunctionSpec(

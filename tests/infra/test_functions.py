@@ -120,7 +120,8 @@ def test_given_a_function_then_its_environment_names_the_stage_resources(dev, fu
     assert env["AUDIT_BUS_NAME"]["Ref"] in resources(dev, "AWS::Events::EventBus")
     assert env["NOTIFICATION_TOPIC_ARN"]["Ref"] in resources(dev, "AWS::SNS::Topic")
     assert flat(env["DRAIN_STATE_MACHINE_ARN"]).endswith(":stateMachine:fleetkeeper-dev-drain")
-    assert (set(env) & FLEET_ENV) == (FLEET_ENV if function in ("reconcile", "discover") else set())
+    expected = {"api": {"REGION_CONFIGS"}, "reconcile": FLEET_ENV, "discover": FLEET_ENV}.get(function, set())
+    assert (set(env) & FLEET_ENV) == expected
 
 
 @pytest.mark.parametrize("function", ["reconcile", "discover"])
@@ -133,6 +134,11 @@ def test_given_the_fleet_settings_then_reconcile_and_discover_read_them_from_the
     assert env["MIN_WORKERS"] == str(settings["scale_down"]["min_workers"])
     assert float(env["IDLE_CPU_THRESHOLD"]) == settings["scale_down"]["idle_cpu_threshold"]
     assert env["MAX_CONCURRENT_DRAINS"] == str(settings["scale_down"]["max_concurrent_drains"])
+
+
+def test_given_a_stage_then_the_api_knows_the_regions_it_may_create_workers_in(prod):
+    env = function_properties(prod, name("prod", "api"))["Environment"]["Variables"]
+    assert json.loads(env["REGION_CONFIGS"]).keys() == stage_settings("prod")["regions"].keys()
 
 
 def test_given_a_sharded_stage_then_the_reconciler_knows_its_split(pinned, prod):

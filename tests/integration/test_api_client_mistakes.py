@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from fleetkeeper.api import idempotency
+from fleetkeeper.api.app import contract
+from fleetkeeper.api.body import MAX_BODY_BYTES
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
+from fleetkeeper_local.controlplane import refresh_process_caches
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +24,22 @@ WRITE_ROUTES = (
     ("PUT", "/api/v1/pools/labs", {"description": "x"}),
     ("POST", "/api/v1/instances", {"template": "lab"}),
 )
+# No error answer grows with the request: a few kilobytes, whatever was sent.
+MAX_ANSWER_BYTES = 16 * 1024
+
+
+def _body_routes() -> list[tuple[str, str]]:
+    """Every route that takes a body, with its path parameters filled in."""
+    document = contract()
+    return [
+        (
+            method.upper(),
+            path.replace("{worker_id}", "w-1").replace("{instance_id}", "i-1").replace("{name}", "lab"),
+        )
+        for path, item in document["paths"].items()
+        for method, operation in item.items()
+        if isinstance(operation, dict) and "requestBody" in operation
+    ]
 
 
 def _template(control_plane: Any, capacity: int = 4) -> None:
@@ -212,6 +231,10 @@ def test_given_a_template_value_that_is_not_what_it_says_then_422(control_plane,
         {"timeslot_start": 1_700_000_000},
         {"timeslot_start": "2026-03-01T09:00:00"},
         {"timeslot_end": "2026-03-01T09:00:00"},
+        # Text that pydantic alone reads as a time, and RFC 3339 (the contract's date-time) does not.
+        {"timeslot_start": "1700000000"},
+        {"timeslot_start": "2099-03-01 09:00:00Z"},
+        {"timeslot_end": "2099-03-01T09:00:00+0100"},
     ],
 )
 def test_given_a_timestamp_that_is_a_number_or_naive_then_422_names_it(control_plane, running_worker, slot):
@@ -316,3 +339,257 @@ def test_given_a_path_ending_in_a_newline_then_it_matches_no_route(control_plane
     status, body = control_plane.api("GET", path)
     assert status == 404, body
     assert body["error"] == "NOT_FOUND"
+
+
+# ---- the body: exactly one JSON object, or none ----------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", ["APPLICATION/JSON", "Application/Json; Charset=UTF-8"])
+def test_given_json_spelt_in_capitals_then_it_is_read_as_json(control_plane, running_worker, content_type):
+    # Media types are case-insensitive: this once answered 500.
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST",
+        f"/api/v1/workers/{worker.id}/drain",
+        raw='{"dry_run": true}',
+        headers={"Content-Type": content_type},
+    )
+    assert (status, body["status"]) == (200, "NOT_RUN")
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "TEXT/PLAIN", "application/xml"])
+@pytest.mark.parametrize("raw", [None, ""])
+def test_given_a_non_json_media_type_without_a_body_then_415_and_nothing_changes(
+    control_plane, running_worker, content_type, raw
+):
+    worker = running_worker()
+    for route in ("drain", "cancel-drain"):
+        status, body = control_plane.api(
+            "POST", f"/api/v1/workers/{worker.id}/{route}", raw=raw, headers={"Content-Type": content_type}
+        )
+        assert (status, body["error"]) == (415, "UNSUPPORTED_MEDIA_TYPE"), route
+        assert content_type in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+@pytest.mark.parametrize(
+    ("number", "named"),
+    [
+        ("1" * 4301, "4301 digits"),  # past Python's limit on the digits of an int read from text
+        ("-" + "9" * 10_000, "10001 digits"),
+        ("1e999", "1e999"),  # a float that parses as infinity
+        ("NaN", "NaN"),
+        ("Infinity", "Infinity"),
+        ("-Infinity", "-Infinity"),
+    ],
+)
+def test_given_a_number_the_api_cannot_read_then_400_names_it_and_no_drain_starts(
+    control_plane, running_worker, number, named
+):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/drain", raw=f'{{"timeout_seconds": {number}}}'
+    )
+    assert (status, body["error"]) == (400, "MALFORMED_JSON")
+    assert named in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+def test_given_a_long_integer_the_api_reads_then_422_names_the_field(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/drain", raw='{"timeout_seconds": ' + "1" * 4300 + "}"
+    )
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == ["body.timeout_seconds"]
+    assert len(json.dumps(body)) < MAX_ANSWER_BYTES
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ['{"dry_run": true, "dry_run": false}', '{"dry_run": true, "dry\\u005frun": false}'],
+)
+def test_given_a_key_twice_then_400_names_it_and_no_drain_starts(control_plane, running_worker, raw):
+    # The last one used to win: this body started a real drain.
+    worker = running_worker()
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=raw)
+    assert (status, body["error"]) == (400, "MALFORMED_JSON")
+    assert '"dry_run"' in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+def test_given_a_key_twice_in_a_nested_object_then_400(control_plane, running_worker):
+    worker = running_worker()
+    raw = '{"name": "register-license", "parameters": {"a": "1", "a": "2"}}'
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/operations", raw=raw)
+    assert (status, body["error"]) == (400, "MALFORMED_JSON")
+
+
+def test_given_an_unpaired_surrogate_in_a_tag_then_400_and_no_template(control_plane):
+    # "\\ud800" is not Unicode text: as a tag key it used to be stored mangled, and the template made.
+    raw = '{"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 1, "tags": {"team\\ud800": "a"}}'
+    status, body = control_plane.api("PUT", "/api/v1/templates/lab", raw=raw)
+    assert (status, body["error"]) == (400, "MALFORMED_JSON")
+    assert "surrogate" in body["message"]
+    assert control_plane.api("GET", "/api/v1/templates/lab")[0] == 404
+
+
+def test_given_an_array_on_a_pool_drain_then_422_names_the_body_and_the_pool_does_not_drain(control_plane):
+    # `[null]` once started the drain with every default: Powertools read the array's first element.
+    control_plane.api("PUT", "/api/v1/pools/labs", {})
+    status, body = control_plane.api("POST", "/api/v1/pools/labs/drain", raw="[null]")
+    assert status == 422
+    assert body["details"] == [{"field": "body", "reason": "must be one JSON object, not an array"}]
+    assert control_plane.api("GET", "/api/v1/pools/labs")[1]["drain_generation"] == 0
+
+
+def test_given_an_array_of_states_then_422_and_the_instance_keeps_its_state(control_plane, running_worker):
+    worker = running_worker()
+    _, placed = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id})
+    status, body = control_plane.api(
+        "POST", f"/api/v1/instances/{placed['id']}/state", [{"state": "RUNNING"}, {"state": "FAILED"}]
+    )
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["body"])
+    assert control_plane.api("GET", f"/api/v1/instances/{placed['id']}")[1]["state"] == "SCHEDULED"
+
+
+@pytest.mark.parametrize("raw", ["[]", "[null]", "[{}]", '"lab"', "7", "true"])
+def test_given_a_body_that_is_not_an_object_then_every_route_answers_422_naming_the_body(control_plane, raw):
+    for method, path in _body_routes():
+        status, body = control_plane.api(method, path, raw=raw)
+        assert (status, body["error"]) == (422, "VALIDATION_FAILED"), (method, path)
+        assert [d["field"] for d in body["details"]] == ["body"], (method, path)
+
+
+# ---- how much the API reads, and how much it answers -------------------------------------------------
+
+
+def test_given_tens_of_thousands_of_unknown_keys_then_the_422_lists_the_first_and_counts_them_all(
+    control_plane, running_worker
+):
+    # 0.98 MB of unknown keys once answered 7.4 MB: past Lambda's 6 MB response limit, a 502 on AWS.
+    worker = running_worker()
+    raw = json.dumps({f"k{n}": 1 for n in range(90_000)}, separators=(",", ":"))
+    assert 0.9 * MAX_BODY_BYTES < len(raw) < MAX_BODY_BYTES
+    response = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=raw)
+    status, body = response
+    assert status == 422
+    assert len(body["details"]) == 20
+    assert body["details_total"] == 90_000
+    assert body["message"].endswith("and 89980 more")
+    assert len(json.dumps(body)) < MAX_ANSWER_BYTES
+
+
+def test_given_a_key_of_a_megabyte_then_the_answer_quotes_only_its_start(control_plane, running_worker):
+    worker = running_worker()
+    raw = json.dumps({"k" * (MAX_BODY_BYTES // 2): 1, "timeout_seconds": "x" * 100_000})
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=raw)
+    assert status == 422
+    assert body.get("details_total") is None
+    assert len(body["details"]) == 2
+    assert len(json.dumps(body)) < MAX_ANSWER_BYTES
+
+
+def test_given_a_body_at_the_cap_then_it_is_read_and_one_byte_more_is_413(control_plane, running_worker):
+    worker = running_worker()
+    frame = '{"reason": ""}'
+    at_cap = frame.replace('""', '"' + "x" * (MAX_BODY_BYTES - len(frame)) + '"')
+    assert len(at_cap.encode()) == MAX_BODY_BYTES
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=at_cap)
+    assert (status, [d["field"] for d in body["details"]]) == (
+        422,
+        ["body.reason"],
+    )  # read: too long a reason
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=at_cap + " ")
+    assert (status, body["error"], body["details"]) == (
+        413,
+        "PAYLOAD_TOO_LARGE",
+        {"max_bytes": MAX_BODY_BYTES},
+    )
+    # The cap counts bytes, not characters: half as many two-byte characters are just as many bytes.
+    wide = frame.replace('""', '"' + "\u00e9" * (MAX_BODY_BYTES // 2) + '"')
+    assert len(wide) < MAX_BODY_BYTES < len(wide.encode())
+    assert control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=wide)[0] == 413
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
+
+
+def test_given_a_ten_megabyte_body_then_413_and_a_small_answer(control_plane, running_worker):
+    worker = running_worker()
+    raw = json.dumps({f"unknown{n}": "x" * 100 for n in range(90_000)})
+    assert len(raw) > 10_000_000
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/drain", raw=raw)
+    assert (status, body["error"]) == (413, "PAYLOAD_TOO_LARGE")
+    assert len(json.dumps(body)) < MAX_ANSWER_BYTES
+
+
+# ---- values that disagree with the fleet -----------------------------------------------------------
+
+
+def test_given_a_region_the_stage_does_not_manage_then_422_names_it_and_no_worker_is_made(control_plane):
+    # The worker used to be created, then stayed PENDING for ever: its launch refused every cycle.
+    _template(control_plane)
+    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "zz-nowhere-9"})
+    assert status == 422
+    assert body["details"] == [
+        {
+            "field": "region",
+            "reason": "'zz-nowhere-9' is not a region this stage manages; it manages us-east-1",
+        }
+    ]
+    assert control_plane.api("GET", "/api/v1/workers")[1]["items"] == []
+    status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "us-east-1"})
+    assert (status, body["region"]) == (201, "us-east-1")
+
+
+def test_given_configured_regions_then_only_they_take_workers(control_plane, monkeypatch):
+    _template(control_plane)
+    monkeypatch.setenv("REGION_CONFIGS", '{"eu-west-1": {}, "eu-central-1": {}}')
+    refresh_process_caches()
+    try:
+        created = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "region": "eu-west-1"})
+        # Without a region a worker goes to the API's own, which this stage does not manage.
+        status, body = control_plane.api("POST", "/api/v1/workers", {"template": "lab"})
+    finally:
+        # The settings are cached for the process: the next test must not inherit these regions.
+        monkeypatch.delenv("REGION_CONFIGS")
+        refresh_process_caches()
+    assert created[0] == 201
+    assert (status, body["details"][0]["field"]) == (422, "region")
+    assert "eu-central-1, eu-west-1" in body["details"][0]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("claim", "field"),
+    [
+        ({"template": "other"}, "template"),
+        ({"pool": "elsewhere"}, "pool"),
+        ({"template": "lab", "pool": "x"}, "pool"),
+    ],
+)
+def test_given_a_worker_id_with_a_template_or_pool_it_does_not_have_then_422_and_nothing_is_placed(
+    control_plane, running_worker, claim, field
+):
+    # The instance used to be recorded under the worker's template and pool, not the ones asked for.
+    worker = running_worker(pool="labs")
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, **claim})
+    assert status == 422
+    assert [d["field"] for d in body["details"]] == [field]
+    assert control_plane.ctx.store.get_worker(worker.id).active_instances == 0
+
+
+def test_given_a_worker_id_with_its_own_template_and_pool_then_the_instance_is_placed(
+    control_plane, running_worker
+):
+    worker = running_worker(pool="labs")
+    status, body = control_plane.api(
+        "POST", "/api/v1/instances", {"worker_id": worker.id, "template": "lab", "pool": "labs"}
+    )
+    assert (status, body["worker_id"], body["template"], body["pool"]) == (201, worker.id, "lab", "labs")
+
+
+def test_given_a_worker_without_a_pool_and_a_pool_named_then_422(control_plane, running_worker):
+    worker = running_worker()
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, "pool": "labs"})
+    assert (status, body["details"][0]["field"]) == (422, "pool")
+    assert "has pool none" in body["details"][0]["reason"]

@@ -6,10 +6,13 @@ The seed is fixed, so a run is reproducible; the case counts are the floor `make
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, Final
 
+import jsonschema_rs
 import pytest
+import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.errors import FlakyStrategyDefinition
@@ -56,6 +59,37 @@ schema.config.checks.positive_data_acceptance.expected_statuses = [
     *schema.config.checks.positive_data_acceptance.expected_statuses,
     "422",
 ]
+
+
+# Enough unknown keys to have answered half a megabyte before details were capped; the 0.98 MB body of
+# 90,000 keys is in test_api_client_mistakes.py, on one route (validating it takes a second).
+_UNKNOWN_KEYS: Final = json.dumps({f"k{n}": 1 for n in range(5_000)}).encode()
+_TEN_MEGABYTES: Final = json.dumps({f"unknown{n}": "x" * 100 for n in range(90_000)}).encode()
+# Bodies written by hand where a generator would not go: what a client gets wrong about media types,
+# numbers, keys and sizes. Each is sent to every route that takes a body.
+HAND_MADE_BODIES: Final[list[tuple[str, str | None, bytes | None]]] = [
+    ("upper-case JSON media type", "APPLICATION/JSON", b'{"dry_run": true}'),
+    ("upper-case JSON media type, no body", "APPLICATION/JSON", None),
+    ("text/plain, no body", "text/plain", None),
+    ("text/plain with JSON", "text/plain", b"{}"),
+    ("form", "application/x-www-form-urlencoded", b"a=1"),
+    ("multipart without a boundary", "multipart/form-data", b"{}"),
+    ("a 4,301-digit integer", "application/json", b'{"timeout_seconds": ' + b"1" * 4301 + b"}"),
+    ("a 4,300-digit integer", "application/json", b'{"timeout_seconds": ' + b"9" * 4300 + b"}"),
+    ("a float beyond a double", "application/json", b'{"timeout_seconds": 1e999}'),
+    ("NaN", "application/json", b'{"timeout_seconds": NaN}'),
+    ("-Infinity", "application/json", b'{"timeout_seconds": -Infinity}'),
+    ("an array", "application/json", b"[null]"),
+    ("an array of objects", "application/json", b'[{"state": "RUNNING"}, {"state": "FAILED"}]'),
+    ("a duplicate key", "application/json", b'{"reason": "a", "reason": "b"}'),
+    ("an unpaired surrogate", "application/json", b'{"reason": "\\udc00"}'),
+    ("bytes that are not UTF-8", "application/json", b'{"reason": "\xff\xfe"}'),
+    ("nested 10,000 deep", "application/json", b"[" * 10_000 + b"]" * 10_000),
+    ("5,000 unknown keys", "application/json", _UNKNOWN_KEYS),
+    ("10 MB of unknown keys", "application/json", _TEN_MEGABYTES),
+]  # fmt: skip
+# No answer grows with the request (docs/api.md, "Errors").
+MAX_ANSWER_BYTES: Final = 16 * 1024
 
 
 @pytest.fixture
@@ -138,3 +172,31 @@ def _describe(case: Any, response: Any, failure: BaseException) -> str:
     request = f"{case.method} {case.formatted_path} query={case.query!r} body={case.body!r}"
     answer = f"{response.status_code} {response.text[:400]}"
     return f"- {request}\n  -> {answer}\n  {type(failure).__name__}: {failure}"
+
+
+def test_given_hand_made_bodies_on_every_route_that_takes_one_then_no_5xx_and_no_large_answer(
+    api_url: str,
+) -> None:
+    document = contract()
+    error_body = jsonschema_rs.validator_for(
+        {"components": document["components"], "$ref": "#/components/schemas/ErrorBody"}
+    )
+    broken = []
+    with requests.Session() as session:
+        for path, item in document["paths"].items():
+            for method, operation in item.items():
+                if not isinstance(operation, dict) or "requestBody" not in operation:
+                    continue
+                url = api_url + path.replace("{worker_id}", "w-1").replace("{instance_id}", "i-1")
+                url = url.replace("{name}", "labs")
+                for label, content_type, raw in HAND_MADE_BODIES:
+                    headers = {"Content-Type": content_type} if content_type else {}
+                    answer = session.request(method.upper(), url, data=raw, headers=headers, timeout=60)
+                    where = f"{method.upper()} {path} with {label}: {answer.status_code}"
+                    if answer.status_code >= 500 or str(answer.status_code) not in operation["responses"]:
+                        broken.append(f"{where} {answer.text[:200]}")
+                    elif len(answer.content) > MAX_ANSWER_BYTES:
+                        broken.append(f"{where} answered {len(answer.content)} bytes")
+                    elif answer.status_code >= 400 and not error_body.is_valid(answer.json()):
+                        broken.append(f"{where} is not an ErrorBody: {answer.text[:200]}")
+    assert not broken, "\n".join(broken)

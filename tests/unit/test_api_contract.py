@@ -37,6 +37,7 @@ def test_given_the_contract_then_every_error_is_one_error_body_including_422(doc
         "error",
         "message",
         "details",
+        "details_total",
     }
     for path, method, operation in operations(document):
         for status, response in operation["responses"].items():
@@ -50,7 +51,7 @@ def test_given_a_write_route_then_it_lists_the_statuses_it_really_answers(docume
         statuses = {int(s) for s in operation["responses"]}
         assert 422 in statuses, (path, method)
         if "requestBody" in operation:
-            assert {400, 415} <= statuses, (path, method)
+            assert {400, 413, 415} <= statuses, (path, method)
     created = document["paths"]["/api/v1/workers"]["post"]["responses"]
     assert set(created) >= {"201", "409"}
     assert "200" not in created

@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fleetkeeper.cloud.clients import client
 from fleetkeeper.store.stats import StatsStore
+from fleetkeeper_local import faults
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +78,40 @@ def test_given_a_held_lease_then_others_wait_until_it_expires_or_is_released(sta
     assert stats.acquire_lease(
         "reconcile", "c", now=T0 + timedelta(minutes=8, seconds=1), until=T0 + timedelta(minutes=9)
     )
+
+
+# ---- the conditional writes go through the table's one mapping, retried like every call ----------
+
+
+def _throttled_once(operation: str) -> faults.Fault:
+    return faults.dynamodb_throttling(1.0, limit=1, operations=frozenset({operation}))
+
+
+def test_given_a_throttled_lease_write_then_the_lease_is_taken_after_backoff(table_name):
+    throttled = _throttled_once("PutItem")
+    with faults.FaultPlan(faults=[throttled]).installed():
+        hooked = StatsStore(client("dynamodb"), table_name)
+        assert hooked.acquire_lease("reconcile", "a", now=T0, until=T0 + timedelta(minutes=5))
+        assert not hooked.acquire_lease("reconcile", "b", now=T0, until=T0 + timedelta(minutes=5))
+    assert throttled.injected == 1
+
+
+def test_given_a_throttled_release_then_the_lease_is_released_after_backoff(stats, table_name):
+    assert stats.acquire_lease("reconcile", "a", now=T0, until=T0 + timedelta(minutes=5))
+    throttled = _throttled_once("UpdateItem")
+    with faults.FaultPlan(faults=[throttled]).installed():
+        StatsStore(client("dynamodb"), table_name).release_lease("reconcile", "a", now=T0)
+    assert throttled.injected == 1
+    assert stats.acquire_lease(
+        "reconcile", "b", now=T0 + timedelta(seconds=1), until=T0 + timedelta(minutes=5)
+    )
+
+
+def test_given_a_throttled_claim_then_it_is_claimed_after_backoff_and_only_once(table_name):
+    throttled = _throttled_once("UpdateItem")
+    with faults.FaultPlan(faults=[throttled]).installed():
+        hooked = StatsStore(client("dynamodb"), table_name)
+        claim = {"now": T0, "free_before": T0 - timedelta(minutes=10)}
+        assert hooked.claim_timestamp("scale_down", "last_scale_down_at", **claim)
+        assert not hooked.claim_timestamp("scale_down", "last_scale_down_at", **claim)
+    assert throttled.injected == 1

@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
-from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
     OpenAPIRequestValidationMiddleware,
 )
 from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
-from fleetkeeper.api import errors, idempotency
+from fleetkeeper.api import body, errors, idempotency
 from fleetkeeper.api.routes import (
     audit,
     drains,
@@ -107,27 +106,35 @@ def _add_links(document: dict[str, Any]) -> None:
         }
 
 
+def _add_body_errors(document: dict[str, Any]) -> None:
+    """Every route that takes a body documents the refusals api/body.py may answer before its model runs,
+    with the ErrorBody every error shares (the one its 422 carries)."""
+    for item in document["paths"].values():
+        for operation in item.values():
+            if not isinstance(operation, dict) or "requestBody" not in operation:
+                continue
+            answers = operation["responses"]
+            for status in errors.BODY_ERRORS:
+                answers.setdefault(
+                    status, {"description": errors.description(status), "content": answers[422]["content"]}
+                )
+
+
 # Powertools documents its own 422 body; the API answers every error with ErrorBody instead.
 _POWERTOOLS_VALIDATION_SCHEMAS: Final = ("HTTPValidationError", "ValidationError")
 
 
 class JsonBodiesOnly(OpenAPIRequestValidationMiddleware):
-    """Request validation that refuses a non-JSON body (415) before Powertools tries to parse it.
+    """Request validation whose body is read by api/body.py: one JSON object, or nothing, or a 4xx.
 
-    Powertools would read form and multipart bodies as fields (and fail on malformed ones with errors no
-    handler expects); the API's contract is JSON only, so the media type is checked first, in one place.
+    Powertools would read form and multipart bodies as fields, compare the media type case-sensitively,
+    let duplicate keys and NaN through, and take the first element of an array as the body; the API's
+    contract is one JSON object, so the body is read in one place, and only on routes that take one.
     """
 
-    def handler(self, app: EventHandlerInstance, next_middleware: NextMiddleware) -> Response[Any]:
-        foreign = errors.foreign_content_type(app.current_event)
-        if foreign:
-            raise errors.UnsupportedMediaType(foreign)
-        # No body of ours nests deeply; refusing one before parsing keeps the answer the same whatever
-        # the interpreter's recursion limits (a parser may or may not give up on its own).
-        if errors.json_depth(app.current_event.body or "") > errors.MAX_JSON_DEPTH:
-            raise errors.MalformedJson(f"the body nests deeper than {errors.MAX_JSON_DEPTH} levels")
-        response: Response[Any] = super().handler(app, next_middleware)
-        return response
+    def _get_body(self, app: EventHandlerInstance) -> dict[str, Any] | None:  # type: ignore[override]
+        # Powertools reads None as "no body": the route's optional body takes its defaults.
+        return body.read_object(app.current_event)
 
 
 class AdminApiResolver(APIGatewayRestResolver):
@@ -163,6 +170,7 @@ class AdminApiResolver(APIGatewayRestResolver):
         for name in _POWERTOOLS_VALIDATION_SCHEMAS:
             schemas.pop(name, None)
         _add_links(document)
+        _add_body_errors(document)
         return OpenAPI.model_validate(document)
 
 

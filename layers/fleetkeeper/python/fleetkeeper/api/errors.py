@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from http import HTTPStatus
 from typing import Any, Final
@@ -15,7 +16,6 @@ from typing import Any, Final
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.types import OpenAPIResponse
-from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
     IdempotencyValidationError,
@@ -35,19 +35,38 @@ from fleetkeeper.domain.errors import (
 from fleetkeeper.observability import logger
 
 JSON: Final = "application/json"
-# Deeper than this is no request body of ours; a parser would exhaust Python's recursion first.
-MAX_JSON_DEPTH: Final = 64
+# An error answer never grows with the request: a 422 lists at most this many problems (and says how
+# many there were), and no client text it quotes is longer than MAX_QUOTED characters. A body with
+# 90,000 unknown keys once answered 7 MB, past Lambda's 6 MB response limit (a 502 on AWS).
+MAX_ERROR_DETAILS: Final = 20
+MAX_QUOTED: Final = 200
+
+
+def clipped(text: str, limit: int = MAX_QUOTED) -> str:
+    """Client text as an error quotes it: at most `limit` characters, marked when cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 class UnsupportedMediaType(FleetkeeperError):
     code = "UNSUPPORTED_MEDIA_TYPE"
 
     def __init__(self, content_type: str) -> None:
-        super().__init__(f"send the body as Content-Type: application/json, not {content_type}")
+        super().__init__(f"send the body as Content-Type: application/json, not {clipped(content_type)}")
 
 
 class MalformedJson(FleetkeeperError):
     code = "MALFORMED_JSON"
+
+
+class PayloadTooLarge(FleetkeeperError):
+    code = "PAYLOAD_TOO_LARGE"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is larger than {limit} bytes, the most the API reads")
+        self.limit = limit
+
+    def details(self) -> dict[str, str | int | None]:
+        return {"max_bytes": self.limit}
 
 
 class IdempotencyKeyReused(FleetkeeperError):
@@ -76,13 +95,20 @@ class MethodNotAllowed(FleetkeeperError):
 
 
 class ValidationFailed(FleetkeeperError):
-    """A body, query, path or header value of the wrong type, shape or range."""
+    """A body, query, path or header value of the wrong type, shape or range.
+
+    `total` is how many problems were found when `details` holds only the first of them."""
 
     code = "VALIDATION_FAILED"
 
-    def __init__(self, details: list[ErrorDetail]) -> None:
-        super().__init__("invalid request: " + ", ".join(d.field for d in details))
-        self.fields = details
+    def __init__(self, details: Sequence[ErrorDetail], total: int | None = None) -> None:
+        self.total = max(total or 0, len(details))
+        self.fields = [
+            ErrorDetail(field=clipped(d.field), reason=clipped(d.reason)) for d in details[:MAX_ERROR_DETAILS]
+        ]
+        more = self.total - len(self.fields)
+        suffix = f" and {more} more" if more else ""
+        super().__init__("invalid request: " + ", ".join(d.field for d in self.fields) + suffix)
 
 
 STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
@@ -92,6 +118,7 @@ STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
     ValidationFailed: HTTPStatus.UNPROCESSABLE_ENTITY,
     IdempotencyKeyReused: HTTPStatus.UNPROCESSABLE_ENTITY,
     MalformedJson: HTTPStatus.BAD_REQUEST,
+    PayloadTooLarge: HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     UnsupportedMediaType: HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
     IllegalTransition: HTTPStatus.CONFLICT,
     Conflict: HTTPStatus.CONFLICT,
@@ -106,14 +133,18 @@ STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
 RETRY_AFTER_SECONDS: Final = 5
 
 _DESCRIPTIONS: Final[dict[int, str]] = {
-    400: "MALFORMED_JSON: the body is not JSON, or nests deeper than the API reads",
+    400: (
+        "MALFORMED_JSON: the body is not JSON the API reads (duplicate keys, NaN, a number out of range, "
+        "nesting too deep)"
+    ),
     404: "NOT_FOUND: no such entity or route",
     405: "METHOD_NOT_ALLOWED: the path exists, the method does not",
     409: (
         "ILLEGAL_TRANSITION, CONFLICT, DRAIN_IN_PROGRESS, NO_CAPACITY, OPERATION_IN_FLIGHT or "
         "REQUEST_IN_PROGRESS"
     ),
-    415: "UNSUPPORTED_MEDIA_TYPE: the body is not application/json",
+    413: "PAYLOAD_TOO_LARGE: the body is larger than the API reads (details.max_bytes)",
+    415: "UNSUPPORTED_MEDIA_TYPE: the Content-Type is not application/json",
     422: "VALIDATION_FAILED, INVALID_INPUT or IDEMPOTENCY_KEY_REUSED; details name each field",
     500: "INTERNAL: a bug of ours",
     503: f"WORKFLOW_UNAVAILABLE: the drain workflow could not start; retry after {RETRY_AFTER_SECONDS} s",
@@ -125,6 +156,16 @@ def status_of(exc: FleetkeeperError) -> HTTPStatus:
         (code for kind, code in STATUS_FOR_ERROR.items() if isinstance(exc, kind)),
         HTTPStatus.INTERNAL_SERVER_ERROR,
     )
+
+
+# Every route that takes a body may refuse it before its model sees it (api/body.py); api/app.py adds
+# these to each such route's documented answers.
+BODY_ERRORS: Final = (400, 413, 415)
+
+
+def description(status: int) -> str:
+    """What an error status means in this API, as the contract documents it."""
+    return _DESCRIPTIONS[status]
 
 
 def responses(success: dict[int, tuple[str, Any]], *errors: int) -> dict[int, OpenAPIResponse]:
@@ -145,9 +186,11 @@ def error_response(exc: FleetkeeperError) -> Response[Any]:
     details: list[ErrorDetail] | dict[str, str | int | None] | None = exc.details() or None
     if isinstance(exc, InvalidInput):
         details = [ErrorDetail(field=exc.field, reason=exc.reason)]
-    elif isinstance(exc, ValidationFailed):
+    total = None
+    if isinstance(exc, ValidationFailed):
         details = exc.fields
-    body = ErrorBody(error=exc.code, message=exc.message, details=details)
+        total = exc.total if exc.total > len(exc.fields) else None
+    body = ErrorBody(error=exc.code, message=exc.message, details=details, details_total=total)
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == HTTPStatus.SERVICE_UNAVAILABLE else None
     if isinstance(exc, MethodNotAllowed):
         headers = {"Allow": ", ".join(exc.allowed)}
@@ -159,37 +202,6 @@ def error_response(exc: FleetkeeperError) -> Response[Any]:
     )
 
 
-def foreign_content_type(event: BaseProxyEvent) -> str | None:
-    """The body's media type when it is not JSON. No Content-Type at all is read as JSON."""
-    content_type = (event.headers.get("Content-Type") or event.headers.get("content-type") or "").strip()
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if event.body and media_type and media_type != JSON:
-        return content_type
-    return None
-
-
-def json_depth(text: str) -> int:
-    """How deeply a JSON text nests arrays and objects, counted without parsing it."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def register(app: APIGatewayRestResolver) -> None:
     """Install the handlers that turn every exception a route can raise into an ErrorBody answer."""
 
@@ -198,29 +210,20 @@ def register(app: APIGatewayRestResolver) -> None:
 
     def on_validation_error(exc: RequestValidationError) -> Response[Any]:
         errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return error_response(MalformedJson("the body is not valid JSON"))
         details = [
             ErrorDetail(
                 field=".".join(str(part) for part in e.get("loc", ())) or "body",
                 reason=str(e.get("msg") or e.get("type") or "invalid"),
             )
-            for e in errors
+            for e in errors[:MAX_ERROR_DETAILS]
         ]
-        return error_response(ValidationFailed(details))
+        return error_response(ValidationFailed(details, total=len(errors)))
 
     def on_idempotency_key_reused(exc: IdempotencyValidationError) -> Response[Any]:
         return error_response(IdempotencyKeyReused())
 
     def on_in_progress(exc: IdempotencyAlreadyInProgressError) -> Response[Any]:
         return error_response(RequestInProgress())
-
-    def on_recursion(exc: RecursionError) -> Response[Any]:
-        # json.loads recurses once per nesting level; a hostile body can exhaust the stack before any
-        # model sees it. Only a body that really nests that deep is the client's mistake.
-        if json_depth(app.current_event.body or "") > MAX_JSON_DEPTH:
-            return error_response(MalformedJson(f"the body nests deeper than {MAX_JSON_DEPTH} levels"))
-        return on_unexpected(exc)
 
     def on_unexpected(exc: Exception) -> Response[Any]:
         logger.exception("unhandled error")
@@ -258,6 +261,5 @@ def register(app: APIGatewayRestResolver) -> None:
     app.exception_handler(RequestValidationError)(on_validation_error)
     app.exception_handler(IdempotencyValidationError)(on_idempotency_key_reused)
     app.exception_handler(IdempotencyAlreadyInProgressError)(on_in_progress)
-    app.exception_handler(RecursionError)(on_recursion)
     app.exception_handler(Exception)(on_unexpected)
     app.not_found(on_not_found)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from fleetkeeper.api.errors import RETRY_AFTER_SECONDS, STATUS_FOR_ERROR
+from fleetkeeper.api.body import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from fleetkeeper.api.errors import MAX_ERROR_DETAILS, RETRY_AFTER_SECONDS, STATUS_FOR_ERROR
 from fleetkeeper.api.idempotency import HEADER, MAX_KEY_LENGTH
 from fleetkeeper.api.schemas import MIN_DRAIN_TIMEOUT_SECONDS
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
@@ -17,7 +18,12 @@ from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
 _METHOD_ORDER: Final = ("get", "post", "put")
 
 _ERROR_ROWS: Final = (
-    ("400", "`MALFORMED_JSON`", "the body is not JSON, or nests deeper than the API reads"),
+    (
+        "400",
+        "`MALFORMED_JSON`",
+        "the body is not JSON the API reads: malformed, a key twice in one object, `NaN` or `Infinity`, a "
+        "number out of range, an unpaired surrogate, or nested too deep",
+    ),
     ("404", "`NOT_FOUND`", "no such worker, instance, template, pool or route"),
     ("405", "`METHOD_NOT_ALLOWED`", "the path exists, not with this method; `Allow` names the ones it has"),
     (
@@ -27,7 +33,17 @@ _ERROR_ROWS: Final = (
     ),
     ("409", "`NO_CAPACITY`", "no free slot for the placement: an answer about the fleet, it never pages"),
     ("409", "`REQUEST_IN_PROGRESS`", f"a request with the same `{HEADER}` is still running; retry shortly"),
-    ("415", "`UNSUPPORTED_MEDIA_TYPE`", "a body with any Content-Type other than `application/json`"),
+    ("409", "`OPERATION_IN_FLIGHT`", "the worker already runs an operation; `details` names it"),
+    (
+        "413",
+        "`PAYLOAD_TOO_LARGE`",
+        f"the body is larger than {MAX_BODY_BYTES} bytes; `details.max_bytes` says so",
+    ),
+    (
+        "415",
+        "`UNSUPPORTED_MEDIA_TYPE`",
+        "a Content-Type other than `application/json` on a route that takes a body, with a body or without",
+    ),
     ("422", "`VALIDATION_FAILED`, `INVALID_INPUT`", "a value of the wrong type, shape or range, named"),
     ("422", "`IDEMPOTENCY_KEY_REUSED`", f"the `{HEADER}` was already used with a different body"),
     ("500", "`INTERNAL`", "a bug of ours (it raises the API 5xx alarm)"),
@@ -36,6 +52,12 @@ _ERROR_ROWS: Final = (
         "`WORKFLOW_UNAVAILABLE`",
         f"the drain workflow could not start after retries; nothing changed; retry after `Retry-After` "
         f"({RETRY_AFTER_SECONDS} s). Rare, and counted by the 5xx alarm on purpose",
+    ),
+    (
+        "503",
+        "`SERVICE_UNAVAILABLE`",
+        f"AWS stayed throttled or unavailable through every retry; nothing was half-written; retry after "
+        f"`Retry-After` ({RETRY_AFTER_SECONDS} s)",
     ),
 )
 _ERROR_TABLE: Final = "\n".join(
@@ -62,13 +84,31 @@ explicitly deny).
 Every error is an `ErrorBody`: `{{"error": CODE, "message": text, "details": ...}}`. For 422 `details`
 lists `{{"field", "reason"}}` for each bad value (`body.<field>`, `query.<name>`, `path.<name>`,
 `header.<name>` or a bare name for checks made after parsing); for 404 and 409 it describes the entity.
+No answer grows with the request: `details` lists at most the first {MAX_ERROR_DETAILS} bad values, and
+`details_total` then says how many there were; client text an error quotes is cut to a few hundred
+characters.
 
 {_ERROR_TABLE}
 
+## Bodies
+
+A route that takes a body reads one JSON object, sent as `application/json` (any case, any parameters
+such as `charset`), of at most {MAX_BODY_BYTES} bytes (1 MiB, far above any request of this contract;
+larger is a 413). No body, an empty one or `null` means "no body": routes whose body is optional then use
+their defaults, the others answer 422. The JSON is read strictly (RFC 8259): a key twice in one object is
+a 400, not "the last one wins"; `NaN`, `Infinity`, a number beyond a double or an integer of more than
+4300 digits, an escaped unpaired surrogate and nesting deeper than {MAX_JSON_DEPTH} levels are 400s. An
+array, string, number or boolean at the top is a 422 naming `body`, never read as its first element.
+Routes that take no body ignore one. On AWS, a body near or above Lambda's 6 MB invocation limit never
+reaches the function: API Gateway or Lambda refuses it first, with an answer that is not an `ErrorBody`.
+
 Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not a boolean, and a timestamp
-is an ISO 8601 string with a timezone (a naive time or an epoch number is refused). A drain timeout is a
-whole number of seconds from {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for
-the default (the template's timeout for a worker, 300 s for a pool). An empty drain body means all defaults.
+is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time, an epoch number, a space
+for the `T` or an offset without its colon is refused). A drain timeout is a whole number of seconds from
+{MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
+timeout for a worker, 300 s for a pool). An empty drain body means all defaults. Some values are checked
+against the fleet, each a 422 naming the field: a worker's `region` must be one the stage manages, and a
+placement's `template` or `pool` next to a `worker_id` must be that worker's own.
 
 ## Pages
 

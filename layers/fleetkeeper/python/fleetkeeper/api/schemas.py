@@ -15,6 +15,7 @@ from pydantic import (
     Strict,
     ValidationError,
     ValidatorFunctionWrapHandler,
+    WithJsonSchema,
     WrapValidator,
     model_validator,
 )
@@ -71,17 +72,33 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
+# RFC 3339's date-time (what JSON Schema's `format: date-time` means), with its offset: pydantic alone
+# would also read "1700000000" as seconds since 1970, a space for the T, or an offset without its colon.
+TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$"
+_TIMESTAMP = re.compile(TIMESTAMP_PATTERN)
+_TIMESTAMP_HINT: Final = "an RFC 3339 timestamp with a timezone, e.g. 2099-03-01T09:00:00Z"
+_TIMESTAMP_SCHEMA: Final[dict[str, Any]] = {
+    "type": "string",
+    "format": "date-time",
+    "pattern": TIMESTAMP_PATTERN,
+    "description": _TIMESTAMP_HINT,
+}
+
+
 def _timestamp_text(value: Any) -> Any:
-    """A timestamp is an ISO 8601 string: a bare number would silently mean seconds since 1970."""
-    if not isinstance(value, str | datetime):
-        raise ValueError("an ISO 8601 timestamp with a timezone, e.g. 2026-03-01T09:00:00Z")
+    """A timestamp is RFC 3339 text: a bare number would silently mean seconds since 1970."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or not _TIMESTAMP.fullmatch(value):
+        raise ValueError(_TIMESTAMP_HINT)
     return value
 
 
 # Strict: `true` is not 1 second and `"60"` is not a number; 0, negatives and beyond a year are refused.
+# The bounds come before the validators: behind one, pydantic publishes them as `ge`/`le`, which are not
+# JSON Schema, and the contract would allow any number.
 DrainTimeout = Annotated[
     int,
-    BeforeValidator(_whole_number),
     Strict(),
     Field(
         ge=MIN_DRAIN_TIMEOUT_SECONDS,
@@ -89,37 +106,47 @@ DrainTimeout = Annotated[
         description=f"seconds, {_TIMEOUT_RANGE}",
         examples=[1800],
     ),
+    BeforeValidator(_whole_number),
     WrapValidator(_timeout_in_range),
 ]
-# Timezone-aware ISO 8601 only: a naive time or an epoch number is refused, never guessed.
-# Text only (an epoch number is a client mistake), with its zone; held in UTC like every domain time.
-Timestamp = Annotated[UtcDatetime, BeforeValidator(_timestamp_text)]
+# Timezone-aware RFC 3339 only: a naive time or an epoch number is refused, never guessed; held in UTC
+# like every domain time.
+Timestamp = Annotated[
+    UtcDatetime, BeforeValidator(_timestamp_text), WithJsonSchema(_TIMESTAMP_SCHEMA, mode="validation")
+]
 StrictFlag = Annotated[bool, Strict()]
 # Every path id fits a DynamoDB key with room to spare; longer is a client mistake, not a 500.
 MAX_ID_LENGTH: Final = 128
 
 
-# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request.
-_DURATION = re.compile(r"^(?=\d)(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request. Days, hours,
+# minutes and seconds in that order, each at most once, at least one of them (written without a
+# lookahead, so that every JSON Schema regex dialect reads the published pattern alike).
+DURATION_PATTERN: Final = r"^(?:\d+d(?:\d+h)?(?:\d+m)?(?:\d+s)?|\d+h(?:\d+m)?(?:\d+s)?|\d+m(?:\d+s)?|\d+s)$"
+_DURATION_PART = re.compile(r"(\d+)([dhms])")
+_DURATION = re.compile(DURATION_PATTERN)
 MAX_DO_NOT_DISRUPT: Final = timedelta(days=366)
 _UNTIL_HINT = (
-    "an ISO 8601 timestamp with a timezone (2026-03-01T09:00:00Z) or a duration such as 2h, 90m, 1h30m"
+    "an RFC 3339 timestamp with a timezone (YYYY-MM-DDThh:mm:ssZ, or an offset for the Z) or a duration "
+    "from now such as 2h, 90m, 1h30m or 1d; in the future, within 366 days from now"
 )
 
 
 def _until_or_duration(value: Any) -> Any:
-    """A duration becomes the moment it ends; a timestamp is checked by UtcDatetime (aware only)."""
-    if isinstance(value, str):
-        match = _DURATION.match(value.strip())
-        if match is not None:
-            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-            try:
-                return utcnow() + timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-            except OverflowError as exc:  # "99999999999d": a client's typo, not our 500
-                raise ValueError("must be within 366 days") from exc
-        return value
-    if isinstance(value, datetime):
-        return value
+    """A duration becomes the moment it ends; a timestamp must be RFC 3339 text with its zone."""
+    if isinstance(value, str) and _DURATION.fullmatch(value):
+        parts = {unit: int(amount) for amount, unit in _DURATION_PART.findall(value)}
+        try:
+            return utcnow() + timedelta(
+                days=parts.get("d", 0),
+                hours=parts.get("h", 0),
+                minutes=parts.get("m", 0),
+                seconds=parts.get("s", 0),
+            )
+        except OverflowError as exc:  # "99999999999d": a client's typo, not our 500
+            raise ValueError("must be within 366 days") from exc
+    if isinstance(value, str | datetime):
+        return _timestamp_text(value)
     raise ValueError(_UNTIL_HINT)
 
 
@@ -132,11 +159,23 @@ def _ahead_within_a_year(value: datetime) -> datetime:
     return value
 
 
+# The contract says both spellings; "in the future, within 366 days" depends on the clock, which a
+# schema cannot say, so the description does (and a value outside that window is a 422 naming the field).
 DoNotDisruptUntil = Annotated[
     UtcDatetime,
     BeforeValidator(_until_or_duration),
     AfterValidator(_ahead_within_a_year),
-    Field(description=_UNTIL_HINT, examples=["2h", "2026-03-01T09:00:00Z"]),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {key: value for key, value in _TIMESTAMP_SCHEMA.items() if key != "description"},
+                {"type": "string", "pattern": DURATION_PATTERN},
+            ],
+            "description": _UNTIL_HINT,
+            "examples": ["2h", "1d"],
+        },
+        mode="validation",
+    ),
 ]
 
 
@@ -148,7 +187,10 @@ class CreateWorkerRequest(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"template": "lab", "pool": "labs"}]})
 
     template: Name
-    region: Region | None = None
+    region: Region | None = Field(
+        default=None,
+        description="one of the regions the stage manages (any other is a 422); default: the API's own",
+    )
     pool: Name | None = None
 
 
@@ -258,8 +300,8 @@ class PlaceInstanceRequest(Request):
                 {
                     "pool": "labs",
                     "strategy": "pack",
-                    "timeslot_start": "2026-03-01T09:00:00Z",
-                    "timeslot_end": "2026-03-01T12:00:00Z",
+                    "timeslot_start": "2099-03-01T09:00:00Z",
+                    "timeslot_end": "2099-03-01T12:00:00Z",
                 }
             ]
         }
@@ -273,10 +315,22 @@ class PlaceInstanceRequest(Request):
     timeslot_end: Timestamp | None = None
 
 
+# What a workload may report: every state but SCHEDULED, which is where instances start.
+ReportedInstanceState = Literal[
+    InstanceState.INSTANTIATING,
+    InstanceState.RUNNING,
+    InstanceState.COMPLETED,
+    InstanceState.FAILED,
+    InstanceState.TERMINATED,
+]
+
+
 class InstanceStateRequest(Request):
     model_config = ConfigDict(json_schema_extra={"examples": [{"state": "COMPLETED", "reason": "done"}]})
 
-    state: InstanceState
+    state: ReportedInstanceState = Field(
+        description="the state the workload reports; SCHEDULED is where instances start, never a report"
+    )
     reason: str | None = Field(default=None, max_length=500)
 
 
@@ -317,7 +371,13 @@ class OperationRequest(Request):
     parameters: dict[
         Annotated[str, Field(pattern=PARAMETER_NAME_PATTERN)],
         Annotated[str, Strict(), Field(max_length=MAX_PARAMETER_VALUE)],
-    ] = Field(default_factory=dict, max_length=MAX_PARAMETERS)
+    ] = Field(
+        default_factory=dict,
+        max_length=MAX_PARAMETERS,
+        # pydantic publishes the key pattern as patternProperties, which leaves other keys allowed;
+        # the validator refuses them.
+        json_schema_extra={"additionalProperties": False},
+    )
 
 
 class OperationView(BaseModel):
@@ -525,4 +585,9 @@ class ErrorBody(BaseModel):
     details: list[ErrorDetail] | dict[str, str | int | None] | None = Field(
         default=None,
         description="the fields at fault (a list), or facts about the entity (an object); absent if none",
+    )
+    details_total: int | None = Field(
+        default=None,
+        description="how many fields were at fault when details lists only the first of them; absent "
+        "when details lists them all",
     )

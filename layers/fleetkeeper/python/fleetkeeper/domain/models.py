@@ -37,7 +37,15 @@ def _valid_ec2_tags(tags: dict[str, str]) -> dict[str, str]:
 
 
 MAX_EC2_TAGS = 50
-Ec2Tags = Annotated[dict[str, str], AfterValidator(_valid_ec2_tags)]
+# The schema says the same rules as _valid_ec2_tags, so a published contract allows what EC2 allows.
+_EC2_TAGS_SCHEMA: dict[str, Any] = {
+    "maxProperties": MAX_EC2_TAGS,
+    "propertyNames": {"minLength": 1, "maxLength": 128, "not": {"pattern": "^[aA][wW][sS]:"}},
+    "additionalProperties": {"type": "string", "maxLength": 256},
+}
+Ec2Tags = Annotated[
+    dict[str, str], AfterValidator(_valid_ec2_tags), Field(json_schema_extra=_EC2_TAGS_SCHEMA)
+]
 
 
 def _as_utc(value: datetime) -> datetime:

@@ -37,6 +37,11 @@ def place_instance(
     )
     if worker_id is not None:
         worker = store.get_worker(worker_id)
+        # A worker_id picks the worker; a template or pool beside it is a claim about that worker, and a
+        # claim that does not hold is the client's mistake, never silently overridden by the worker's.
+        for field, asked, actual in (("template", template, worker.template), ("pool", pool, worker.pool)):
+            if asked is not None and asked != actual:
+                raise InvalidInput(field, f"worker {worker.id} has {field} {actual or 'none'}, not {asked}")
         pool_record = store.find_pool(worker.pool) if worker.pool else None
         reason = refusal_reason(worker, pool_record)
         if reason is not None:

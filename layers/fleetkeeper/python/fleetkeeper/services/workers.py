@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from fleetkeeper.cloud.retry import retry_conflicts
@@ -21,8 +22,15 @@ def create_worker(
     pool: str | None = None,
     actor: str,
     worker_id: str | None = None,
+    regions: Collection[str] | None = None,
 ) -> Worker:
-    """A new PENDING worker of a known template, in a known pool; the reconciler launches it."""
+    """A new PENDING worker of a known template, in a known pool; the reconciler launches it.
+
+    `regions` are those the stage manages (settings.regions): a worker anywhere else would stay PENDING
+    for ever, its launch refused every cycle (on AWS the role may only launch in those regions)."""
+    if regions is not None and region not in regions:
+        managed = ", ".join(sorted(regions))
+        raise InvalidInput("region", f"'{region}' is not a region this stage manages; it manages {managed}")
     known_template = store.find_template(template)
     if known_template is None:
         raise InvalidInput("template", f"unknown template '{template}'")

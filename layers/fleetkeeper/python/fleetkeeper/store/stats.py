@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
-
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize
 from fleetkeeper.store.schema import BY_KIND
+from fleetkeeper.store.table import conditional_write
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -106,10 +105,11 @@ class StatsStore:
     def claim_timestamp(self, scope: str, name: str, *, now: datetime, free_before: datetime) -> bool:
         """Set the scope's timestamp `name` to `now` if it is unset or before `free_before`; False when
         someone set it since then. The condition makes a once-per-interval decision exact across
-        concurrent writers (the reconcile shards' scale-down cooldown)."""
+        concurrent writers (the reconcile shards' scale-down cooldown). A claim whose answer was lost
+        reads as not claimed: the interval is skipped, never spent twice."""
         attribute = f"{_TIME}{name}"
-        try:
-            self._client.update_item(
+        refused = conditional_write(
+            lambda: self._client.update_item(
                 TableName=self.table_name,
                 Key=stats_key(scope),
                 UpdateExpression="SET #t = :now, #scope = :scope, #k = :k, #ks = :scope",
@@ -126,12 +126,10 @@ class StatsStore:
                     ":scope": {"S": scope},
                     ":k": {"S": keys.kind_partition("STATS")},
                 },
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+            ),
+            name="UpdateItem",
+        )
+        return refused is None
 
     def read(self, scope: str) -> ScopeStats:
         """One scope's figures; an unknown scope reads as all zero."""
@@ -171,9 +169,10 @@ class StatsStore:
     # ---- lease -------------------------------------------------------------------------------
 
     def acquire_lease(self, name: str, owner: str, *, now: datetime, until: datetime) -> bool:
-        """Take the named lease until `until`, unless another owner holds an unexpired one."""
-        try:
-            self._client.put_item(
+        """Take the named lease until `until`, unless another owner holds an unexpired one. A retry after
+        a lost answer takes it again: the condition lets its owner in."""
+        refused = conditional_write(
+            lambda: self._client.put_item(
                 TableName=self.table_name,
                 Item={
                     **lease_key(name),
@@ -184,24 +183,22 @@ class StatsStore:
                 ConditionExpression="attribute_not_exists(PK) OR expires_at < :now OR #o = :owner",
                 ExpressionAttributeNames={"#o": "owner"},
                 ExpressionAttributeValues={":now": {"S": now.isoformat()}, ":owner": {"S": owner}},
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+            ),
+            name="PutItem",
+        )
+        return refused is None
 
     def release_lease(self, name: str, owner: str, *, now: datetime) -> None:
-        """Give the lease back (let it expire now), if this owner still holds it."""
-        try:
-            self._client.update_item(
+        """Give the lease back (let it expire now), if this owner still holds it; another owner's lease
+        (ours expired and was taken) is left alone."""
+        conditional_write(
+            lambda: self._client.update_item(
                 TableName=self.table_name,
                 Key=lease_key(name),
                 UpdateExpression="SET expires_at = :now",
                 ConditionExpression="#o = :owner",
                 ExpressionAttributeNames={"#o": "owner"},
                 ExpressionAttributeValues={":owner": {"S": owner}, ":now": {"S": now.isoformat()}},
-            )
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                raise
+            ),
+            name="UpdateItem",
+        )

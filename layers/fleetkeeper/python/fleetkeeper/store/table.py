@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
-from fleetkeeper.cloud.retry import cancellation_reasons, with_backoff
+from fleetkeeper.cloud.retry import cancellation_reasons, error_code, with_backoff
 from fleetkeeper.domain.errors import InvalidInput, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.store import keys
@@ -39,6 +39,8 @@ MAX_QUERY_PAGE = 1000
 # BatchGetItem reads at most 100 keys per call.
 BATCH_GET_SIZE = 100
 CONDITION_FAILED = "ConditionalCheckFailed"
+# The error of a single write (PutItem, UpdateItem, DeleteItem) whose condition failed.
+CONDITIONAL_CHECK_FAILED = "ConditionalCheckFailedException"
 
 # What a failed condition on one item means, given that item as it is now (None when it does not exist).
 Refusal = Callable[[dict[str, Any] | None], Exception]
@@ -250,6 +252,22 @@ class TableAccess:
         return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
 
 
+def conditional_write(call: Callable[[], object], *, name: str) -> ClientError | None:
+    """Send one conditional single-item write, retried like every call (cloud/retry.py); None when it
+    was written, the refusal when its condition failed. The one place such a refusal is read (a
+    transaction's go through `cancellation_error`): every caller decides what a refusal means for it.
+
+    A retry after an answer that was lost sees the first attempt's own write, so a condition that the
+    write itself falsifies reads as refused: callers keep to the safe side of that doubt."""
+    try:
+        with_backoff(call, name=name)
+    except ClientError as exc:
+        if error_code(exc) == CONDITIONAL_CHECK_FAILED:
+            return exc
+        raise
+    return None
+
+
 def put_next_version(
     client: DynamoDBClient,
     table_name: str,
@@ -269,14 +287,11 @@ def put_next_version(
             "ExpressionAttributeNames": {"#v": "version"},
             "ExpressionAttributeValues": {":v": serialize_value(expected_version)},
         }
-    try:
-        with_backoff(
-            lambda: client.put_item(TableName=table_name, Item=serialize(item), **condition), name="PutItem"
-        )
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            raise stale() from exc
-        raise
+    refused = conditional_write(
+        lambda: client.put_item(TableName=table_name, Item=serialize(item), **condition), name="PutItem"
+    )
+    if refused is not None:
+        raise stale() from refused
 
 
 def current_status(model: type[BaseModel], item: Mapping[str, Any], field: str = "status") -> str | None:

@@ -30,10 +30,8 @@ router = new_router()
     "/api/v1/workers/<worker_id>/drain",
     responses=responses(
         {200: ("dry_run: the drain that would start", DrainStatus), 202: ("the drain started", DrainStatus)},
-        400,
         404,
         409,
-        415,
         503,
     ),
 )
@@ -75,7 +73,7 @@ def get_drain(worker_id: WorkerId) -> DrainStatus:
 
 @router.post(
     "/api/v1/workers/<worker_id>/cancel-drain",
-    responses=responses({200: ("the worker, drain cancelled", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker, drain cancelled", WorkerView)}, 404, 409),
 )
 def cancel_drain(
     worker_id: WorkerId, body: Annotated[CancelDrainRequest | None, Body()] = None
@@ -89,7 +87,7 @@ def cancel_drain(
 
 @router.post(
     "/api/v1/pools/<name>/drain",
-    responses=responses({202: ("the pool, draining", PoolView)}, 400, 404, 409, 415, 503),
+    responses=responses({202: ("the pool, draining", PoolView)}, 404, 409, 503),
 )
 def drain_pool(
     name: ResourceName, body: Annotated[PoolDrainRequest | None, Body()] = None
@@ -107,7 +105,7 @@ def drain_pool(
 
 @router.post(
     "/api/v1/pools/<name>/cancel-drain",
-    responses=responses({200: ("the pool, drain cancelled", PoolView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the pool, drain cancelled", PoolView)}, 404, 409),
 )
 def cancel_pool_drain(
     name: ResourceName, body: Annotated[CancelDrainRequest | None, Body()] = None

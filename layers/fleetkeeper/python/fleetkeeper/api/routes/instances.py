@@ -28,7 +28,7 @@ router = new_router()
 
 @router.post(
     "/api/v1/instances",
-    responses=responses({201: ("the instance, placed", InstanceView)}, 400, 404, 409, 415),
+    responses=responses({201: ("the instance, placed", InstanceView)}, 404, 409),
 )
 def place_instance(body: PlaceInstanceRequest) -> Response[InstanceView]:
     instance = placement.place_instance(
@@ -71,7 +71,7 @@ def get_instance(instance_id: InstanceId) -> InstanceView:
 
 @router.post(
     "/api/v1/instances/<instance_id>/state",
-    responses=responses({200: ("the instance", InstanceView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the instance", InstanceView)}, 404, 409),
 )
 def set_instance_state(instance_id: InstanceId, body: InstanceStateRequest) -> InstanceView:
     instance = instances.change_instance_state(

@@ -16,7 +16,7 @@ router = new_router()
 
 @router.post(
     "/api/internal/workers/<worker_id>/status",
-    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def set_observed_status(worker_id: WorkerId, body: InternalStatusRequest) -> WorkerView:
     # Audit and terminated_by both name the signing principal: a body cannot speak for someone else.

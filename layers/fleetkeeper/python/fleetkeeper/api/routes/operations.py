@@ -20,9 +20,7 @@ router = new_router()
 
 _REQUEST_RESPONSES = responses(
     {202: ("the operation, PENDING: the reconciler sends it to the machine", OperationView)},
-    400,
     409,
-    415,
     503,
 )
 # No workflow starts here: the one 503 this route answers is the table staying throttled.

@@ -24,9 +24,7 @@ def list_orphan_breakers() -> OrphanBreakerList:
     "/api/v1/reconcile/orphans/confirm",
     responses=responses(
         {200: ("the breaker, with the confirmation the next discovery pass spends", OrphanBreakerView)},
-        400,
         409,
-        415,
     ),
 )
 def confirm_orphans(body: ConfirmOrphansRequest) -> OrphanBreakerView:

@@ -38,9 +38,7 @@ def get_pool(name: ResourceName) -> PoolView:
 
 @router.put(
     "/api/v1/pools/<name>",
-    responses=responses(
-        {200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 400, 409, 415
-    ),
+    responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
 def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
     pool, created = catalog.put_pool(

@@ -38,9 +38,7 @@ def get_template(name: ResourceName) -> TemplateView:
     "/api/v1/templates/<name>",
     responses=responses(
         {200: ("the template, replaced", TemplateView), 201: ("the template, created", TemplateView)},
-        400,
         409,
-        415,
     ),
 )
 def put_template(name: ResourceName, body: TemplateRequest) -> Response[TemplateView]:

@@ -47,7 +47,7 @@ def list_workers(
 
 @router.post(
     "/api/v1/workers",
-    responses=responses({201: ("the new worker, PENDING", WorkerView)}, 400, 409, 415),
+    responses=responses({201: ("the new worker, PENDING", WorkerView)}, 409),
 )
 def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
     context = default_context()
@@ -57,6 +57,7 @@ def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
         region=body.region or context.settings.default_region,
         pool=body.pool,
         actor=caller(router.current_event),
+        regions=context.settings.regions,
     )
     return Response(status_code=HTTPStatus.CREATED, content_type=JSON, body=WorkerView.of(worker))
 
@@ -71,7 +72,7 @@ def get_worker(worker_id: WorkerId) -> WorkerView:
 
 @router.put(
     "/api/v1/workers/<worker_id>/desired-status",
-    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> WorkerView:
     worker = workers.set_desired_status(
@@ -85,7 +86,7 @@ def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> Worke
 
 @router.put(
     "/api/v1/workers/<worker_id>/do-not-disrupt",
-    responses=responses({200: ("the worker", WorkerView)}, 400, 404, 409, 415),
+    responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> WorkerView:
     worker = workers.set_do_not_disrupt_until(
