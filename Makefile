@@ -18,7 +18,7 @@ UV := $(VENV)/bin/uv
 NODE_MAJORS := 22 24
 
 .PHONY: help install layer lock lock-upgrade lock-check deps-report test lint typecheck unit integration infra \
-	synth run bench clean stress browser
+	synth run publish-image bench clean stress browser security-doc
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F ':.*## ' '{printf "make %-12s %s\n", $$1, $$2}'
@@ -138,11 +138,21 @@ test: lint install $(BROWSER_STAMP) ## ruff, mypy and every test: unit, integrat
 	echo "--- mypy"; cat build/mypy.log; \
 	exit $$(( tests != 0 ? tests : types ))
 
+# Runs the integration and e2e tests (every AWS request the functions make, evaluated against the dev
+# stage's policies) and writes what each role's grants are needed for.
+security-doc: install ## regenerate docs/security.md from the integration and e2e tests' request record
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup tests/integration tests/e2e --iam-write-doc $(PYTEST_ARGS)
+
 # The local stack's options pass through ARGS, e.g. `make run ARGS="--data-dir .fleet --workload"`;
 # `make run ARGS=--help` lists them.
 ARGS ?=
 run: $(VENV)/.installed node_modules/.local-stack ## the local control plane with a seeded demo fleet (Ctrl-C stops it; options: ARGS=--help)
 	$(PY) -m fleetkeeper_local run $(ARGS)
+
+# On a running `make run`, from another shell: a newer image for a template, so its workers drift.
+TEMPLATE ?= lab-small
+publish-image: $(VENV)/.installed ## a newer image for TEMPLATE's ami_name_filter on the running local stack (drift `image`)
+	$(PY) -m fleetkeeper_local publish-image $(TEMPLATE)
 
 bench: install ## run the benchmarks and write bench/results.md
 	$(PY) -m bench

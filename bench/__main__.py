@@ -26,7 +26,18 @@ def available() -> list[str]:
     return sorted(p.stem.removesuffix("_bench") for p in HERE.glob("*_bench.py"))
 
 
+def compose() -> None:
+    """bench/results.md from the sections as they are (`python -m bench --compose`): after a section was
+    written by a run elsewhere (`make stress` writes its own)."""
+    parts = [HEADER] + [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
+    REPORT.write_text("\n".join(parts))
+    print(f"wrote {REPORT.relative_to(HERE.parent)}")
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--compose"]:
+        compose()
+        return 0
     names = argv or available()
     unknown = sorted(set(names) - set(available()))
     if unknown:
@@ -43,9 +54,7 @@ def main(argv: list[str]) -> int:
         elif int(module.main([])) != 0:
             print(f"benchmark {name} failed")
             return 1
-    parts = [HEADER] + [p.read_text() for p in sorted(SECTIONS.glob("*.md"))]
-    REPORT.write_text("\n".join(parts))
-    print(f"wrote {REPORT.relative_to(HERE.parent)}")
+    compose()
     return 0
 
 

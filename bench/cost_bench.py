@@ -18,7 +18,6 @@ per worker is flat; bench/results/reconcile.md measures the 10,000 cycle itself)
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 import uuid
@@ -34,6 +33,7 @@ import boto3
 from bench import prices
 from bench.drain_bench import running_worker, wait_for
 from bench.reconcile_bench import build_fleet, per_worker_cycle, speed_up_moto_tag_lookup
+from bench.stack import bench_stack
 from fleetkeeper.cloud.clients import client, reset_clients
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.domain.models import WorkerTemplate
@@ -44,7 +44,7 @@ from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper_local import lambdas
 from fleetkeeper_local.controlplane import activate, provision
-from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, free_port
+from fleetkeeper_local.stack import LOCAL_REGION, LocalStack
 
 DRAINS = 10
 DRAIN_HOURS = 4
@@ -463,21 +463,11 @@ def section(drain: DrainFigures, fleets: list[FleetFigures], fixed: tuple[int, i
 def run() -> str:
     speed_up_moto_tag_lookup()
     record_metric_names()
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
-    saved = dict(os.environ)
-    try:
-        os.environ.update(stack.environment())
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-        reset_clients()
+    with bench_stack(metrics=True) as stack:
         meter = Meter()
         drain = measure_drains(stack, meter)
         fleets = [measure_fleet(stack, meter, size) for size in FLEETS]
         fleets.append(extrapolate(fleets[0], fleets[1], EXTRAPOLATED))
-    finally:
-        stack.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        reset_clients()
     return section(drain, fleets, fixed_monthly())
 
 

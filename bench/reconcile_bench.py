@@ -11,18 +11,20 @@ import math
 import os
 import statistics
 import time
-import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import boto3
+from botocore.config import Config
 
+from bench.stack import bench_stack, use_table
 from fleetkeeper.cloud.clients import client, reset_clients
 from fleetkeeper.cloud.ec2 import DESCRIBE_PAGE_SIZE
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.scale_down import scope_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG
 from fleetkeeper.services import catalog
 from fleetkeeper.services.context import Context, build_context, default_context
@@ -31,8 +33,10 @@ from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import record_attributes, serialize
+from fleetkeeper.store.counters import COUNTED_AS, counter_key, status_attribute
+from fleetkeeper.store.machine_keys import machine_key_item
 from fleetkeeper_local.scheduler import Ec2EventPump
-from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, free_port
+from fleetkeeper_local.stack import LOCAL_REGION, LocalStack
 
 SIZES = (100, 1_000, 10_000)
 PER_WORKER_SIZES = (100, 1_000)
@@ -178,13 +182,6 @@ def page_moto_instances_like_aws() -> None:
     InstanceResponse.describe_instances = describe_instances  # type: ignore[method-assign]
 
 
-def use_table(stack: LocalStack, name: str) -> None:
-    stack.create_table(name)
-    os.environ["TABLE_NAME"] = name
-    get_settings.cache_clear()
-    default_context.cache_clear()
-
-
 def context(**overrides: str) -> Context:
     return build_context(Settings.from_environ({**os.environ, **overrides}))
 
@@ -192,9 +189,11 @@ def context(**overrides: str) -> Context:
 def build_fleet(stack: LocalStack, size: int) -> tuple[Context, list[Worker]]:
     """`size` RUNNING workers, each on its own emulated EC2 instance, written straight to the table."""
     stack.reset_moto()
-    use_table(stack, f"bench-{size}-{uuid.uuid4().hex[:6]}")
+    use_table(stack, f"bench-{size}")
     ctx = context()
-    ec2 = boto3.client("ec2")
+    # A launch of 1,000 emulated instances can outlast botocore's 60 s read timeout on a busy machine,
+    # and a retried RunInstances would launch them twice: wait for the answer instead.
+    ec2 = boto3.client("ec2", config=Config(read_timeout=900, retries={"total_max_attempts": 1}))
     image = ec2.register_image(Name="bench-2026.01", RootDeviceName="/dev/sda1")["ImageId"]
     catalog.put_template(
         ctx.store,
@@ -235,26 +234,48 @@ def build_fleet(stack: LocalStack, size: int) -> tuple[Context, list[Worker]]:
         )
         for n, raw in enumerate(instances)
     ]
+    write_fleet(ctx, fleet)
+    return ctx, fleet
+
+
+def write_fleet(ctx: Context, fleet: list[Worker], *, legacy: bool = False) -> None:
+    """Store workers as the store's own writes leave them (index attributes, counted in their cell, with
+    their machine's key item) and their counter items, with BatchWriteItem: far faster than one
+    transaction each. `legacy`: with the legacy index attributes too, as writes leave them while a table
+    is migrated."""
+    items = [
+        {
+            **keys.worker_key(w.id),
+            **keys.worker_index_attributes(w, legacy=legacy),
+            **record_attributes(w),
+            COUNTED_AS: keys.counted_cell(w),
+        }
+        for w in fleet
+    ]
+    counts: defaultdict[tuple[str, str], Counter[WorkerStatus]] = defaultdict(Counter)
+    scopes: dict[tuple[str, str], str] = {}
+    for worker in fleet:
+        key = counter_key(scope_of(worker), worker.id)
+        slot = (key["PK"]["S"], key["SK"]["S"])
+        counts[slot][worker.status] += 1
+        scopes[slot] = scope_of(worker)
+    items += [
+        {
+            "PK": pk,
+            "SK": sk,
+            "scope": scopes[(pk, sk)],
+            **{status_attribute(status): n for status, n in by_status.items()},
+        }
+        for (pk, sk), by_status in counts.items()
+    ]
+    # Each machine's key item, as the store writes it beside the worker (store/machine_keys.py).
+    items += [item for item in map(machine_key_item, fleet) if item is not None]
     dynamodb = ctx.store._client
-    for start in range(0, len(fleet), 25):
-        requests = [
-            {
-                "PutRequest": {
-                    "Item": serialize(
-                        {
-                            **keys.worker_key(w.id),
-                            **keys.worker_index_attributes(w),
-                            **record_attributes(w),
-                        }
-                    )
-                }
-            }
-            for w in fleet[start : start + 25]
-        ]
+    for start in range(0, len(items), 25):
+        requests = [{"PutRequest": {"Item": serialize(item)}} for item in items[start : start + 25]]
         pending: dict[str, Any] = {ctx.settings.table_name: requests}
         while pending:
             pending = dynamodb.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
-    return ctx, fleet
 
 
 def counted_clients() -> list[Any]:
@@ -508,20 +529,9 @@ def section(rows: list[dict[str, Any]], discovery: dict[str, Any], latency: list
 
 def run() -> str:
     speed_up_moto_tag_lookup()
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
-    saved = dict(os.environ)
-    try:
-        os.environ.update(stack.environment())
-        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-        reset_clients()
+    with bench_stack() as stack:
         counter = CallCounter()
         rows, (largest_ctx, largest_fleet) = measure_reconcile(stack, counter)
         discovery = measure_discovery(largest_ctx, largest_fleet, counter)
         latency = measure_event_latency(stack)
-    finally:
-        stack.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        reset_clients()
     return section(rows, discovery, latency)

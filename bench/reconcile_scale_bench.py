@@ -4,15 +4,15 @@ Steady fleet: every worker RUNNING on a running (emulated) instance, nothing to 
 bench/reconcile_bench.py. Each figure is the median of REPEATS cycles after one warm-up cycle.
 
 - Scaling curve: one cycle over the whole fleet at 1,000, 10,000 and 30,000 workers, with where its time
-  goes (the status-index read, the EC2 read, the metrics read, the rest: planning, the drain sweep and
-  the stats write). A straight line through the points gives the largest fleet one cycle serves within
-  HEADROOM of the schedule period.
+  goes (the status read: the index, the workers by key and the counters; the EC2 read, the metrics
+  read, the rest: planning, the drain sweep and the stats write). A straight line through the points
+  gives the largest fleet one cycle serves within HEADROOM of the schedule period.
 - Shards: fleets of SHARD_STEP, 2 x SHARD_STEP and 3 x SHARD_STEP workers with 1, 2 and 3 shards. On
   AWS each shard is its own Lambda invocation; here each shard's cycle runs alone, so the wall time is
   what one invocation sees, not the emulators' share of this 2-core machine among parallel shards. The
   goal: the slowest shard at 3 x SHARD_STEP within FLAT_GOAL of the single cycle at SHARD_STEP. Every
   worker must be handled by exactly one shard (the shards' worker counts add up to the fleet, and each
-  is the number of ids its hash owns).
+  is the number of ids its bucket range owns).
 
 moto's tag filter and instance-id filter scan every instance of the region per call; the benchmark
 swaps both for dict and set lookups (same answers, bench/reconcile_bench.py) so that the wall times
@@ -41,11 +41,12 @@ from bench.reconcile_bench import (
     speed_up_moto_instance_filters,
     speed_up_moto_tag_lookup,
 )
-from fleetkeeper.cloud.clients import reset_clients
+from bench.stack import bench_stack
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import cycle, reconcile_fleet
-from fleetkeeper_local.stack import LocalStack, free_port
+from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.stack import LocalStack
 
 SIZES = (1_000, 10_000, 30_000)
 SHARD_STEP = 10_000
@@ -55,7 +56,7 @@ PERIOD_SECONDS = 60  # the reconcile schedule's default rate
 # A cycle should end within this share of its period: room for a slow EC2 page, a burst of launches.
 HEADROOM = 0.5
 FLAT_GOAL = 1.25
-PHASES = ("status index read", "EC2 read", "metrics read")
+PHASES = ("status read", "EC2 read", "metrics read")
 
 
 class PhaseClock:
@@ -79,6 +80,7 @@ class PhaseClock:
         with (
             patch.object(cycle, "_observe", self._timed("EC2 read", cycle._observe)),
             patch.object(cycle, "_collect_metrics", self._timed("metrics read", cycle._collect_metrics)),
+            patch.object(FleetStore, "reconcile_read", self._timed("status read", FleetStore.reconcile_read)),
         ):
             yield
 
@@ -108,17 +110,12 @@ def timed_cycles(ctx: Context, shard: Shard, clock: PhaseClock) -> dict[str, Any
     workers = 0
     for _ in range(REPEATS):
         clock.take()
-        read_started = time.perf_counter()
-        list(ctx.store.iter_workers_by_status(cycle.RECONCILE_STATUSES))
-        read = time.perf_counter() - read_started
         started = time.perf_counter()
         with clock.attached():
             report = reconcile_fleet(ctx, shard=shard)
         walls.append(time.perf_counter() - started)
         steady(report)
-        taken = clock.take()
-        taken["status index read"] = read
-        phases.append(taken)
+        phases.append(clock.take())
         workers = report.workers
     middle = sorted(range(REPEATS), key=lambda n: walls[n])[REPEATS // 2]
     return {"seconds": statistics.median(walls), "phases": phases[middle], "workers": workers}
@@ -185,19 +182,20 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
         "## Reconcile scaling and shards (bench/reconcile_scale_bench.py)",
         "",
         f"Steady fleet (every worker RUNNING, nothing to change); median of {REPEATS} cycles after a",
-        f"warm-up; {machine}, {when}. Phases: the status-index read (every shard reads the whole index),",
-        "the EC2 and CloudWatch batched reads; the rest is planning, the drain sweep and the stats write.",
+        f"warm-up; {machine}, {when}. Phases: the status read (the shard's buckets of the status index, its",
+        "workers by key, the counters), the EC2 and CloudWatch batched reads; the rest is planning, the",
+        "drain sweep and the stats write.",
         "",
         "### One cycle as the fleet grows",
         "",
-        "| workers | cycle | status index read | EC2 read | metrics read | rest | per 1,000 workers |",
+        "| workers | cycle | status read | EC2 read | metrics read | rest | per 1,000 workers |",
         "|--------:|------:|------------------:|---------:|-------------:|-----:|------------------:|",
     ]
     for row in curve:
         phases = row["phases"]
         rest = max(0.0, row["seconds"] - phases["EC2 read"] - phases["metrics read"])
         lines.append(
-            f"| {row['size']:,} | {row['seconds']:.2f} s | {phases['status index read']:.2f} s | "
+            f"| {row['size']:,} | {row['seconds']:.2f} s | {phases['status read']:.2f} s | "
             f"{phases['EC2 read']:.2f} s | {phases['metrics read']:.2f} s | {rest:.2f} s | "
             f"{row['seconds'] / row['size'] * 1000:.2f} s |"
         )
@@ -207,7 +205,7 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
         f"Fit: {fixed:.2f} s + {per_worker * 1000:.3f} s per 1,000 workers. Goal: one cycle serves at least "
         f"{SIZES[1]:,} workers within {HEADROOM:.0%} of the {PERIOD_SECONDS} s period ({budget:.0f} s): "
         f"**{met}**, largest fleet for one cycle on this machine about **{largest_rounded:,} workers**. "
-        "The status-index read is not where the time goes; the emulators' EC2 answer and the per-worker "
+        "The status read is not where the time goes; the emulators' EC2 answer and the per-worker "
         "planning are, and both are faster on AWS, so this bound is conservative. Past it, set "
         "`schedules.reconcile_shards` to ceil(fleet / that size) (docs/operations.md, "
         '"Sharding the reconciler").',
@@ -228,9 +226,9 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
         "",
         f"Goal: the slowest shard at {SHARD_STEP * SHARD_COUNTS[-1]:,} workers / {SHARD_COUNTS[-1]} shards "
         f"within {FLAT_GOAL}x the single cycle at {SHARD_STEP:,}: {slowest:.2f} s / {base:.2f} s = "
-        f"**{flat:.2f}x, {flat_met}**. What still grows with the fleet is each shard's read of the whole "
-        "status index (the fleet-wide counts the scale-down guards need); the EC2 and metrics reads and "
-        "the per-worker work split with the hash.",
+        f"**{flat:.2f}x, {flat_met}**. Each shard reads only its own buckets of the status index and the "
+        "fleet-wide counts from the counters, so its reads, the EC2 and metrics reads and the per-worker "
+        "work all split with the buckets (100,000 workers on 10 shards: section of bench/shards_bench.py).",
         "",
     ]
     return "\n".join(lines)
@@ -240,20 +238,9 @@ def run() -> str:
     speed_up_moto_tag_lookup()
     speed_up_moto_instance_filters()
     page_moto_instances_like_aws()
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
-    saved = dict(os.environ)
-    try:
-        os.environ.update(stack.environment())
-        os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
-        reset_clients()
+    with bench_stack() as stack:
         clock = PhaseClock()
         curve, shards = measure(stack, clock)
-    finally:
-        stack.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        reset_clients()
     return section(curve, shards)
 
 

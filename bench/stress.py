@@ -5,8 +5,9 @@ What it does, in order:
 1. starts DynamoDB Local and moto, provisions the table, the drain state machine and the rest
    (`fleetkeeper_local.controlplane.provision`), seeds templates, pools and RUNNING workers backed by
    emulated EC2 machines, and serves the API from several instance processes (`ApiServer`), each with
-   the same fault plan (`FLEETKEEPER_LOCAL_FAULTS`); this process installs the plan too, for the drain
-   tasks moto runs here, the EC2 event pump and the reconcile and discovery ticks;
+   the same fault plan (`FLEETKEEPER_LOCAL_FAULTS`) and AWS's limits (`FLEETKEEPER_AWS_RULES`,
+   `--aws-rules`); this process installs both too, for the drain tasks moto runs here and the reconcile
+   and discovery ticks (the harness's own clients, made before, see neither);
 2. runs `--threads` clients doing `--ops` random operations in total, each client drawing from its own
    `random.Random(seed, client)`: placements (by pool and by worker), instance state reports, drains
    with short and long deadlines, double drains, cancels, pool drains and cancels, desired statuses,
@@ -53,8 +54,15 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, 
 from fleetkeeper.observability import logger
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.context import default_context
-from fleetkeeper_local import faults
-from fleetkeeper_local.controlplane import FAULTS_ENVIRONMENT, ApiServer, activate, provision
+from fleetkeeper_local import aws_rules, faults
+from fleetkeeper_local.controlplane import (
+    FAULTS_ENVIRONMENT,
+    LOCAL_WORKER_PROFILE,
+    ApiServer,
+    activate,
+    provision,
+    refresh_process_caches,
+)
 from fleetkeeper_local.event_shapes import schedule_input
 from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.invocation import invoke
@@ -67,12 +75,20 @@ ACCOUNT = "123456789012"
 # Errors only: the API instances' "unhandled error" lines (in the run's log file) explain each 500.
 QUIET = {"POWERTOOLS_LOG_LEVEL": "ERROR", "POWERTOOLS_METRICS_DISABLED": "true"}
 
+BEFORE_STOP_OPERATION = "deregister-license"
+# What a client asks a worker to run (the dev catalogue's, with their parameters' defaults).
+OPERATIONS = ["collect-system-info", "register-license", BEFORE_STOP_OPERATION]
 TEMPLATES = [
     WorkerTemplate(
         name="stress-small", instance_type="m5.large", ami_name_filter="stress-small-*", capacity=3
     ),
+    # Its drains run a cleanup operation on the machine before stopping it.
     WorkerTemplate(
-        name="stress-large", instance_type="m5.xlarge", ami_name_filter="stress-large-*", capacity=5
+        name="stress-large",
+        instance_type="m5.xlarge",
+        ami_name_filter="stress-large-*",
+        capacity=5,
+        before_stop=[BEFORE_STOP_OPERATION],
     ),
 ]
 POOLS = ["alpha", "beta", "gamma"]
@@ -91,18 +107,48 @@ class Options:
     report: bool = True
     log_path: str | None = None  # the API instances' log; None: a temporary file
     note: str = ""
+    # AWS's limits (fleetkeeper_local.aws_rules) in every process: on, off, or a scale such as 0.1.
+    aws_rules: str = "on"
+    # Reconcile shards, every one's cycle started at once on each tick (scale-down takes turns at the
+    # ledger across them).
+    shards: int = 3
+
+
+# Scale-down on, with windows a run of minutes goes through: a worker whose machine reports idle CPU for
+# IDLE_WINDOW is stopped (or drained, if it holds work), one per scope (template and pool) per COOLDOWN
+# across every shard, never below one RUNNING worker of its scope.
+SCALE_DOWN_COOLDOWN_SECONDS = 30
+IDLE_WINDOW_SECONDS = 10
+
+
+def system_settings(options: Options) -> dict[str, str]:
+    """The stage's settings every process of the run shares (the API instances inherit them)."""
+    return {
+        "RECONCILE_SHARDS": str(options.shards),
+        "SCALE_DOWN_ENABLED": "true",
+        "SCALE_DOWN_COOLDOWN_SECONDS": str(SCALE_DOWN_COOLDOWN_SECONDS),
+        "IDLE_WINDOW_SECONDS": str(IDLE_WINDOW_SECONDS),
+        # Every worker's CPU read on every cycle (0 would turn the readings, and so scale-down, off).
+        "METRICS_INTERVAL_SECONDS": "60",
+        "MIN_WORKERS": "1",
+    }
 
 
 def fault_spec(options: Options) -> dict[str, Any]:
-    """The fault plan, as FLEETKEEPER_LOCAL_FAULTS carries it to the API instances."""
+    """The fault plan, as FLEETKEEPER_LOCAL_FAULTS carries it to the API instances: AWS's error answers
+    and lost answers (the write landed, the caller heard a 500). No crash: API Gateway answers a crashed
+    invocation with a 502 the client sees, which says nothing about our code."""
     rate = options.fault_rate
     kinds = [
         "dynamodb_conflicts",
         "dynamodb_throttling",
+        "dynamodb_lost_answers",
         "ec2_throttling",
         "ec2_server_error",
+        "ec2_lost_answers",
         "sfn_throttling",
         "sfn_task_does_not_exist",
+        "sfn_lost_answers",
     ]
     return {
         "seed": options.seed,
@@ -112,6 +158,8 @@ def fault_spec(options: Options) -> dict[str, Any]:
 
 
 def local_fault_plan(options: Options) -> faults.FaultPlan:
+    """This process's plan: the API's, and crashes between two writes of the invocations it runs (the
+    reconcile shards, discovery, EC2 events and the drain workflow's tasks)."""
     rate = options.fault_rate
     return faults.FaultPlan(
         # Offset from the API instances' seeds (seed + index), so this process draws its own sequence.
@@ -119,10 +167,15 @@ def local_fault_plan(options: Options) -> faults.FaultPlan:
         [
             faults.dynamodb_conflicts(rate),
             faults.dynamodb_throttling(rate),
+            faults.dynamodb_lost_answers(rate),
+            # Per worker write, so a third of the rest: most cycles make several.
+            faults.crashes_between_writes(rate / 3, when=faults.is_worker_write),
             faults.ec2_throttling(rate),
             faults.ec2_server_error(rate),
+            faults.ec2_lost_answers(rate),
             faults.sfn_throttling(rate),
             faults.sfn_task_does_not_exist(rate),
+            faults.sfn_lost_answers(rate),
         ],
         index_lag_seconds=options.index_lag_seconds,
     )
@@ -182,25 +235,62 @@ class Fleet:
             return sorted(self.active)
 
 
+# Lambda retries an asynchronous invocation (an EventBridge delivery) twice when it fails.
+ASYNC_RETRIES = 2
+# The scheduled functions' timeout in this run (300 s on AWS). A crashed cycle holds its shard's lease
+# until the timeout it was given has passed, as on AWS; a run of minutes must see that more than once.
+SCHEDULED_TIMEOUT_SECONDS = 30
+
+
 class Functions:
-    """The scheduled and event-driven handlers, each one invocation at a time, as one Lambda instance."""
+    """The scheduled and event-driven handlers, each one invocation at a time, as one Lambda instance.
 
-    def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {
-            name: threading.Lock() for name in ("reconcile", "discover", "ec2_events")
-        }
+    An invocation the fault plan kills (`InvocationCrashed`) is what Lambda sees as a runtime exit: a
+    schedule's next tick runs again, an event delivery is retried as Lambda retries it.
+    """
 
-    def reconcile(self) -> Any:
-        with self._locks["reconcile"]:
-            return invoke("reconcile", schedule_input("reconcile"))
+    def __init__(self, shards: int = 1) -> None:
+        self.shards = shards
+        names = ["discover", "ec2_events", *(f"reconcile#{shard}" for shard in range(shards))]
+        self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in names}
+        self.crashed: Counter[str] = Counter()
+
+    def _run(self, name: str, function: str, event: dict[str, Any], retries: int = 0) -> Any:
+        with self._locks[name]:
+            for _ in range(retries + 1):
+                try:
+                    return invoke(function, event, timeout_seconds=SCHEDULED_TIMEOUT_SECONDS)
+                except faults.InvocationCrashed:
+                    self.crashed[name.split("#", maxsplit=1)[0]] += 1
+        return None
+
+    def reconcile(self) -> None:
+        """Every shard's cycle at once, each on its own thread, as their schedules fire together."""
+        failed: list[Exception] = []
+
+        def shard(index: int) -> None:
+            event: dict[str, Any] = {**schedule_input("reconcile"), "shard": index, "shards": self.shards}
+            try:
+                self._run(f"reconcile#{index}", "reconcile", event)
+            except Exception as exc:  # a failed cycle is the tick's failure, once the others are done
+                failed.append(exc)
+
+        threads = [threading.Thread(target=shard, args=(i,)) for i in range(self.shards)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failed:
+            raise failed[0]
 
     def discover(self) -> Any:
-        with self._locks["discover"]:
-            return invoke("discover", schedule_input("discover", region=LOCAL_REGION))
+        return self._run("discover", "discover", schedule_input("discover", region=LOCAL_REGION))
+
+    def ec2_event(self, event: dict[str, Any]) -> Any:
+        return self._run("ec2_events", "ec2_events", event, retries=ASYNC_RETRIES)
 
     def spot_warning(self, machine: str, action: str, warned_at: datetime) -> Any:
-        with self._locks["ec2_events"]:
-            return invoke("ec2_events", spot_warning_event(machine, action, warned_at))
+        return self.ec2_event(spot_warning_event(machine, action, warned_at))
 
 
 # EC2 warns a spot instance two minutes before it interrupts it.
@@ -236,7 +326,7 @@ class Client:
         api: str,
         fleet: Fleet,
         seen: Observations,
-        ec2: Any,
+        aws: tuple[Any, Any],
         functions: Functions,
     ) -> None:
         self.index = index
@@ -244,7 +334,8 @@ class Client:
         self.api = api
         self.fleet = fleet
         self.seen = seen
-        self.ec2 = ec2
+        # The harness's own EC2 and CloudWatch clients: an operator outside, and the machines' metrics.
+        self.ec2, self.cloudwatch = aws
         self.functions = functions
         self.session = requests.Session()
         self.caller = f"arn:aws:iam::{ACCOUNT}:user/stress-{index:02d}"
@@ -270,6 +361,9 @@ class Client:
             (self.read_worker, 6),
             (self.read_drain, 2),
             (self.refresh, 1),
+            (self.report_cpu, 4),
+            (self.request_operation, 3),
+            (self.read_operations, 1),
         ]
 
     # -- plumbing --
@@ -606,6 +700,39 @@ class Client:
         if status == 200:
             self._sample(payload, sent, received)
 
+    def report_cpu(self) -> None:
+        """A machine's CPU reading, as CloudWatch gets it: mostly idle, so that scale-down has candidates
+        in every shard, sometimes busy, which resets the worker's idle clock."""
+        machine = self._machine()
+        if machine is None:
+            return
+        busy = self.random.random() < 0.1
+        value = self.random.uniform(40, 90) if busy else self.random.uniform(0, 3)
+        self.cloudwatch.put_metric_data(
+            Namespace="AWS/EC2",
+            MetricData=[
+                {
+                    "MetricName": "CPUUtilization",
+                    "Dimensions": [{"Name": "InstanceId", "Value": machine}],
+                    "Value": value,
+                    "Timestamp": now(),
+                }
+            ],
+        )
+
+    def request_operation(self) -> None:
+        """An operation on a worker: one at a time per worker, so concurrent requests race for its lock."""
+        worker_id = self.pick_hot_worker() if self.random.random() < 0.3 else self.pick_worker()
+        if worker_id is None:
+            return
+        body = {"name": self.random.choice(OPERATIONS)}
+        self.call("request_operation", "POST", f"/api/v1/workers/{worker_id}/operations", body)
+
+    def read_operations(self) -> None:
+        worker_id = self.pick_worker()
+        if worker_id is not None:
+            self.call("read_operations", "GET", f"/api/v1/workers/{worker_id}/operations")
+
     def read_drain(self) -> None:
         worker_id = self.pick_worker()
         if worker_id is not None:
@@ -652,6 +779,8 @@ def seed_fleet(options: Options, ec2: Any, fleet: Fleet) -> None:
             MinCount=1,
             MaxCount=1,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+            # As the reconciler launches: the SSM agent registers only a machine with a profile.
+            IamInstanceProfile={"Name": LOCAL_WORKER_PROFILE},
         )["Instances"][0]
         worker = store.transition_worker(
             worker,
@@ -695,12 +824,16 @@ def api_fault_counts(server: ApiServer) -> Counter[str]:
         answer = requests.get(f"{url}/_local/faults", timeout=30)
         if answer.status_code == 200:
             total.update(answer.json()["injected"])
+            total.update(answer.json().get("throttled", {}))
     return total
 
 
 def switch_api_faults(server: ApiServer, enabled: bool) -> None:
     for url in server.backend_urls:
         requests.post(f"{url}/_local/faults", json={"enabled": enabled}, timeout=30)
+
+
+SETTLED_ROUNDS = 2
 
 
 def quiesce(functions: Functions, pump: Ec2EventPump, dynamodb: Any, table: str, limit: float) -> float:
@@ -713,6 +846,7 @@ def quiesce(functions: Functions, pump: Ec2EventPump, dynamodb: Any, table: str,
 
     started = time.monotonic()
     rounds = 0
+    settled_rounds = 0
     while time.monotonic() - started < limit:
         pump.poll_once()
         try:
@@ -722,7 +856,11 @@ def quiesce(functions: Functions, pump: Ec2EventPump, dynamodb: Any, table: str,
         except Exception as exc:  # a failing tick is a finding, not a reason to stop settling
             print(f"quiesce: tick failed: {exc!r}", file=sys.stderr)
         rounds += 1
-        if not unsettled(dynamodb, table):
+        # Settled twice in a row, a round apart: the drain workflows run on their own, and one that
+        # is forcing its last instances right now looks settled (work and time left) for a moment
+        # before its Finish step runs.
+        settled_rounds = 0 if unsettled(dynamodb, table) else settled_rounds + 1
+        if settled_rounds >= SETTLED_ROUNDS:
             break
         time.sleep(1.0)
     # One more pump pass and cycle, so the last EC2 changes are applied before the check reads.
@@ -793,6 +931,26 @@ def drive(clients: list[Client], options: Options, seen: Observations, fleet: Ca
     done.set()
 
 
+def aws_limits(options: Options, cleanup: ExitStack) -> aws_rules.AwsRules | None:
+    """AWS's limits in every process: the API instances read them from the environment, this one
+    installs them now, before its fault plan (a faulted call never reached AWS and spends nothing)."""
+    cleanup.enter_context(environment({aws_rules.ENVIRONMENT: options.aws_rules}))
+    rules = aws_rules.AwsRules.from_environ()
+    return cleanup.enter_context(rules.installed()) if rules is not None else None
+
+
+def seeded_stage(options: Options, cleanup: ExitStack) -> tuple[Any, Any, Fleet]:
+    """The stage's shared settings and the seeded fleet, with the harness's own EC2 and CloudWatch
+    clients, made before any fault plan exists: they never see faults."""
+    ec2 = boto3.client("ec2", region_name=LOCAL_REGION)
+    cloudwatch = boto3.client("cloudwatch", region_name=LOCAL_REGION)
+    cleanup.enter_context(environment(system_settings(options)))
+    refresh_process_caches()
+    fleet = Fleet()
+    seed_fleet(options, ec2, fleet)
+    return ec2, cloudwatch, fleet
+
+
 def run(options: Options) -> Report:
     """Start the stack, run the workload, quiesce and check. The stack is stopped whatever happens."""
     quiet()
@@ -808,24 +966,24 @@ def run(options: Options) -> Report:
         cleanup.enter_context(environment(stack.environment()))
         resources = provision(stack, table)
         activate(resources, heartbeat_seconds=5)
-        # Clients of the harness itself are made before any fault plan exists: they never see faults.
-        ec2 = boto3.client("ec2", region_name=LOCAL_REGION)
         dynamodb = stack.dynamodb_client()
-        fleet = Fleet()
-        seed_fleet(options, ec2, fleet)
+        ec2, cloudwatch, fleet = seeded_stage(options, cleanup)
         cleanup.enter_context(environment({FAULTS_ENVIRONMENT: json.dumps(fault_spec(options))}))
+        rules = aws_limits(options, cleanup)
         server = ApiServer(port=free_port(), instances=options.api_instances, log_path=log_path).start()
         cleanup.callback(server.stop)
         plan = local_fault_plan(options)
         cleanup.enter_context(plan.installed())
-        functions = Functions()
-        pump = Ec2EventPump(interval_seconds=0.5)
+        functions = Functions(options.shards)
+        pump = Ec2EventPump(interval_seconds=0.5, deliver=functions.ec2_event)
         pump.start()
         cleanup.callback(pump.stop)
 
         seen = Observations(started_at=now())
         clients = [
-            Client(i, options, api=server.url, fleet=fleet, seen=seen, ec2=ec2, functions=functions)
+            Client(
+                i, options, api=server.url, fleet=fleet, seen=seen, aws=(ec2, cloudwatch), functions=functions
+            )
             for i in range(options.threads)
         ]
         began = time.monotonic()
@@ -836,10 +994,13 @@ def run(options: Options) -> Report:
         plan.enabled = False
         switch_api_faults(server, enabled=False)
         injected = Counter(plan.summary()) + api_fault_counts(server)
+        injected.update(rules.summary() if rules is not None else {})
+        injected.update({f"crashed {name}": n for name, n in functions.crashed.items()})
         pump.stop()
         settle_seconds = quiesce(functions, pump, dynamodb, table, options.quiesce_seconds)
         print(f"settled: {fleet_line(dynamodb, table)}", flush=True)
-        report = check(seen, dynamodb, table, ec2, now())
+        cooldown = timedelta(seconds=SCALE_DOWN_COOLDOWN_SECONDS)
+        report = check(seen, dynamodb, table, ec2, now(), cooldown=cooldown)
         report.options = options.__dict__ | {"table": table}
         report.startup_seconds = startup_seconds
         report.workload_seconds = workload_seconds
@@ -886,6 +1047,7 @@ def run_row(report: Report, note: str) -> dict[str, Any]:
         "violations": report.violation_count,
         "by_invariant": {name: len(found) for name, found in report.violations.items() if found},
         "faults": report.faults,
+        "covered": report.covered,
         "note": note,
     }
 
@@ -898,9 +1060,9 @@ def section(runs: list[dict[str, Any]]) -> str:
         "`python -m bench.stress --seed S --ops N --threads T`: API on instance processes, 12 seeded",
         "workers in 3 pools, each fault class at the rate shown in every process that runs our handlers,",
         "an index lag of 0.2 s; then faults off, the fleet settles, and every invariant is checked",
-        "(bench/stress_check.py). 503 NO_CAPACITY is the contract's answer for a full fleet, counted apart.",
+        "(bench/stress_check.py). 409 NO_CAPACITY is the contract's answer for a full fleet, counted apart.",
         "",
-        "| seed | ops | threads | API instances | fault rate | workload | settle | 5xx | 503 NO_CAPACITY "
+        "| seed | ops | threads | API instances | fault rate | workload | settle | 5xx | 409 NO_CAPACITY "
         "| violations | code |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -914,7 +1076,12 @@ def section(runs: list[dict[str, Any]]) -> str:
     for r in runs:
         faults = ", ".join(f"{k} {v}" for k, v in r["faults"].items()) or "none"
         broken = ", ".join(f"{k}: {v}" for k, v in r["by_invariant"].items()) or "none"
-        lines.append(f"- seed {r['seed']}, {r['ops']:,} ops: faults {faults}; violations: {broken}")
+        went = ", ".join(f"{k} {v}" for k, v in r.get("covered", {}).items())
+        lines.append(
+            f"- seed {r['seed']}, {r['ops']:,} ops: faults {faults}; "
+            + (f"covered: {went}; " if went else "")
+            + f"violations: {broken}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -943,9 +1110,13 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--workers", type=int, default=default.workers)
     parser.add_argument("--fault-rate", type=float, default=default.fault_rate)
     parser.add_argument("--index-lag", type=float, default=default.index_lag_seconds)
+    parser.add_argument("--shards", type=int, default=default.shards)
     parser.add_argument("--quiesce-seconds", type=float, default=default.quiesce_seconds)
     parser.add_argument("--no-report", action="store_true", help="do not write bench/results.md")
     parser.add_argument("--note", default="", help="what code ran, for the results table")
+    parser.add_argument(
+        "--aws-rules", default=default.aws_rules, help="AWS's limits: on, off or a scale such as 0.1"
+    )
     args = parser.parse_args(argv)
     return Options(
         seed=args.seed,
@@ -958,6 +1129,8 @@ def parse(argv: list[str]) -> Options:
         quiesce_seconds=args.quiesce_seconds,
         report=not args.no_report,
         note=args.note,
+        aws_rules=args.aws_rules,
+        shards=args.shards,
     )
 
 

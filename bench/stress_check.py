@@ -35,9 +35,10 @@ TRANSITIONAL = frozenset(
         WorkerStatus.TERMINATING,
     }
 )
-# The API contract's answer when no worker has room (api/app.py maps CapacityUnavailable to 503): a
-# full fleet is neither a client mistake nor our bug. These are counted and shown, not violations.
-CONTRACT_5XX = frozenset({(503, "NO_CAPACITY")})
+# The API contract's answer when no worker has room (api/app.py maps CapacityUnavailable to 409): a
+# full fleet is a client-side answer, counted and shown apart. Every 5xx is a violation: none is the
+# contract's answer to a request that went as it should.
+NO_CAPACITY = (409, "NO_CAPACITY")
 LIVE_MACHINE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
 INVARIANTS = [
     "placement onto a worker after its drain was acknowledged",
@@ -57,6 +58,10 @@ INVARIANTS = [
     "acknowledged instance end lost",
     "worker version went backwards",
     "audit trail does not replay through the transition table",
+    "acknowledged placement not in the table",
+    "two scale-downs of one scope inside its cooldown",
+    "worker's operation lock and its open operations disagree",
+    "drain stopped its worker without its before_stop operations",
     "5xx answer",
     "harness error",
 ]
@@ -123,9 +128,12 @@ class Observations:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_call(self, call: Call) -> None:
-        # Only the answers the checker judges keep their body; the rest keep their status.
+        # Only the answers the checker judges keep their body; a 4xx keeps its error code, the rest
+        # their status.
         if call.status < 500:
-            call = Call(call.op, call.method, call.path, call.status, None, call.sent, call.received)
+            payload = call.payload if isinstance(call.payload, dict) else {}
+            code = {"error": payload["error"]} if call.status >= 400 and "error" in payload else None
+            call = Call(call.op, call.method, call.path, call.status, code, call.sent, call.received)
         with self.lock:
             self.calls.append(call)
 
@@ -206,6 +214,9 @@ class Snapshot:
     instances: dict[str, dict[str, Any]]
     pools: dict[str, dict[str, Any]]
     audit: dict[tuple[str, str], list[dict[str, Any]]]
+    # worker id -> its operations; template name -> its before_stop operations
+    operations: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    before_stop: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _scan(dynamodb: Any, table: str) -> Iterator[dict[str, Any]]:
@@ -224,6 +235,10 @@ def snapshot(dynamodb: Any, table: str) -> Snapshot:
             shot.instances[item["id"]] = item
         elif pk.startswith("POOL#") and sk == "POOL":
             shot.pools[item["name"]] = item
+        elif pk.startswith("WORKER#") and sk.startswith("OPERATION#"):
+            shot.operations[str(item["worker_id"])].append(item)
+        elif pk.startswith("TEMPLATE#") and sk == "TEMPLATE":
+            shot.before_stop[str(item["name"])] = [str(n) for n in item.get("before_stop") or []]
         elif pk.startswith("AUDIT#"):
             _, entity, entity_id = pk.split("#", 2)
             shot.audit[(entity, entity_id)].append(item)
@@ -317,6 +332,7 @@ class Report:
     no_capacity: int = 0
     answers: dict[str, dict[int, int]] = field(default_factory=dict)
     unhandled: dict[str, int] = field(default_factory=dict)
+    covered: dict[str, int] = field(default_factory=dict)
 
     @property
     def violation_count(self) -> int:
@@ -339,7 +355,8 @@ class Report:
                 f"{k} {v} (failed {self.tick_failures.get(k, 0)})" for k, v in sorted(self.ticks.items())
             ),
             "faults injected: " + (", ".join(f"{k} {v}" for k, v in self.faults.items()) or "none"),
-            f"5xx answers: {self.server_errors} (and {self.no_capacity} 503 NO_CAPACITY, the contract's "
+            "covered: " + (", ".join(f"{k} {v}" for k, v in self.covered.items()) or "none"),
+            f"5xx answers: {self.server_errors} (and {self.no_capacity} 409 NO_CAPACITY, the contract's "
             "answer for a full fleet)",
             "500s by exception: " + (", ".join(f"{k} x{v}" for k, v in self.unhandled.items()) or "none"),
             f"violations = {self.violation_count}",
@@ -560,7 +577,11 @@ def _active_spans(shot: Snapshot) -> dict[str, list[tuple[str, datetime, datetim
         instance = shot.instances.get(instance_id)
         if entity != "instance" or instance is None:
             continue
-        placed = next((_time(e.get("at")) for e in events if e.get("action") == "InstancePlaced"), None)
+        # On its worker since it was placed there, or since a drain's reschedule last moved it there.
+        arrivals = [
+            _time(e.get("at")) for e in events if e.get("action") in ("InstancePlaced", "InstanceMoved")
+        ]
+        placed = arrivals[-1] if arrivals else None
         end = next((e for e in events if e.get("to_status") in ("COMPLETED", "FAILED", "TERMINATED")), None)
         if placed is not None:
             ended = _time(end.get("at")) if end else None
@@ -703,12 +724,141 @@ def _audit(shot: Snapshot, found: dict[str, list[str]]) -> None:
             )
 
 
-def _contract_answer(call: Call) -> bool:
+def _placements_kept(seen: Observations, shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """An acknowledged placement is in the table, on the worker it was answered with unless a drain
+    moved it since, whatever answers were lost on the way (a retried write that landed twice would show
+    as a slot count apart)."""
+    for placement in seen.placements:
+        instance = shot.instances.get(placement.instance_id)
+        trail = shot.audit.get(("instance", placement.instance_id), [])
+        moved = any(e.get("action") == "InstanceMoved" for e in trail)
+        if instance is None or (instance["worker_id"] != placement.worker_id and not moved):
+            where = f"on {instance['worker_id']}" if instance else "missing"
+            found["acknowledged placement not in the table"].append(
+                f"instance {placement.instance_id} answered on {placement.worker_id} at "
+                f"{placement.received.isoformat()}, {where}"
+            )
+
+
+# Scale-down takes its turn at the ledger before its worker's write, so two of one scope may be audited a
+# little closer than the cooldown; never by more than this.
+COOLDOWN_SLACK = timedelta(seconds=10)
+SCALE_DOWN_ACTOR = "scale-down"
+
+
+def _scale_downs(shot: Snapshot, cooldown: timedelta | None, found: dict[str, list[str]]) -> None:
+    """One scale-down per scope (template and pool) per cooldown, across every shard and cycle."""
+    if cooldown is None:
+        return
+    by_scope: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+    for (entity, wid), events in shot.audit.items():
+        worker = shot.workers.get(wid)
+        if entity != "worker" or worker is None:
+            continue
+        scope = f"{worker.get('template')}#{worker.get('pool') or '-'}"
+        for e in events:
+            moved = e.get("from_status") == WorkerStatus.RUNNING and e.get("to_status") in (
+                WorkerStatus.STOPPING,
+                WorkerStatus.DRAINING,
+            )
+            if moved and e.get("actor") == SCALE_DOWN_ACTOR and (at := _time(e.get("at"))) is not None:
+                by_scope[scope].append((at, wid))
+    for scope, downs in by_scope.items():
+        downs.sort()
+        for (first, a), (second, b) in itertools.pairwise(downs):
+            if second - first < cooldown - COOLDOWN_SLACK:
+                found["two scale-downs of one scope inside its cooldown"].append(
+                    f"{scope}: {a} at {first.isoformat()} and {b} {(second - first).total_seconds():.1f} s "
+                    f"later, cooldown {cooldown.total_seconds():.0f} s"
+                )
+
+
+_OPEN_OPERATIONS = frozenset({"PENDING", "RUNNING"})
+
+
+def _operation_locks(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A worker runs one operation at a time: its lock names its one open operation, or none is open."""
+    for wid, worker in shot.workers.items():
+        operations = shot.operations.get(wid, [])
+        open_ids = sorted(str(op["id"]) for op in operations if op["status"] in _OPEN_OPERATIONS)
+        lock = worker.get("operation_in_flight")
+        if len(open_ids) > 1 or open_ids != ([str(lock)] if lock else []):
+            found["worker's operation lock and its open operations disagree"].append(
+                f"{wid} {worker['status']}: lock {lock or '-'}, open operations {', '.join(open_ids) or '-'}"
+            )
+
+
+def _before_stops(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """A drain that stops a worker whose template names before_stop operations ran them first (or
+    audited why it could not): requested after the drain began and before it completed."""
+    for wid, worker in shot.workers.items():
+        if not shot.before_stop.get(str(worker.get("template"))):
+            continue
+        requested = [
+            at
+            for op in shot.operations.get(wid, [])
+            if op.get("origin") == "before_stop" and (at := _time(op.get("created_at"))) is not None
+        ]
+        began: datetime | None = None
+        for e in shot.audit.get(("worker", wid), []):
+            at = _time(e.get("at"))
+            if at is None:
+                continue
+            if e.get("to_status") == WorkerStatus.DRAINING and e.get("from_status") != WorkerStatus.DRAINING:
+                began = at
+            elif e.get("action") == "BeforeStopOperationFailed":
+                requested.append(at)
+            elif (
+                e.get("action") == "WorkerDrainCompleted"
+                and began is not None
+                and not any(began <= t <= at for t in requested)
+            ):
+                found["drain stopped its worker without its before_stop operations"].append(
+                    f"{wid}: drained from {began.isoformat()}, completed at {at.isoformat()} "
+                    f"({e.get('to_status')}) with no before_stop operation"
+                )
+
+
+def covered(shot: Snapshot) -> dict[str, int]:
+    """What the run went through, from the table: a run without scale-downs or operations checked
+    nothing about them."""
+    moves = [e for (entity, _), events in shot.audit.items() if entity == "worker" for e in events]
+    operations = [op for ops in shot.operations.values() for op in ops]
+    return {
+        "scale-downs": sum(
+            1
+            for e in moves
+            if e.get("actor") == SCALE_DOWN_ACTOR and e.get("from_status") == WorkerStatus.RUNNING
+        ),
+        "drains completed": sum(1 for e in moves if e.get("action") == "WorkerDrainCompleted"),
+        "operations": len(operations),
+        "before_stop operations": sum(1 for op in operations if op.get("origin") == "before_stop"),
+        "operations succeeded": sum(1 for op in operations if op.get("status") == "SUCCESS"),
+    }
+
+
+def _no_capacity(call: Call) -> bool:
     error = call.payload.get("error") if isinstance(call.payload, dict) else None
-    return (call.status, error) in CONTRACT_5XX
+    return (call.status, error) == NO_CAPACITY
 
 
-def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime) -> Report:
+def _statuses(seen: Observations, found: dict[str, list[str]]) -> int:
+    """Every 5xx is a violation; the full-fleet answers are counted apart (their number is returned)."""
+    found["5xx answer"] = [
+        f"{c.op} {c.method} {c.path} -> {c.status} {c.payload}" for c in seen.calls if c.status >= 500
+    ]
+    return sum(1 for c in seen.calls if _no_capacity(c))
+
+
+def check(
+    seen: Observations,
+    dynamodb: Any,
+    table: str,
+    ec2: Any,
+    at: datetime,
+    *,
+    cooldown: timedelta | None = None,
+) -> Report:
     found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     shot = snapshot(dynamodb, table)
     _placements_after_drains(seen, shot, found)
@@ -721,19 +871,23 @@ def check(seen: Observations, dynamodb: Any, table: str, ec2: Any, at: datetime)
     _ends(seen, shot, found)
     _versions(seen, shot, found)
     _audit(shot, found)
-    server_errors = [c for c in seen.calls if c.status >= 500 and not _contract_answer(c)]
-    found["5xx answer"] = [f"{c.op} {c.method} {c.path} -> {c.status} {c.payload}" for c in server_errors]
+    _placements_kept(seen, shot, found)
+    _scale_downs(shot, cooldown, found)
+    _operation_locks(shot, found)
+    _before_stops(shot, found)
+    no_capacity = _statuses(seen, found)
     found["harness error"] = list(seen.errors)
     answers: dict[str, Counter[int]] = defaultdict(Counter)
     for c in seen.calls:
         answers[c.op][c.status] += 1
     return Report(
         answers={op: dict(sorted(counts.items())) for op, counts in sorted(answers.items())},
-        no_capacity=sum(1 for c in seen.calls if _contract_answer(c)),
+        no_capacity=no_capacity,
         violations=found,
         operations=sum(seen.operations.values()),
         operations_by_kind=dict(seen.operations),
-        server_errors=len(server_errors),
+        server_errors=len(found["5xx answer"]),
         ticks=dict(seen.ticks),
         tick_failures=dict(seen.tick_failures),
+        covered=covered(shot),
     )

@@ -20,7 +20,7 @@ INTERNAL_PREFIX: Final = "internal"
 OPENAPI_PATH: Final = "openapi.json"
 DOCS_PATH: Final = "docs"
 # The verbs the API function routes; anything else never reaches Lambda.
-API_METHODS: Final = ("GET", "POST", "PUT")
+API_METHODS: Final = ("GET", "POST", "PUT", "PATCH")
 READ_ONLY_METHODS: Final = ("GET",)
 # The internal routes apply what EC2 observed; only tooling calls them, with its own policy.
 INTERNAL_METHODS: Final = ("POST",)
@@ -44,6 +44,30 @@ _ACCESS_LOG_FIELDS: Final = {
 }
 
 
+def internal_routes_policy(tooling_principals: tuple[str, ...]) -> iam.PolicyDocument:
+    """The API's resource policy: /api/internal/* is denied to every principal but the tooling ones.
+
+    An explicit Deny on the API itself wins over any identity policy (AdministratorAccess included), so
+    the internal routes do not depend on every policy in the account leaving them out. Nothing here
+    allows: same-account callers still need execute-api:Invoke from their own policies. The resource is
+    spelled relative to this API (`execute-api:/stage/method/path`), for every stage and method.
+    """
+    deny = iam.PolicyStatement(
+        sid="InternalRoutesAreForToolingOnly",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["execute-api:Invoke"],
+        resources=[
+            f"execute-api:/*/*/{API_PREFIX}/{INTERNAL_PREFIX}",
+            f"execute-api:/*/*/{API_PREFIX}/{INTERNAL_PREFIX}/*",
+        ],
+    )
+    if tooling_principals:
+        # aws:PrincipalArn of a role's session is the role's ARN (with its path): the sessions pass too.
+        deny.add_condition("ArnNotLike", {"aws:PrincipalArn": list(tooling_principals)})
+    return iam.PolicyDocument(statements=[deny])
+
+
 class AdminApi(Construct):
     """REST API proxying /api/{proxy+} and /openapi.json to the api function."""
 
@@ -57,6 +81,7 @@ class AdminApi(Construct):
             self, "AccessLogs", retention=config.log_retention, removal_policy=removal
         )
         manage_role = config.api.manage_account_logging_role
+        resource_policy = internal_routes_policy(config.api.tooling_principals)
         self.rest_api = apigw.RestApi(
             self,
             "RestApi",
@@ -67,6 +92,7 @@ class AdminApi(Construct):
             # Other stacks in the account rely on the logging role once it is set: never delete it.
             cloud_watch_role_removal_policy=RemovalPolicy.RETAIN if manage_role else None,
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
+            policy=resource_policy,
             deploy_options=apigw.StageOptions(
                 stage_name=config.name,
                 throttling_rate_limit=config.api.throttling_rate_limit,
@@ -80,6 +106,9 @@ class AdminApi(Construct):
                 tracing_enabled=True,
             ),
         )
+        # API Gateway applies a changed resource policy only with a new deployment.
+        if self.rest_api.latest_deployment is not None:
+            self.rest_api.latest_deployment.add_to_logical_id({"resource_policy": resource_policy.to_json()})
         # The stack exports the URL under a stable output name of its own; drop CDK's hashed duplicate.
         self.rest_api.node.try_remove_child("Endpoint")
         # API Gateway creates its execution log group on first use, with no retention: create it first.

@@ -41,11 +41,17 @@ def build_app(context: Mapping[str, Any] | None = None, outdir: str | None = Non
 
 
 def main() -> int:
+    app = App()
     try:
-        app = build_app()
+        config = load_stage_config(app.node.try_get_context)
     except ConfigError as exc:
         print(f"fleetkeeper: {exc}", file=sys.stderr)
         return 2
+    # Not a cdk-nag finding or a construct warning: a choice of the stage that whoever synthesizes or
+    # deploys it should read every time.
+    for note in config.unpinned_network_notes():
+        print(f"fleetkeeper: NOTE {note}", file=sys.stderr)
+    add_stage(app, config)
     app.synth()
     return 0
 

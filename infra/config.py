@@ -13,8 +13,10 @@ from typing import Annotated, Any, Final, Literal
 from aws_cdk import aws_logs as logs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from fleetkeeper.domain.models import INSTANCE_TYPE_PATTERN
 from fleetkeeper.domain.operations import Catalogue, OperationSpec
 from fleetkeeper.domain.sharding import MAX_SHARDS
+from fleetkeeper.store import schema
 
 STAGE_KEY: Final = "stage"
 STAGES_KEY: Final = "fleetkeeper:stages"
@@ -42,6 +44,10 @@ RETENTION_DAYS: Final[dict[int, logs.RetentionDays]] = {
 }
 
 RegionName = Annotated[str, Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")]
+# A role or a user, with its path when it has one; the role's sessions are that role (aws:PrincipalArn).
+IamPrincipalArn = Annotated[
+    str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/([\w+=,.@-]+/)*[\w+=,.@-]{1,64}$")
+]
 ResourceId = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:/-]+$")]
 
 
@@ -85,6 +91,8 @@ class OrphanGcConfig(_Section):
     # More than this share of a region's live workers orphaned in one pass: GC retires none of them.
     max_share_percent: float = Field(default=20.0, ge=0, le=100)
     confirmation_ttl_seconds: int = Field(default=3600, gt=0)
+    # Orphans one discovery run retires at most; the rest are retired by the next runs.
+    max_retire_per_run: int = Field(default=1000, ge=1, le=10_000)
 
 
 class RebalanceConfig(_Section):
@@ -103,6 +111,8 @@ class OperationsConfig(_Section):
     system_info_interval_seconds: int = Field(default=3600, ge=0)
     # How long a drain's finish step waits for before_stop operations (the drain_tasks timeout grows by it).
     before_stop_timeout_seconds: int = Field(default=120, ge=1, le=600)
+    # Days a finished operation and its audit items are kept (the table's TTL); 0 keeps them forever.
+    retention_days: int = Field(default=30, ge=0)
 
     @field_validator("catalogue")
     @classmethod
@@ -118,6 +128,7 @@ class OperationsConfig(_Section):
             "OPERATION_RETRY_BASE_SECONDS": str(self.retry_base_seconds),
             "SYSTEM_INFO_INTERVAL_SECONDS": str(self.system_info_interval_seconds),
             "BEFORE_STOP_TIMEOUT_SECONDS": str(self.before_stop_timeout_seconds),
+            "OPERATION_RETENTION_DAYS": str(self.retention_days),
         }
 
 
@@ -133,6 +144,19 @@ class ApiConfig(_Section):
     # `live`, restored from a snapshot taken after init (docs/performance.md). Off: the unqualified
     # function, initialised on every cold start.
     snap_start: bool = True
+    # The IAM roles and users that may call POST /api/internal/... (GC and admin tooling): the API's
+    # resource policy denies those routes to every other principal, whatever its identity policies
+    # allow, and the route checks the caller against the same list. Empty: nobody may call them.
+    tooling_principals: tuple[IamPrincipalArn, ...] = ()
+
+
+class WorkerProfileConfig(_Section):
+    """An instance profile the deployer manages, used instead of the one the stage creates."""
+
+    name: str = Field(pattern=r"^[\w+=,.@-]{1,128}$")
+    # The profile's role, as iam:PassRole names it: the role name, after its IAM path when it has one
+    # (e.g. "platform/fleet-worker"). CloudFormation cannot read it from the profile at synthesis.
+    role: str = Field(pattern=r"^([\w+=,.@-]+/)*[\w+=,.@-]{1,64}$")
 
 
 class StageConfig(_Section):
@@ -154,18 +178,41 @@ class StageConfig(_Section):
     log_retention_days: int = 30
     removal_policy: Literal["retain", "destroy"] = "retain"
     drain_heartbeat_seconds: int = Field(default=300, gt=0)
+    # The reconciler's watchdog describes an open drain's execution at most this often (0: every cycle).
+    drain_watchdog_interval_seconds: int = Field(default=300, ge=0)
     idempotency_ttl_seconds: int = Field(default=3600, gt=0)
     # Days an audit item is kept (the table's TTL); 0 keeps the trail forever.
     audit_retention_days: int = Field(default=365, ge=0)
     api: ApiConfig = ApiConfig()
     operations: OperationsConfig = OperationsConfig()
-    # Whose AMIs a launch may use (the ec2:Owner condition on RunInstances): account ids, or "self".
+    # Whose AMIs a launch may use: account ids, "amazon", or "self" (the stack's account). The reconciler
+    # passes them to DescribeImages as they are; the ec2:Owner condition on RunInstances gets "self"
+    # resolved to the account id, the only form IAM compares (infra/ec2_access.py).
     ami_owners: tuple[Annotated[str, Field(pattern=r"^(self|amazon|\d{12})$")], ...] = Field(
         default=("self",), min_length=1
     )
+    # The instance types the stage's templates may use: the RunInstances grant allows no other (an
+    # ec2:InstanceType condition), and the API refuses a template of another type (422 instance_type).
+    instance_types: tuple[Annotated[str, Field(pattern=INSTANCE_TYPE_PATTERN)], ...] = Field(min_length=1)
+    # The instance profile workers launch with (the SSM agent's permissions and the stage's operation
+    # parameters). None: the stage creates one (infra/worker_profile.py).
+    worker_instance_profile: WorkerProfileConfig | None = None
     # A stage that must launch only into named subnets and security groups refuses to synthesize
     # without them, instead of granting RunInstances on any subnet and any security group.
     require_pinned_network: bool = False
+    # Table indexes this deploy leaves out: CloudFormation adds one index per stack update, so an
+    # upgrade that brings two deploys once with the second deferred, then without (docs/deploy.md).
+    deferred_indexes: tuple[str, ...] = ()
+
+    @field_validator("deferred_indexes")
+    @classmethod
+    def _known_indexes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(value) - set(schema.GSI_KEYS))
+        if unknown:
+            raise ValueError(
+                f"no such table index: {', '.join(unknown)}; the table has {', '.join(schema.GSI_KEYS)}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _network_pinned_where_required(self) -> StageConfig:
@@ -179,6 +226,30 @@ class StageConfig(_Section):
                     )
         return self
 
+    def unpinned_network_notes(self) -> list[str]:
+        """One line per worker region whose launches are not pinned to a subnet and security groups,
+        saying what that grants and how to pin it; `cdk synth` prints them."""
+        notes = []
+        for region, settings in sorted(self.regions.items()):
+            missing = [
+                key
+                for key, value in (
+                    ("subnet_id", settings.subnet_id),
+                    ("security_group_ids", settings.security_group_ids),
+                )
+                if not value
+            ]
+            if not missing:
+                continue
+            notes.append(
+                f"stage {self.name}: launches in {region} are not pinned ({' and '.join(missing)} unset in "
+                f"{STAGES_KEY}.{self.name}.regions.{region}): the reconciler may launch into any subnet and "
+                "security group of the account there, and without them EC2 uses the default VPC's. A "
+                "checked-in stage cannot name them (they belong to the account it deploys into): set them "
+                "for your account, and require_pinned_network to refuse such a synth, as prod does."
+            )
+        return notes
+
     @field_validator("log_retention_days")
     @classmethod
     def _known_retention(cls, value: int) -> int:
@@ -186,6 +257,11 @@ class StageConfig(_Section):
             allowed = ", ".join(str(days) for days in RETENTION_DAYS)
             raise ValueError(f"{value} is not a CloudWatch Logs retention period; use one of {allowed}")
         return value
+
+    @property
+    def parameter_prefix(self) -> str:
+        """Where the stage's operation parameters live in Parameter Store (e.g. its license token)."""
+        return f"/fleetkeeper/{self.name}/"
 
     @property
     def retain(self) -> bool:

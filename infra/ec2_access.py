@@ -43,6 +43,16 @@ class Ec2Access(Construct):
             resource_name=name,
         )
 
+    def image_owners(self) -> list[str]:
+        """The ami_owners as IAM compares ec2:Owner: account ids or `amazon`.
+
+        `self` means "this account" only to DescribeImages' Owners parameter; IAM sees the owner's
+        account id, so `self` becomes the stack's account (a deploy-time reference when the stage
+        names no account).
+        """
+        account = Stack.of(self).account
+        return list(dict.fromkeys(account if owner == "self" else owner for owner in self._config.ami_owners))
+
     def instance_arns(self) -> list[str]:
         return [self._arn(region, "instance", "*") for region in self.regions]
 
@@ -76,12 +86,20 @@ class Ec2Access(Construct):
         )
 
     def grant_launch(self, role: iam.IRole) -> None:
-        """RunInstances only when the request tags the instance as fleetkeeper's, and that tagging."""
+        """RunInstances only of a machine tagged as fleetkeeper's, requiring IMDSv2, of one of the
+        stage's instance types; and the tagging of that launch."""
         allow(
             role,
             actions=["ec2:RunInstances"],
             resources=self.instance_arns(),
-            conditions=MANAGED_REQUEST,
+            conditions={
+                "StringEquals": {
+                    **MANAGED_REQUEST["StringEquals"],
+                    # A launch without MetadataOptions.HttpTokens=required (IMDSv1 allowed) is denied.
+                    "ec2:MetadataHttpTokens": "required",
+                    "ec2:InstanceType": list(self._config.instance_types),
+                }
+            },
             wildcard_reason=_TAGGED_INSTANCES,
         )
         # The other resources a launch reads or creates. Volumes and network interfaces get their ids from
@@ -105,7 +123,7 @@ class Ec2Access(Construct):
             role,
             actions=["ec2:RunInstances"],
             resources=images,
-            conditions={"StringEquals": {"ec2:Owner": list(self._config.ami_owners)}},
+            conditions={"StringEquals": {"ec2:Owner": self.image_owners()}},
             wildcard_reason=(
                 "The AMI is picked at run time by the template's name filter, so its id is unknown here; "
                 "the grant covers only images owned by the stage's ami_owners."

@@ -138,6 +138,8 @@ def fleet_settings_environment(config: StageConfig) -> dict[str, str]:
         "MAX_CONCURRENT_DRAINS": str(scale_down.max_concurrent_drains),
         "IMPORT_GRACE_SECONDS": str(config.import_grace_seconds),
         "ORPHAN_GC_MAX_SHARE_PERCENT": str(config.orphan_gc.max_share_percent),
+        "ORPHAN_GC_MAX_RETIRE_PER_RUN": str(config.orphan_gc.max_retire_per_run),
+        "DRAIN_WATCHDOG_INTERVAL_SECONDS": str(config.drain_watchdog_interval_seconds),
     }
 
 

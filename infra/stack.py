@@ -17,6 +17,7 @@ from infra.monitoring import Monitoring
 from infra.operations import WorkerOperations
 from infra.table import FleetTable
 from infra.triggers import Triggers
+from infra.worker_profile import WorkerProfile
 
 # Logical ids of the outputs: tests, scripts and operators find them by these names.
 OUTPUT_API_URL: Final = "ApiUrl"
@@ -27,6 +28,7 @@ OUTPUT_TOPIC_ARN: Final = "NotificationTopicArn"
 OUTPUT_OPERATOR_POLICY_ARN: Final = "OperatorPolicyArn"
 OUTPUT_READ_ONLY_POLICY_ARN: Final = "ReadOnlyPolicyArn"
 OUTPUT_DASHBOARD_NAME: Final = "DashboardName"
+OUTPUT_WORKER_PROFILE: Final = "WorkerInstanceProfile"
 
 
 def stack_id(stage: str) -> str:
@@ -52,7 +54,9 @@ class FleetkeeperStack(Stack):
         self.forwarders = {}
 
         messaging = Messaging(self, "Messaging", config=config)
-        table = FleetTable(self, "Store", retain=config.retain)
+        table = FleetTable(
+            self, "Store", retain=config.retain, deferred_indexes=frozenset(config.deferred_indexes)
+        )
         drain = DrainWorkflowRef(self, config.name)
         functions = Functions(
             self,
@@ -66,6 +70,10 @@ class FleetkeeperStack(Stack):
                 "DRAIN_HEARTBEAT_SECONDS": str(config.drain_heartbeat_seconds),
                 "IDEMPOTENCY_TTL_SECONDS": str(config.idempotency_ttl_seconds),
                 "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
+                # The internal routes answer only these principals (the gateway's resource policy, too).
+                "TOOLING_PRINCIPALS": ",".join(config.api.tooling_principals),
+                # The API refuses templates of other types; the reconciler fails their workers.
+                "INSTANCE_TYPES": ",".join(config.instance_types),
                 # The API gives an operator's confirmation of held-back orphans its expiry.
                 "ORPHAN_GC_CONFIRMATION_TTL_SECONDS": str(config.orphan_gc.confirmation_ttl_seconds),
                 # The API checks requests against the catalogue; the reconciler and drains run them.
@@ -78,10 +86,11 @@ class FleetkeeperStack(Stack):
         )
         ec2 = Ec2Access(self, "Ec2Access", config=config)
         worker_operations = WorkerOperations(self, "WorkerOperations", config=config)
+        worker_profile = WorkerProfile(self, "WorkerProfile", config=config)
 
         # Each function gets what it calls, and nothing else.
         roles = functions.roles
-        table.grant_data(roles["api"], delete=True)
+        table.grant_data(roles["api"])
         drain.grant_start(roles["api"])
         drain.grant_task_response(roles["api"])
         messaging.grant_audit(roles["api"])
@@ -97,6 +106,7 @@ class FleetkeeperStack(Stack):
         table.grant_data(roles["reconcile"])
         ec2.grant_describe(roles["reconcile"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
         ec2.grant_launch(roles["reconcile"])
+        worker_profile.grant_launch_with(functions.reconcile, roles["reconcile"])
         ec2.grant_lifecycle(
             roles["reconcile"], ["ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"]
         )
@@ -108,9 +118,12 @@ class FleetkeeperStack(Stack):
         messaging.grant_notify(roles["reconcile"])
         worker_operations.grant_run(roles["reconcile"])
 
-        table.grant_data(roles["discover"])
+        table.grant_data(roles["discover"], batch_write=True)  # the orphan breaker's pages of ids
         ec2.grant_describe(roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
         ec2.grant_import_tagging(roles["discover"])
+        # A managed machine without a live worker (retired on purpose, a second launch of one worker, a
+        # failed launch's late machine) is terminated by discovery: only machines tagged as fleetkeeper's.
+        ec2.grant_lifecycle(roles["discover"], ["ec2:TerminateInstances"])
         messaging.grant_audit(roles["discover"])
         # An orphan's drain is failed; its lost instances may complete a waiting pool drain.
         drain.grant_task_response(roles["discover"])
@@ -145,16 +158,30 @@ class FleetkeeperStack(Stack):
             topic=messaging.topic,
         )
 
-        outputs = {
-            OUTPUT_API_URL: (api.rest_api.url, "Admin API base URL (SigV4)"),
-            OUTPUT_TABLE_NAME: (table.table_name, "DynamoDB table"),
-            OUTPUT_STATE_MACHINE_ARN: (workflow.state_machine.state_machine_arn, "Drain state machine"),
-            OUTPUT_AUDIT_BUS_NAME: (messaging.audit_bus.event_bus_name, "EventBridge bus of audit events"),
-            OUTPUT_TOPIC_ARN: (messaging.topic.topic_arn, "SNS topic of drain timeouts and alarms"),
-            OUTPUT_OPERATOR_POLICY_ARN: (api.operator_policy.managed_policy_arn, "Attach to call the API"),
-            OUTPUT_READ_ONLY_POLICY_ARN: (api.read_only_policy.managed_policy_arn, "Attach to read the API"),
-            OUTPUT_DASHBOARD_NAME: (monitoring.dashboard.dashboard_name, "CloudWatch dashboard"),
-        }
+        self._add_outputs(
+            {
+                OUTPUT_API_URL: (api.rest_api.url, "Admin API base URL (SigV4)"),
+                OUTPUT_TABLE_NAME: (table.table_name, "DynamoDB table"),
+                OUTPUT_STATE_MACHINE_ARN: (workflow.state_machine.state_machine_arn, "Drain state machine"),
+                OUTPUT_AUDIT_BUS_NAME: (
+                    messaging.audit_bus.event_bus_name,
+                    "EventBridge bus of audit events",
+                ),
+                OUTPUT_TOPIC_ARN: (messaging.topic.topic_arn, "SNS topic of drain timeouts and alarms"),
+                OUTPUT_OPERATOR_POLICY_ARN: (
+                    api.operator_policy.managed_policy_arn,
+                    "Attach to call the API",
+                ),
+                OUTPUT_READ_ONLY_POLICY_ARN: (
+                    api.read_only_policy.managed_policy_arn,
+                    "Attach to read the API",
+                ),
+                OUTPUT_DASHBOARD_NAME: (monitoring.dashboard.dashboard_name, "CloudWatch dashboard"),
+                OUTPUT_WORKER_PROFILE: (worker_profile.profile_name, "Instance profile workers launch with"),
+            }
+        )
+
+    def _add_outputs(self, outputs: dict[str, tuple[str, str]]) -> None:
         for logical_id, (value, description) in outputs.items():
             output = CfnOutput(self, logical_id, value=value, description=description)
             output.override_logical_id(logical_id)

@@ -20,21 +20,43 @@ _ATTRIBUTE_TYPES: Final = {
 _PROJECTIONS: Final = {
     "ALL": dynamodb.ProjectionType.ALL,
     "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": dynamodb.ProjectionType.INCLUDE,
 }
 
 # What the store and Powertools idempotency call. Transactions are authorised per item action, so
 # TransactWriteItems needs PutItem/UpdateItem/ConditionCheckItem. Scan is left out on purpose:
 # nothing reads the table with Scan (docs/data-model.md).
 READ_ACTIONS: Final = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query")
-WRITE_ACTIONS: Final = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:ConditionCheckItem")
-# Only the API deletes: Powertools idempotency removes the record of a request whose handler failed.
-DELETE_ACTIONS: Final = ("dynamodb:DeleteItem",)
+# DeleteItem: every function that ends an instance deletes the slot item it held on its worker, in the
+# transaction that frees the slot (store/slots.py), and the API's Powertools idempotency removes the
+# record of a request whose handler failed.
+WRITE_ACTIONS: Final = (
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:ConditionCheckItem",
+    "dynamodb:DeleteItem",
+)
+# Unconditional puts and deletes of many items: discovery writes the orphan breaker's pages of held-back
+# ids before its head refers to them, and deletes the pages no head refers to any more (store/breakers.py).
+BATCH_WRITE_ACTIONS: Final = ("dynamodb:BatchWriteItem",)
 
 
 class FleetTable(Construct):
-    """On-demand, point-in-time recovery, encrypted; protected from deletion when the stage retains data."""
+    """On-demand, point-in-time recovery, encrypted; protected from deletion when the stage retains data.
 
-    def __init__(self, scope: Construct, construct_id: str, *, retain: bool) -> None:
+    `deferred_indexes` are indexes of the shared definition this deploy leaves out: CloudFormation adds
+    one global secondary index per stack update, so an upgrade that brings two deploys twice
+    (docs/deploy.md, "Upgrading the table").
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        retain: bool,
+        deferred_indexes: frozenset[str] = frozenset(),
+    ) -> None:
         super().__init__(scope, construct_id)
         attribute_types = {
             definition["AttributeName"]: _ATTRIBUTE_TYPES[definition["AttributeType"]]
@@ -59,14 +81,16 @@ class FleetTable(Construct):
             removal_policy=RemovalPolicy.RETAIN if retain else RemovalPolicy.DESTROY,
         )
         self.index_names: list[str] = []
-        for index in schema.global_secondary_indexes():
+        for index in schema.global_secondary_indexes(deferred_indexes):
             keys = {key["KeyType"]: key["AttributeName"] for key in index["KeySchema"]}
             sort_key = keys.get("RANGE")
+            projection = index["Projection"]
             self.table.add_global_secondary_index(
                 index_name=index["IndexName"],
                 partition_key=attribute(keys["HASH"]),
                 sort_key=attribute(sort_key) if sort_key else None,
-                projection_type=_PROJECTIONS[index["Projection"]["ProjectionType"]],
+                projection_type=_PROJECTIONS[projection["ProjectionType"]],
+                non_key_attributes=projection.get("NonKeyAttributes"),
             )
             self.index_names.append(index["IndexName"])
 
@@ -78,8 +102,8 @@ class FleetTable(Construct):
         # Named indexes instead of CDK's `index/*`, so the grant needs no wildcard.
         return [f"{self.table.table_arn}/index/{name}" for name in self.index_names]
 
-    def grant_data(self, role: iam.IRole, *, delete: bool = False) -> None:
+    def grant_data(self, role: iam.IRole, *, batch_write: bool = False) -> None:
         """Item reads and conditional writes on the table and its indexes (indexes are read-only)."""
-        actions = [*READ_ACTIONS, *WRITE_ACTIONS, *(DELETE_ACTIONS if delete else ())]
+        actions = [*READ_ACTIONS, *WRITE_ACTIONS, *(BATCH_WRITE_ACTIONS if batch_write else ())]
         allow(role, actions=actions, resources=[self.table.table_arn])
         allow(role, actions=["dynamodb:Query"], resources=self.index_arns())

@@ -15,6 +15,7 @@ from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from fleetkeeper.domain.stagger import cron_minutes, shard_starts
 from infra.config import StageConfig
 from infra.permissions import acknowledge_wildcards
 
@@ -62,11 +63,18 @@ class Triggers(Construct):
         )
         reconcile_minutes = config.schedules.reconcile_rate_minutes
         shards = config.schedules.reconcile_shards
-        # One schedule per shard, all at the same rate: the shards run in parallel, each under its own
-        # lease. An unsharded stage keeps the single schedule and payload it always had.
+        # One schedule per shard, all at the same period: the shards run in parallel, each under its own
+        # lease, staggered inside the period (fleetkeeper/domain/stagger.py): their own minute where the
+        # period allows a cron offset, and a short wait after the due time, which the Scheduler passes
+        # in, for shards that share a minute. An unsharded stage keeps the schedule and payload it had.
         self.reconcile_shards: list[scheduler.Schedule] = []
-        for shard in range(shards):
-            sharding = {"shard": shard, "shards": shards} if shards > 1 else {}
+        for shard, start in enumerate(shard_starts(shards, reconcile_minutes)):
+            sharding: dict[str, str | int | float] = {}
+            if shards > 1:
+                sharding = {"shard": shard, "shards": shards}
+                if start.delay_seconds:
+                    sharding["start_delay_seconds"] = start.delay_seconds
+                    sharding["scheduled_time"] = scheduler.ContextAttribute.scheduled_time
             self.reconcile_shards.append(
                 self._schedule(
                     "Reconcile" if shard == 0 else f"Reconcile-{shard + 1}of{shards}",
@@ -76,6 +84,7 @@ class Triggers(Construct):
                     description="fleetkeeper reconcile tick"
                     + (f", shard {shard + 1} of {shards}" if shards > 1 else ""),
                     dead_letter_queue=dead_letter_queue,
+                    at_minute=start.minute if shards > 1 and cron_minutes(reconcile_minutes) else None,
                 )
             )
         self.reconcile = self.reconcile_shards[0]
@@ -132,15 +141,25 @@ class Triggers(Construct):
         *,
         function: lambda_.IFunction,
         minutes: int,
-        payload: Mapping[str, str | int],
+        payload: Mapping[str, str | int | float],
         description: str,
         dead_letter_queue: sqs.IQueue,
+        at_minute: int | None = None,
     ) -> scheduler.Schedule:
+        """Every `minutes`; with `at_minute`, as a cron at that minute of each period (`minutes` must
+        divide an hour)."""
         period = Duration.minutes(minutes)
+        expression = (
+            scheduler.ScheduleExpression.rate(period)
+            if at_minute is None
+            else scheduler.ScheduleExpression.cron(
+                minute=f"{at_minute}/{minutes}" if minutes < 60 else str(at_minute)
+            )
+        )
         return scheduler.Schedule(
             self,
             construct_id,
-            schedule=scheduler.ScheduleExpression.rate(period),
+            schedule=expression,
             schedule_group=self.group,
             description=description,
             target=scheduler_targets.LambdaInvoke(

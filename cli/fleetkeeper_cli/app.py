@@ -47,9 +47,12 @@ app.command("drain-status")(drains.drain_status)
 app.command("cancel-drain")(drains.cancel_drain)
 # pools.py
 app.command("pools")(pools.list_pools)
-pool_app = _group("pool", "One pool: `drain`, `cancel-drain`. List them with `fleetkeeper pools`.")
+pool_app = _group(
+    "pool", "One pool: `drain`, `cancel-drain`, `disruption`. List them with `fleetkeeper pools`."
+)
 pool_app.command("drain")(pools.drain)
 pool_app.command("cancel-drain")(pools.cancel_drain)
+pool_app.command("disruption")(pools.disruption)
 # instances.py
 app.command("instances")(instances.list_instances)
 app.command("place")(instances.place)
@@ -63,8 +66,11 @@ operation_app = _group(
 )
 operation_app.command("run")(operations.run_operation)
 # orphans.py
-orphans_app = _group("orphans", "Orphan GC's circuit breaker: `show` what it holds back, `confirm` it.")
+orphans_app = _group(
+    "orphans", "Orphan GC's circuit breaker: `show` it, list the `held-back` workers, `confirm` them."
+)
 orphans_app.command("show")(orphans.show)
+orphans_app.command("held-back")(orphans.held_back)
 orphans_app.command("confirm")(orphans.confirm)
 # audit.py
 app.command("audit")(audit.audit)

@@ -256,6 +256,9 @@ class ApiClient:
     def put(self, path: str, body: Any) -> Any:
         return self.request("PUT", path, body=body)
 
+    def patch(self, path: str, body: Any) -> Any:
+        return self.request("PATCH", path, body=body)
+
     def pages(self, path: str, **query: Any) -> list[Any]:
         """Every item of a paginated listing, following next_token."""
         items: list[Any] = []

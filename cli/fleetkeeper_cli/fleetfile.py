@@ -15,9 +15,17 @@ import yaml
 
 from fleetkeeper_cli.client import ApiClient, CliError, ExitCode
 
-TEMPLATE_FIELDS = ("instance_type", "ami_name_filter", "capacity", "drain_timeout_hours", "tags")
-POOL_FIELDS = ("description", "status")
-TEMPLATE_DEFAULTS: dict[str, Any] = {"drain_timeout_hours": 4, "tags": {}}
+TEMPLATE_FIELDS = (
+    "instance_type",
+    "ami_name_filter",
+    "capacity",
+    "drain_timeout_hours",
+    "tags",
+    "before_stop",
+    "max_lifetime_hours",
+)
+POOL_FIELDS = ("description", "status", "disruption")
+TEMPLATE_DEFAULTS: dict[str, Any] = {"drain_timeout_hours": 4, "tags": {}, "max_lifetime_hours": None}
 Kind = Literal["template", "pool"]
 
 
@@ -85,10 +93,32 @@ def load(path: Path) -> FleetFile:
     )
 
 
+def _budget(budget: Any) -> Any:
+    """A budget as the API answers it and as a file may write it, in one form: no null fields, a
+    count as a number (`max: "2"` is 2)."""
+    if not isinstance(budget, dict):
+        return budget
+    plain = {k: v for k, v in budget.items() if v is not None}
+    if isinstance(plain.get("max"), str) and plain["max"].strip().isdigit():
+        plain["max"] = int(plain["max"])
+    return plain
+
+
+def _comparable(field: str, value: Any) -> Any:
+    """What a field is compared as: a pool's disruption budgets in one form (see _budget)."""
+    if field == "disruption" and isinstance(value, dict) and isinstance(value.get("budgets"), list):
+        return {**value, "budgets": [_budget(b) for b in value["budgets"]]}
+    return value
+
+
 def _diff(kind: Kind, name: str, desired: dict[str, Any], current: dict[str, Any] | None) -> Change:
     if current is None:
         return Change(kind, name, "create", {k: (None, v) for k, v in desired.items()}, desired)
-    changed = {k: (current.get(k), v) for k, v in desired.items() if current.get(k) != v}
+    changed = {
+        k: (current.get(k), v)
+        for k, v in desired.items()
+        if _comparable(k, current.get(k)) != _comparable(k, v)
+    }
     if not changed:
         return Change(kind, name, "unchanged")
     # A template PUT replaces the whole spec; a pool PUT changes only the fields it carries.

@@ -109,6 +109,17 @@ def table(
     return result
 
 
+def print_budget_exceeded(exceeded: dict[str, Any] | None) -> None:
+    """An operator's drain is never refused for a budget; its answer says which one it goes beyond."""
+    if exceeded:
+        console.print(
+            f"goes beyond budget {exceeded['budget']} of pool {exceeded['pool']} "
+            f"(max {exceeded['max']}: {exceeded['in_use']} in use, {exceeded['allowed']} allowed); "
+            "voluntary disruptions of the pool wait until it is within its budgets again",
+            markup=False,
+        )
+
+
 def when(moment: str) -> str:
     return datetime.fromisoformat(moment).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
 

@@ -18,4 +18,8 @@ from fleetkeeper.triggers import schedule_input
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = schedule_input(event)
-    return discover_and_collect(default_context(), regions=request.target_regions).as_dict()
+    return discover_and_collect(
+        default_context(),
+        regions=request.target_regions,
+        time_left=lambda: context.get_remaining_time_in_millis() / 1000,
+    ).as_dict()

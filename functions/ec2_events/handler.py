@@ -19,10 +19,9 @@ from fleetkeeper.triggers import Ec2Event
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    ctx = default_context()
     try:
         parsed = parse(event=event, model=Ec2Event).root
     except (ValidationError, ValueError) as malformed:
         # Returning (not raising) keeps EventBridge from retrying an event that can never succeed.
-        return ec2_events.drop(ctx, f"malformed or foreign event: {malformed}").as_dict()
-    return ec2_events.handle(ctx, parsed).as_dict()
+        return ec2_events.drop(f"malformed or foreign event: {malformed}").as_dict()
+    return ec2_events.handle(default_context(), parsed).as_dict()

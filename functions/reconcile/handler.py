@@ -1,5 +1,5 @@
 """Reconcile every worker needing action, or one shard's share of them (EventBridge Scheduler, rate 1
-minute, one schedule per shard)."""
+minute, one schedule per shard, staggered inside the period)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from fleetkeeper.observability import logger, metrics, tracer
 from fleetkeeper.services.context import default_context
-from fleetkeeper.services.reconcile import reconcile_fleet
+from fleetkeeper.services.reconcile.schedule import scheduled_cycle
 from fleetkeeper.triggers import schedule_input
 
 
@@ -18,10 +18,9 @@ from fleetkeeper.triggers import schedule_input
 @metrics.log_metrics
 @tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    request = schedule_input(event)
-    report = reconcile_fleet(
+    report = scheduled_cycle(
         default_context(),
-        shard=request.reconcile_shard,
+        schedule_input(event),
         time_left=lambda: context.get_remaining_time_in_millis() / 1000,
         owner=context.aws_request_id,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import aws_rules
 from fleetkeeper_local.console import FleetConsole
 from fleetkeeper_local.controlplane import (
     API_PORT_ENVIRONMENT,
@@ -25,11 +28,13 @@ from fleetkeeper_local.controlplane import (
     activate,
     provision,
 )
-from fleetkeeper_local.images import register_template_images
+from fleetkeeper_local.iam import session as iam_session
+from fleetkeeper_local.iam.policies import template_ready
+from fleetkeeper_local.images import publish_newer_image, register_template_images
 from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
 from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler
 from fleetkeeper_local.seed import TEMPLATES, describe_fleet, seed_demo_fleet
-from fleetkeeper_local.stack import LocalStack, LocalStackError, ensure_port_free
+from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, LocalStackError, ensure_port_free
 from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
 
 DATA_DIR_ENV = "FLEETKEEPER_LOCAL_DATA_DIR"
@@ -143,9 +148,40 @@ def _workload(args: argparse.Namespace) -> WorkloadSimulator | None:
     return WorkloadSimulator(default_context, settings)
 
 
+def _wait_for_stop() -> None:
+    """Until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+
+
+def _evaluate_permissions(until: contextlib.ExitStack) -> None:
+    """Evaluate every function's AWS requests against the policies it deploys with, until `until` closes:
+    a request its role would not allow fails here as it would on AWS."""
+    if iam_session.mode() != "off":
+        print("IAM: evaluating every function's requests against the dev stage's policies", flush=True)
+        if not template_ready():
+            print(
+                "IAM: synthesizing the dev stage once for its policies (again after infra/ changes)",
+                flush=True,
+            )
+    until.enter_context(iam_session.recording())
+
+
 def _print_farewell(stack: LocalStack, workload: WorkloadSimulator | None) -> None:
     if workload is not None:
         print(workload.summary())
+    # The API instance processes wrote their records when they stopped; the run's record holds them all.
+    record = iam_session.record_path()
+    if record is not None:
+        iam_session.merge_records(record, pattern=".instance-*")
+    if iam_session.mode() != "off":
+        print("\n".join(iam_session.RUN.report()))
+    iam_session.write_record()
     if stack.data_dir is None:
         print("stopped; the fleet was in memory and is gone")
     else:
@@ -171,14 +207,19 @@ def run(args: argparse.Namespace) -> int:
     api: ApiServer | None = None
     background: list[LocalScheduler | Ec2EventPump | FleetConsole | WorkloadSimulator] = []
     workload: WorkloadSimulator | None = None
+    evaluation = contextlib.ExitStack()
     try:
         os.environ.update(stack.environment())
+        _evaluate_permissions(evaluation)
         table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
         resources = provision(stack, table_name, suffix="local")
         activate(resources, heartbeat_seconds=int(os.environ.get("DRAIN_HEARTBEAT_SECONDS", "300")))
         store = default_context().store
         ec2 = boto3.client("ec2")
         _prepare_fleet(args, stack, store, ec2)
+        # From here on the control plane meets AWS's limits; the seeding above stood in for a fleet
+        # that already exists, and the console's reads stay outside them.
+        aws_rules.install_from_environ()
         api = ApiServer(port=api_port).start()
         # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
         workload = _workload(args)
@@ -190,13 +231,7 @@ def run(args: argparse.Namespace) -> int:
 
         _print_banner(api, stack, resources, store, workload)
         print("The local control plane is up. Press Ctrl-C to stop it.", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
-            pass
+        _wait_for_stop()
     except LocalStackError as exc:
         # A port taken after the pre-check, at the bind: the same message, and everything started stops.
         print(f"error: {exc}", file=sys.stderr)
@@ -208,8 +243,32 @@ def run(args: argparse.Namespace) -> int:
             runner.stop()
         if api is not None:
             api.stop()
+        evaluation.close()
         stack.stop()
     _print_farewell(stack, workload)
+    return 0
+
+
+def publish_image(args: argparse.Namespace) -> int:
+    """A newer image for one template of the running local stack (docs/rollouts.md)."""
+    stack = LocalStack.from_environ()
+    os.environ.update(stack.environment())
+    table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
+    try:
+        template = FleetStore(boto3.client("dynamodb"), table_name).find_template(args.template)
+    except (BotoCoreError, ClientError) as exc:
+        print(f"error: the local stack does not answer ({exc}); start it with `make run`", file=sys.stderr)
+        return 2
+    if template is None:
+        print(f"error: no template '{args.template}' in table {table_name}", file=sys.stderr)
+        return 3
+    image_id, name = publish_newer_image(
+        boto3.client("ec2", region_name=args.region), template.ami_name_filter
+    )
+    print(
+        f"published {image_id} ({name}) for '{template.ami_name_filter}' in {args.region}: the workers "
+        "of every template with that filter show drift `image` after the next reconcile cycle"
+    )
     return 0
 
 
@@ -242,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_parser.add_argument("--workload-seed", type=int, default=None, help="seed, to repeat a simulation")
     run_parser.set_defaults(handler=run)
+    publish_parser = commands.add_parser(
+        "publish-image",
+        help="on a running `make run`: register a newer image for a template's ami_name_filter, so its "
+        "workers show drift `image` after the next reconcile cycle",
+    )
+    publish_parser.add_argument("template", help="the template whose ami_name_filter the image matches")
+    publish_parser.add_argument("--region", default=LOCAL_REGION, help=f"default {LOCAL_REGION}")
+    publish_parser.set_defaults(handler=publish_image)
     args = parser.parse_args(argv)
     return int(args.handler(args))
 

@@ -35,14 +35,25 @@ import boto3
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
-from fleetkeeper_local import faults, lambdas
-from fleetkeeper_local.stack import LocalStack, _wait_for_http, binding, free_port, project_root
+from fleetkeeper_local import aws_rules, faults, lambdas
+from fleetkeeper_local.iam import session as iam_session
+from fleetkeeper_local.iam.attribution import acting_as
+from fleetkeeper_local.stack import (
+    LOCAL_ACCOUNT,
+    LocalStack,
+    _wait_for_http,
+    binding,
+    free_port,
+    project_root,
+    remember_provisioned,
+)
 from functions.api.handler import handler as api_handler
 from functions.drain_tasks.handler import handler as drain_tasks_handler
 
 ASL_PATH = Path("infra") / "statemachines" / "drain.asl.json"
-LOCAL_ACCOUNT = "123456789012"
 DEFAULT_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:user/local-operator"
+# The local stage's one tooling principal: the internal routes answer it, and not the default operator.
+TOOLING_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:role/fleetkeeper-local-tooling"
 
 
 def drain_definition(function_arn: str) -> str:
@@ -68,25 +79,69 @@ class LocalResources:
     drain_function_arn: str
     audit_bus_name: str
     topic_arn: str
+    instance_profile: str
 
     def environment(self, heartbeat_seconds: int) -> dict[str, str]:
         return {
+            "WORKER_INSTANCE_PROFILE": self.instance_profile,
             "TABLE_NAME": self.table_name,
             "DRAIN_STATE_MACHINE_ARN": self.state_machine_arn,
             "AUDIT_BUS_NAME": self.audit_bus_name,
             "NOTIFICATION_TOPIC_ARN": self.topic_arn,
             "DRAIN_HEARTBEAT_SECONDS": str(heartbeat_seconds),
             "OPERATIONS_CATALOGUE": json.dumps(local_operations_catalogue()),
+            "INSTANCE_TYPES": ",".join(local_instance_types()),
+            "TOOLING_PRINCIPALS": TOOLING_CALLER,
         }
 
 
 @functools.cache
+def _dev_stage() -> dict[str, Any]:
+    context = json.loads((project_root() / "cdk.json").read_text(encoding="utf-8"))["context"]
+    stage: dict[str, Any] = context["fleetkeeper:stages"]["dev"]
+    return stage
+
+
 def local_operations_catalogue() -> dict[str, Any]:
     """The dev stage's operations catalogue from cdk.json: the local stack offers what dev deploys
     (moto's Run Command accepts any document name and reports every command as a success)."""
-    context = json.loads((project_root() / "cdk.json").read_text(encoding="utf-8"))["context"]
-    catalogue: dict[str, Any] = context["fleetkeeper:stages"]["dev"]["operations"]["catalogue"]
+    catalogue: dict[str, Any] = _dev_stage()["operations"]["catalogue"]
     return catalogue
+
+
+def local_instance_types() -> list[str]:
+    """The instance types the dev stage may launch (cdk.json): the local API refuses others as dev's."""
+    return list(_dev_stage()["instance_types"])
+
+
+# The workers' instance profile, as a stage's stack creates it (infra/worker_profile.py): the reconciler
+# launches with it, as do the seed and a restart, and the emulated SSM agent registers only a machine
+# that has one (machines.py). One per moto server, shared by every control plane on it.
+LOCAL_WORKER_PROFILE = "fleetkeeper-local-worker"
+
+
+def ensure_worker_profile() -> str:
+    """The workers' instance profile and its role on the emulated IAM (created if missing); its name."""
+    iam = _setup("iam")
+    try:
+        iam.get_instance_profile(InstanceProfileName=LOCAL_WORKER_PROFILE)
+        return LOCAL_WORKER_PROFILE
+    except iam.exceptions.NoSuchEntityException:
+        pass
+    # Two processes on one moto server (a test process and make run, two API instances) may both get
+    # here: whichever creates a part second finds it there, which is what it wanted.
+    with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
+        iam.create_role(
+            RoleName=LOCAL_WORKER_PROFILE, AssumeRolePolicyDocument=json.dumps(_trust("ec2.amazonaws.com"))
+        )
+    with contextlib.suppress(iam.exceptions.EntityAlreadyExistsException):
+        iam.create_instance_profile(InstanceProfileName=LOCAL_WORKER_PROFILE)
+    with contextlib.suppress(iam.exceptions.LimitExceededException):
+        # A profile holds one role: the limit answer means the other process added it already.
+        iam.add_role_to_instance_profile(
+            InstanceProfileName=LOCAL_WORKER_PROFILE, RoleName=LOCAL_WORKER_PROFILE
+        )
+    return LOCAL_WORKER_PROFILE
 
 
 @functools.cache
@@ -100,24 +155,26 @@ def _setup(service: str) -> Any:
     return _setup_client(service, os.environ.get("AWS_ENDPOINT_URL"))
 
 
+def _trust(*services: str) -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": list(services)}, "Action": "sts:AssumeRole"}
+        ],
+    }
+
+
 def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) -> LocalResources:
-    """Create the table, the drain_tasks function, the state machine, the audit bus and the topic."""
+    """Create the table, the drain_tasks function, the state machine, the audit bus, the topic and the
+    workers' instance profile."""
     suffix = suffix or uuid.uuid4().hex[:8]
     stack.create_table(table_name)
+    profile = ensure_worker_profile()
     lambdas.install().register(f"fleetkeeper-drain-tasks-{suffix}", drain_tasks_handler)
     iam = _setup("iam")
     role_name = f"fleetkeeper-local-{suffix}"
-    trust = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]},
-                "Action": "sts:AssumeRole",
-            }
-        ],
-    }
-    role_arn = iam.create_role(RoleName=role_name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+    trust = json.dumps(_trust("lambda.amazonaws.com", "states.amazonaws.com"))
+    role_arn = iam.create_role(RoleName=role_name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
     function_arn = _setup("lambda").create_function(
         FunctionName=f"fleetkeeper-drain-tasks-{suffix}",
         Runtime="python3.12",
@@ -134,7 +191,10 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     bus_name = f"fleetkeeper-audit-{suffix}"
     _setup("events").create_event_bus(Name=bus_name)
     topic_arn = _setup("sns").create_topic(Name=f"fleetkeeper-alerts-{suffix}")["TopicArn"]
-    return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn)
+    remember_provisioned("state-machine", state_machine_arn)
+    remember_provisioned("bus", bus_name)
+    remember_provisioned("topic", topic_arn)
+    return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn, profile)
 
 
 def activate(resources: LocalResources, heartbeat_seconds: int = 300) -> None:
@@ -219,7 +279,7 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "conte
 
 def call_api(event: dict[str, Any]) -> dict[str, Any]:
     """Invoke the api handler with one event, one at a time in this process (one Lambda instance)."""
-    with _INVOCATION_LOCK:
+    with _INVOCATION_LOCK, acting_as("api"):
         return dict(api_handler(event, lambdas.LocalLambdaContext(function_name="fleetkeeper-api")))
 
 
@@ -296,14 +356,18 @@ class _ApiRequestHandler(_LocalHandler):
         _respond(self, int(response["statusCode"]), headers, (response.get("body") or "").encode())
 
     def _control(self, path: str, raw: bytes) -> None:
-        """`GET /_local/faults`: faults injected here; `POST /_local/faults {"enabled": b}`: switch."""
+        """`GET /_local/faults`: faults injected and calls throttled by the AWS rules here;
+        `POST /_local/faults {"enabled": b}`: switch the faults."""
         plan = _process_fault_plan
         if path != f"{LOCAL_CONTROL_PREFIX}faults" or plan is None:
             _respond(self, 404, [("Content-Type", "application/json")], b'{"error": "NOT_FOUND"}')
             return
         if self.command == "POST":
             plan.enabled = bool(json.loads(raw or b"{}").get("enabled", True))
-        body = json.dumps({"enabled": plan.enabled, "injected": plan.summary()}).encode()
+        rules = aws_rules.process_rules()
+        throttled = rules.summary() if rules is not None else {}
+        answer = {"enabled": plan.enabled, "injected": plan.summary(), "throttled": throttled}
+        body = json.dumps(answer).encode()
         _respond(self, 200, [("Content-Type", "application/json")], body)
 
 
@@ -394,6 +458,9 @@ FAULT_KINDS: dict[str, Callable[[float], faults.Fault]] = {
     "dynamodb_conflicts": faults.dynamodb_conflicts,
     "dynamodb_throttling": faults.dynamodb_throttling,
     "dynamodb_throughput": faults.dynamodb_throughput,
+    "dynamodb_lost_answers": faults.dynamodb_lost_answers,
+    "ec2_lost_answers": faults.ec2_lost_answers,
+    "sfn_lost_answers": faults.sfn_lost_answers,
     "ec2_throttling": faults.ec2_throttling,
     "ec2_server_error": faults.ec2_server_error,
     "ec2_no_capacity": faults.ec2_no_capacity,
@@ -485,12 +552,18 @@ class ApiServer:
 def serve_instance(port: int) -> None:
     """One API instance process, serving until SIGTERM (requests still run one at a time)."""
     global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
+    aws_rules.install_from_environ()  # before the fault plan, as the harness process installs them
     plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
     server = _LocalServer(("127.0.0.1", port), _ApiRequestHandler)
     server.daemon_threads = True
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with contextlib.ExitStack() as active:
+        # Before the fault plan, so a request the role may not make is refused before any fault.
+        active.enter_context(iam_session.recording())
+        active.callback(
+            iam_session.write_record, f".instance-{os.environ.get('FLEETKEEPER_LOCAL_INSTANCE_INDEX', '0')}"
+        )
         if plan is not None:
             _process_fault_plan = active.enter_context(plan.installed())
         thread = threading.Thread(target=server.serve_forever, name="api-instance", daemon=True)

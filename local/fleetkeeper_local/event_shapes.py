@@ -7,8 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fleetkeeper.triggers import SCHEDULE_SOURCE
-
-LOCAL_ACCOUNT = "123456789012"
+from fleetkeeper_local.stack import LOCAL_ACCOUNT
 
 
 def _time(at: datetime | None) -> str:

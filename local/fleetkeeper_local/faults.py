@@ -44,10 +44,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import botocore.session
 from botocore import handlers
 
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
+
+# One botocore handler as `BUILTIN_HANDLERS` lists it: (event name, handler), or with a third member,
+# `handlers.REGISTER_FIRST` or `handlers.REGISTER_LAST`, for one that must run before or after the rest.
+HookSpec = tuple[str, Callable[..., Any]] | tuple[str, Callable[..., Any], object]
 
 
 class InvocationCrashed(BaseException):
@@ -63,7 +68,7 @@ _WRITE_OPERATIONS = frozenset({"PutItem", "UpdateItem", "DeleteItem", "TransactW
 
 
 @dataclass
-class _Http:
+class HttpAnswer:
     """The part of a botocore HTTP response that the client reads after a short-circuit."""
 
     status_code: int
@@ -205,6 +210,35 @@ def ssm_cancel_accepted(**kw: Any) -> Fault:
     return Fault("ssm", "CancelAccepted", frozenset({"CancelCommand"}), lost=True, **kw)
 
 
+# The calls whose answer, when lost, leaves the caller not knowing whether they happened.
+_EC2_CHANGES = frozenset(
+    {"RunInstances", "StartInstances", "StopInstances", "TerminateInstances", "CreateTags"}
+)
+_SFN_CHANGES = frozenset({"StartExecution", "StopExecution", *_TOKEN_ANSWERS})
+
+
+def dynamodb_lost_answers(rate: float, **kw: Any) -> Fault:
+    """A DynamoDB write lands and its answer is lost (a timeout, a dropped connection): the caller hears
+    a 500 and must not count it twice, nor take its own write for somebody else's."""
+    return Fault("dynamodb", "InternalServerError", _WRITE_OPERATIONS, rate, status=500, after=True, **kw)
+
+
+def ec2_lost_answers(rate: float, **kw: Any) -> Fault:
+    """An EC2 change (a launch, a stop, a tag) happens and its answer is lost."""
+    return Fault("ec2", "InternalError", _EC2_CHANGES, rate, status=500, after=True, **kw)
+
+
+def sfn_lost_answers(rate: float, **kw: Any) -> Fault:
+    """An execution starts or stops, or a task hears its answer, and the caller hears a 500."""
+    return Fault("stepfunctions", "InternalServerError", _SFN_CHANGES, rate, status=500, after=True, **kw)
+
+
+def crashes_between_writes(rate: float, **kw: Any) -> Fault:
+    """The invocation dies right after a DynamoDB write landed, before whatever it would write next. Not
+    sticky: only the invocation that made the write dies, so it can run beside others (`make stress`)."""
+    return Fault("dynamodb", "Crashed", _WRITE_OPERATIONS, rate, after=True, crash=True, **kw)
+
+
 def is_worker_write(operation: str, params: dict[str, Any]) -> bool:
     """A DynamoDB write that touches a worker item (a status move, a claim, a drain record)."""
     if operation not in _WRITE_OPERATIONS:
@@ -288,7 +322,7 @@ class FaultPlan:
     def before_call(
         self, event_name: str, model: Any, params: dict[str, Any], context: Any = None, **_: Any
     ) -> Any:
-        service, operation = _service_and_operation(event_name)
+        service, operation = service_and_operation(event_name)
         self._die_if_dead(service, operation)
         raw_body = params.get("body")
         api_params = self._api_params(params, raw_body if isinstance(raw_body, dict) else {})
@@ -300,13 +334,13 @@ class FaultPlan:
         if fault.crash:
             raise InvocationCrashed(f"crashed before {service}.{operation}")
         if fault.lost:
-            return _Http(200), fault.lost_answer()
-        return _Http(fault.status), fault.response(operation, api_params)
+            return HttpAnswer(200), fault.lost_answer()
+        return HttpAnswer(fault.status), fault.response(operation, api_params)
 
     def after_call(
         self, event_name: str, http_response: Any, parsed: dict[str, Any], context: Any, **_: Any
     ) -> None:
-        service, operation = _service_and_operation(event_name)
+        service, operation = service_and_operation(event_name)
         if service == "dynamodb":
             self._track_lag(operation, parsed, context)
         if getattr(http_response, "status_code", 500) >= 300:
@@ -366,7 +400,7 @@ class FaultPlan:
 
     # ---- installation --------------------------------------------------------------------------------
 
-    def _specs(self) -> list[tuple[str, Callable[..., Any]]]:
+    def _specs(self) -> list[HookSpec]:
         return [
             ("before-call.dynamodb", self.remember_keys),
             ("before-call", self.before_call),
@@ -380,15 +414,8 @@ class FaultPlan:
         The process-wide service context holds its clients, so it is rebuilt too: the handlers (and the
         drain Lambda running in the emulator's thread) see the faults as well.
         """
-        specs = self._specs()
-        handlers.BUILTIN_HANDLERS.extend(specs)
-        _forget_clients()
-        try:
+        with installed_hooks(self._specs()):
             yield self
-        finally:
-            for spec in specs:
-                handlers.BUILTIN_HANDLERS.remove(spec)
-            _forget_clients()
 
     def summary(self) -> dict[str, int]:
         counts = dict(self.injected)
@@ -397,12 +424,47 @@ class FaultPlan:
         return counts
 
 
+# Every handler installed through `installed_hooks`, so that `unhooked_client` can leave them all out.
+_installed: list[HookSpec] = []
+_installed_lock = threading.Lock()
+
+
+@contextmanager
+def installed_hooks(specs: list[HookSpec]) -> Iterator[None]:
+    """Register botocore handlers on every client created inside the block; the one way the local
+    layers (faults, AWS rules) hook into the clients. Cached clients and the process-wide service
+    context are rebuilt on the way in and out."""
+    with _installed_lock:
+        handlers.BUILTIN_HANDLERS.extend(specs)
+        _installed.extend(specs)
+    _forget_clients()
+    try:
+        yield
+    finally:
+        with _installed_lock:
+            for spec in specs:
+                handlers.BUILTIN_HANDLERS.remove(spec)
+                _installed.remove(spec)
+        _forget_clients()
+
+
+def unhooked_client(service: str, region: str | None = None) -> Any:
+    """A client that none of the installed layers sees: what the local machinery itself reads from the
+    emulators (table definitions, an item's current keys, EC2 states for the event pump) must not be
+    faulted, throttled or counted."""
+    with _installed_lock:
+        session = botocore.session.get_session()
+        for spec in _installed:
+            session.unregister(spec[0], spec[1])
+    return session.create_client(service, region_name=region)
+
+
 def _forget_clients() -> None:
     reset_clients()
     default_context.cache_clear()
 
 
-def _service_and_operation(event_name: str) -> tuple[str, str]:
+def service_and_operation(event_name: str) -> tuple[str, str]:
     """`before-call.dynamodb.PutItem` -> ("dynamodb", "PutItem")."""
     parts = event_name.split(".")
     return parts[1], parts[-1]

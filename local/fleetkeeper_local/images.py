@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Final
 
 from fleetkeeper.domain.models import WorkerTemplate
 
 DEMO_IMAGE_VERSION = "2026.01"
+# moto dates an image to the second; a newer image waits at most this long for a later second.
+_NEWER_WAIT_SECONDS: Final = 3.0
 
 
 def register_template_images(ec2: Any, templates: Iterable[WorkerTemplate]) -> dict[str, str]:
@@ -25,3 +29,29 @@ def register_template_images(ec2: Any, templates: Iterable[WorkerTemplate]) -> d
         name = name_filter.replace("*", DEMO_IMAGE_VERSION).replace("?", "x")
         images[name_filter] = str(ec2.register_image(Name=name, RootDeviceName="/dev/sda1")["ImageId"])
     return images
+
+
+def _newest_date(ec2: Any, name_filter: str) -> str:
+    images = ec2.describe_images(Owners=["self"], Filters=[{"Name": "name", "Values": [name_filter]}])
+    return max((str(image.get("CreationDate", "")) for image in images["Images"]), default="")
+
+
+def publish_newer_image(ec2: Any, name_filter: str) -> tuple[str, str]:
+    """Register an AMI (owned by the account) that the filter selects and that is newer than every AMI
+    it selected so far, as a new build of a template's image would be; returns (image id, name).
+
+    The reconciler picks the image with the latest CreationDate (cloud/ec2.newest_image), which moto
+    sets to the second of the call: this waits for a second later than the newest image's first.
+    """
+    newest = _newest_date(ec2, name_filter)[:19]
+    deadline = time.monotonic() + _NEWER_WAIT_SECONDS
+    now = datetime.now(UTC)
+    while now.strftime("%Y-%m-%dT%H:%M:%S") <= newest:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"an image matching '{name_filter}' is dated {newest}, in the future")
+        time.sleep(0.05)
+        now = datetime.now(UTC)
+    version = now.strftime("%Y.%m.%d-%H%M%S")
+    name = name_filter.replace("*", version).replace("?", "x") if "*" in name_filter else name_filter
+    image_id = str(ec2.register_image(Name=name, RootDeviceName="/dev/sda1")["ImageId"])
+    return image_id, name

@@ -6,6 +6,7 @@ import importlib
 import sys
 from typing import Any
 
+from fleetkeeper_local.iam.attribution import acting_as
 from fleetkeeper_local.lambdas import Handler, LocalLambdaContext
 from fleetkeeper_local.stack import project_root
 
@@ -25,4 +26,5 @@ def load_handler(function: str) -> Handler:
 def invoke(function: str, event: dict[str, Any], *, timeout_seconds: int = SCHEDULED_TIMEOUT_SECONDS) -> Any:
     """Invoke one function in-process with a fresh context, as one Lambda invocation."""
     context = LocalLambdaContext(function_name=f"fleetkeeper-{function}", timeout_seconds=timeout_seconds)
-    return load_handler(function)(event, context)
+    with acting_as(function):
+        return load_handler(function)(event, context)

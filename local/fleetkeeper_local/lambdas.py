@@ -21,6 +21,7 @@ from moto.stepfunctions.parser.asl.component.state.exec.state_task.service impor
 
 from fleetkeeper.observability import logger
 from fleetkeeper_local.faults import InvocationCrashed
+from fleetkeeper_local.iam.attribution import acting_as
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -168,7 +169,8 @@ class LambdaDispatcher:
         try:
             if self._take_fault(name, step, fields, after=False):
                 raise InjectedFault(f"injected crash of {name} ({step}) before its handler ran")
-            result = handler(payload, LocalLambdaContext(function_name=name))
+            with acting_as(name):
+                result = handler(payload, LocalLambdaContext(function_name=name))
             self.returned.append((step, _target(fields)))
             if self._take_fault(name, step, fields, after=True):
                 raise InjectedFault(f"injected crash of {name} ({step}) after its handler ran")

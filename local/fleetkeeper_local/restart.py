@@ -30,6 +30,7 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, 
 from fleetkeeper.services import drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.controlplane import ensure_worker_profile
 from fleetkeeper_local.images import register_template_images
 
 RESTART_ACTOR = "local-restart"
@@ -77,6 +78,8 @@ def _launch(ec2: Any, worker: Worker, template: WorkerTemplate | None, image_id:
         MinCount=1,
         MaxCount=1,
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        # Registered with Systems Manager, as a stage's workers are: Run Command reaches it.
+        IamInstanceProfile={"Name": ensure_worker_profile()},
     )
     return dict(reservation["Instances"][0])
 
@@ -102,6 +105,11 @@ def recreate_machines(ctx: Context, ec2: Any, say: Callable[[str], None]) -> int
                 "ec2_instance_id": new_id,
                 "private_ip": launched.get("PrivateIpAddress"),
                 "public_ip": launched.get("PublicIpAddress"),
+                # The stand-in runs the template's image as registered again after the reset: the image
+                # the worker ran is gone with moto, so keeping its id would report a drift nobody made.
+                # Its launch time stays: the worker is as old as it was.
+                "image_id": launched["ImageId"],
+                "instance_type": launched["InstanceType"],
             },
             actor=RESTART_ACTOR,
             action="WorkerMachineRecreated",

@@ -14,10 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
-
 from fleetkeeper_local.event_shapes import schedule_input, state_change_event
-from fleetkeeper_local.faults import EventStreamFaults
+from fleetkeeper_local.faults import EventStreamFaults, unhooked_client
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.stack import LOCAL_REGION
 
@@ -141,8 +139,10 @@ class Ec2EventPump:
         self._loop = _Loop("ec2-event-pump", interval, self.poll_once)
 
     def _client(self) -> Any:
+        # The pump stands in for EventBridge, not for a caller of the EC2 API: it polls outside the
+        # account's request budget (aws_rules) and the fault plans.
         if self._ec2 is None:
-            self._ec2 = boto3.client("ec2", region_name=self._region)
+            self._ec2 = unhooked_client("ec2", self._region)
         return self._ec2
 
     def _current_states(self) -> dict[str, str]:

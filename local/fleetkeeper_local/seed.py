@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog, instances, placement, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.controlplane import ensure_worker_profile
 
 SEED_ACTOR = "seed"
 
@@ -75,6 +77,8 @@ def _launch(ec2: Any, worker: Worker, image_id: str) -> dict[str, Any]:
         MinCount=1,
         MaxCount=1,
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        # Registered with Systems Manager, as a stage's workers are: Run Command reaches it.
+        IamInstanceProfile={"Name": ensure_worker_profile()},
     )
     return dict(reservation["Instances"][0])
 
@@ -87,21 +91,30 @@ def seed_demo_fleet(ctx: Context, ec2: Any, region: str) -> SeededFleet:
     for pool in ("labs", "batch"):
         catalog.ensure_pool(store, pool, actor=SEED_ACTOR)
 
-    image_id = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    fallback = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    # Each worker runs its template's image, as the reconciler would launch it, so the demo fleet starts
+    # without drift (docs/rollouts.md); an Amazon image stands in where no template image is registered.
+    gateway = Ec2Gateway(ec2)
+    images = {t.name: gateway.newest_image(t.ami_name_filter, owners=["self"]) or fallback for t in TEMPLATES}
     seeded: list[Worker] = []
     for template_name, pool, running in WORKERS:
         worker = workers.create_worker(
             store, template=template_name, region=region, pool=pool, actor=SEED_ACTOR
         )
         if running:
-            launched = _launch(ec2, worker, image_id)
+            launched = _launch(ec2, worker, images[template_name])
             worker = store.transition_worker(
                 worker,
                 WorkerStatus.PROVISIONING,
                 cause=Cause.CONTROL,
                 actor=SEED_ACTOR,
                 reason="demo fleet",
-                changes={"ec2_instance_id": launched["InstanceId"]},
+                changes={
+                    "ec2_instance_id": launched["InstanceId"],
+                    "image_id": launched["ImageId"],
+                    "instance_type": launched["InstanceType"],
+                    "launched_at": launched["LaunchTime"],
+                },
             )
             worker = store.transition_worker(
                 worker,

@@ -27,11 +27,15 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
+from fleetkeeper.store.layout import initialise_new_table
 from fleetkeeper.store.schema import create_table_request
+from fleetkeeper_local import machines
 
 DEFAULT_DYNAMODB_PORT = 8000
 DEFAULT_MOTO_PORT = 4566
 LOCAL_REGION = "us-east-1"
+# moto's account: every ARN the emulators hand out carries it.
+LOCAL_ACCOUNT = "123456789012"
 # A JVM starting beside a busy test run (2 cores, parallel workers) can take well over 20 s to answer;
 # a generous bound only costs time when something is really broken, and then the error says so.
 STARTUP_TIMEOUT_SECONDS = float(os.environ.get("FLEETKEEPER_LOCAL_STARTUP_TIMEOUT", "120"))
@@ -40,6 +44,29 @@ CONTROL_TIMEOUT_SECONDS = 30.0
 LISTEN_BACKLOG = 128
 # DynamoDB Local keeps one database per access key unless -sharedDb; moto accepts any key.
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+
+
+_moto_resets = 0
+# The stage resources this process provisioned on the local stack, by kind ("table", "state-machine",
+# "bus", "topic"): they stand for the dev stage's own (the IAM evaluation renames them to its names).
+_provisioned: dict[str, set[str]] = {}
+_provisioned_lock = threading.Lock()
+
+
+def moto_generation() -> int:
+    """How many times moto was reset in this process: what was read from it before is stale after."""
+    return _moto_resets
+
+
+def remember_provisioned(kind: str, name: str) -> None:
+    with _provisioned_lock:
+        _provisioned.setdefault(kind, set()).add(name)
+
+
+def provisioned() -> dict[str, frozenset[str]]:
+    """The stage resources provisioned so far in this process, by kind."""
+    with _provisioned_lock:
+        return {kind: frozenset(names) for kind, names in _provisioned.items()}
 
 
 class LocalStackError(RuntimeError):
@@ -239,6 +266,8 @@ class LocalStack:
         self._moto = _MotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
         with binding(self.moto_port, "the moto server", "FLEETKEEPER_MOTO_PORT"):
             self._moto.start()
+        # The emulated machines answer Run Command as registered workers would (machines.py).
+        machines.install()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(
             {
@@ -259,6 +288,8 @@ class LocalStack:
 
     def reset_moto(self) -> None:
         """Forget every moto resource (EC2 instances, state machines, ...) between tests."""
+        global _moto_resets  # noqa: PLW0603 - a process-wide count, read by the IAM lookups' cache
+        _moto_resets += 1
         request = urllib.request.Request(f"{self.moto_endpoint}/moto-api/reset", method="POST")  # noqa: S310
         with urllib.request.urlopen(request, timeout=CONTROL_TIMEOUT_SECONDS):  # noqa: S310
             pass
@@ -293,12 +324,15 @@ class LocalStack:
 
     def create_table(self, table_name: str) -> None:
         """Create the fleetkeeper table from the shared definition, unless it exists."""
+        remember_provisioned("table", table_name)
         dynamodb = self.dynamodb_client()
         try:
             dynamodb.create_table(**create_table_request(table_name))
         except dynamodb.exceptions.ResourceInUseException:
             return
         dynamodb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1})
+        # A table this release created holds nothing an earlier one wrote: no migration to run.
+        initialise_new_table(dynamodb, table_name)
 
     def delete_table(self, table_name: str) -> None:
         dynamodb = self.dynamodb_client()

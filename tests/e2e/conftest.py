@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.stack import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -45,9 +46,11 @@ def control_plane_environment(api_port: int, dynamodb_port: int) -> dict[str, st
 # Package scope: the control plane reconciles every second, so it stops as soon as the e2e tests are done
 # rather than taking CPU from the rest of the session.
 @pytest.fixture(scope="package")
-def control_plane_url() -> Iterator[str]:
+def control_plane_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     api_port = free_port()
-    env = control_plane_environment(api_port, free_port())
+    # The control plane evaluates its functions' requests and writes its record here when it stops.
+    record = tmp_path_factory.mktemp("iam") / "record.json"
+    env = {**control_plane_environment(api_port, free_port()), iam_session.RECORD_ENVIRONMENT: str(record)}
     process = subprocess.Popen(
         [sys.executable, "-m", "fleetkeeper_local", "run"],
         cwd=ROOT,
@@ -79,3 +82,4 @@ def control_plane_url() -> Iterator[str]:
             raise
         assert process.returncode == 0, remaining
         assert "stopped" in remaining
+        iam_session.merge_records(record)

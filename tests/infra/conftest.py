@@ -1,8 +1,9 @@
 """One synthesis per test process: the dev and prod stages of cdk.json, plus a pinned variant.
 
 Synthesis takes seconds, so every infra test reads the same cloud assembly. The "pinned" stage is dev
-with an account, two worker regions, pinned network settings, a slower reconcile schedule and an alarm
-e-mail: the branches cdk.json's own stages leave unexercised.
+with an account, two worker regions, pinned network settings, a slower reconcile schedule, an alarm
+e-mail, an instance profile of its own and tooling principals: the branches cdk.json's own stages leave
+unexercised.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ PINNED_REGIONS = {
     },
     "us-east-1": {"subnet_id": "subnet-9f8e7d6c", "security_group_ids": ["sg-9f8e7d6c"]},
 }
+# The principals GC and admin tooling sign with: a role under a path, and a user.
+PINNED_TOOLING = [
+    f"arn:aws:iam::{PINNED_ACCOUNT}:role/platform/fleetkeeper-gc",
+    f"arn:aws:iam::{PINNED_ACCOUNT}:user/fleet-admin-tool",
+]
+# A profile the deployer manages, whose role sits under an IAM path.
+PINNED_PROFILE = {"name": "labs-worker", "role": "platform/labs-worker-role"}
 
 
 # prod requires pinned launch networking and cdk.json ships without it: the deployer names their own.
@@ -65,8 +73,13 @@ def context_with_pinned_stage() -> dict[str, Any]:
         alarm_email="fleet-ops@example.com",
         schedules={"reconcile_rate_minutes": 2, "discovery_rate_minutes": 10, "reconcile_shards": 3},
         rebalance={"enabled": True, "drain_timeout_seconds": 900},
+        worker_instance_profile=PINNED_PROFILE,
     )
-    pinned["api"] = {**pinned["api"], "manage_account_logging_role": False}
+    pinned["api"] = {
+        **pinned["api"],
+        "manage_account_logging_role": False,
+        "tooling_principals": PINNED_TOOLING,
+    }
     context[STAGES_KEY] = {**context[STAGES_KEY], "pinned": pinned}
     return context
 

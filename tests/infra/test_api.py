@@ -6,8 +6,9 @@ import pytest
 
 from infra.api import API_METHODS, INTERNAL_METHODS
 from infra.config import ConfigError, load_stage_config
-from tests.infra.conftest import shipped_cdk_json_context
-from tests.infra.helpers import flat, properties, resources
+from tests.infra.conftest import PINNED_TOOLING, shipped_cdk_json_context
+from tests.infra.helpers import flat, function_properties, properties, resources
+from tests.infra.test_config import load, with_setting
 
 STAGES = ("dev", "prod", "pinned")
 
@@ -38,11 +39,12 @@ def test_given_the_proxy_resource_then_its_methods_require_the_proxy_path(dev):
     assert paths == sorted(["api", "{proxy+}", "internal", "{proxy+}", "openapi.json", "docs"])
 
 
-def test_given_prod_then_there_is_no_docs_page_and_no_patch_or_delete(prod):
+def test_given_prod_then_there_is_no_docs_page_and_no_delete(prod):
     paths = {r["PathPart"] for r in properties(prod, "AWS::ApiGateway::Resource")}
     assert "docs" not in paths
     verbs = {m["HttpMethod"] for m in properties(prod, "AWS::ApiGateway::Method")}
-    assert verbs == {"GET", "POST", "PUT"}
+    # PATCH moves a running drain's deadline; nothing is ever deleted.
+    assert verbs == {"GET", "POST", "PUT", "PATCH"}
 
 
 def test_given_the_stage_then_it_is_throttled_traced_and_access_logged(dev, prod):
@@ -127,3 +129,48 @@ def test_given_prod_as_shipped_without_a_subnet_then_it_refuses_to_synthesize():
     context = {**shipped_cdk_json_context(), "stage": "prod"}
     with pytest.raises(ConfigError, match=r"subnet_id must be set"):
         load_stage_config(context.get)
+
+
+INTERNAL_RESOURCES = ["execute-api:/*/*/api/internal", "execute-api:/*/*/api/internal/*"]
+
+
+def resource_policy(template):
+    (api,) = properties(template, "AWS::ApiGateway::RestApi")
+    return api["Policy"]
+
+
+def test_given_no_tooling_principals_then_the_api_denies_the_internal_routes_to_everyone(dev):
+    (statement,) = resource_policy(dev)["Statement"]
+    assert statement["Effect"] == "Deny"
+    assert statement["Principal"] == {"AWS": "*"}
+    assert statement["Action"] == "execute-api:Invoke"
+    assert statement["Resource"] == INTERNAL_RESOURCES
+    assert "Condition" not in statement
+    env = function_properties(dev, "fleetkeeper-dev-api")["Environment"]["Variables"]
+    assert env["TOOLING_PRINCIPALS"] == ""
+
+
+def test_given_tooling_principals_then_the_api_denies_the_internal_routes_to_every_other_principal(pinned):
+    # Deny-only: an explicit Deny on the API wins over AdministratorAccess or any broad Invoke grant,
+    # and it allows nothing by itself (callers still need the tooling policy).
+    (statement,) = resource_policy(pinned)["Statement"]
+    assert (statement["Effect"], statement["Resource"]) == ("Deny", INTERNAL_RESOURCES)
+    assert statement["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": PINNED_TOOLING}}
+    # The route checks the caller against the same list.
+    env = function_properties(pinned, "fleetkeeper-pinned-api")["Environment"]["Variables"]
+    assert env["TOOLING_PRINCIPALS"] == ",".join(PINNED_TOOLING)
+
+
+@pytest.mark.parametrize(
+    "principal",
+    [
+        "arn:aws:iam::123456789012:root",
+        "arn:aws:sts::123456789012:assumed-role/gc/session",
+        "arn:aws:iam::123456789012:role/*",
+        "fleetkeeper-gc",
+    ],
+)
+def test_given_a_tooling_principal_that_is_not_a_role_or_user_arn_then_the_synth_names_the_key(principal):
+    context = with_setting("dev", ("api", "tooling_principals"), [principal])
+    with pytest.raises(ConfigError, match=r"'fleetkeeper:stages\.dev\.api\.tooling_principals\.0'"):
+        load(context, "dev")

@@ -92,3 +92,9 @@ def test_given_region_configs_then_the_environment_json_round_trips():
     for region, settings in parsed.items():
         assert settings == config.regions[region].model_dump(mode="json")
         assert set(settings) == {"subnet_id", "security_group_ids", "key_name", "default_tags"}
+
+
+def test_given_a_deferred_index_the_table_does_not_have_then_the_key_is_named():
+    context = with_setting("dev", ("deferred_indexes",), ["by_nothing"])
+    with pytest.raises(ConfigError, match=r"fleetkeeper:stages\.dev\.deferred_indexes.*by_nothing"):
+        load(context, "dev")

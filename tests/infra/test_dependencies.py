@@ -202,9 +202,14 @@ def _third_party_imports(path: Path) -> set[str]:
     return modules - set(sys.stdlib_module_names) - {"fleetkeeper", "__future__"}
 
 
+# Modules the Lambda Python runtime itself provides (its SnapStart restore hooks), so no layer ships them.
+RUNTIME_PROVIDED = frozenset({"snapshot_restore_py"})
+
+
 def test_given_the_shipped_code_then_every_module_it_imports_is_in_the_dependency_layer(dependency_layer):
     site = dependency_layer / "python"
     shipped = {path.name.removesuffix(".py") for path in site.iterdir() if not path.name.endswith("-info")}
+    shipped |= RUNTIME_PROVIDED
     for root in SHIPPED_CODE:
         for source in root.rglob("*.py"):
             missing = _third_party_imports(source) - shipped

@@ -37,6 +37,8 @@ FLEET_ENV = {
     "MAX_CONCURRENT_DRAINS",
     "IMPORT_GRACE_SECONDS",
     "ORPHAN_GC_MAX_SHARE_PERCENT",
+    "ORPHAN_GC_MAX_RETIRE_PER_RUN",
+    "DRAIN_WATCHDOG_INTERVAL_SECONDS",
 }
 
 
@@ -213,10 +215,11 @@ def test_given_the_default_stage_then_rebalance_drains_are_off_and_the_breaker_l
         "false",
         "1800",
     )
-    assert (discover_env["ORPHAN_GC_MAX_SHARE_PERCENT"], discover_env["IMPORT_GRACE_SECONDS"]) == (
-        "20.0",
-        "30",
-    )
+    assert (
+        discover_env["ORPHAN_GC_MAX_SHARE_PERCENT"],
+        discover_env["IMPORT_GRACE_SECONDS"],
+        discover_env["ORPHAN_GC_MAX_RETIRE_PER_RUN"],
+    ) == ("20.0", "30", "1000")
     assert api_env["ORPHAN_GC_CONFIRMATION_TTL_SECONDS"] == "3600"
 
 

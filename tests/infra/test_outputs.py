@@ -16,6 +16,7 @@ OUTPUTS = {
     fleet_stack.OUTPUT_OPERATOR_POLICY_ARN: "AWS::IAM::ManagedPolicy",
     fleet_stack.OUTPUT_READ_ONLY_POLICY_ARN: "AWS::IAM::ManagedPolicy",
     fleet_stack.OUTPUT_DASHBOARD_NAME: "AWS::CloudWatch::Dashboard",
+    fleet_stack.OUTPUT_WORKER_PROFILE: "AWS::IAM::InstanceProfile",
 }
 
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from aws_cdk import App, Stack
+from aws_cdk.assertions import Template
+
+from fleetkeeper.domain.models import WorkerSummary
 from fleetkeeper.store import schema
+from infra.table import FleetTable
 from tests.infra.helpers import properties, resources
 
 
@@ -56,3 +61,27 @@ def test_given_prod_then_log_groups_are_retained_too(prod, dev):
 def test_given_stage_retention_then_every_log_group_keeps_logs_that_long(dev, prod):
     assert {group["RetentionInDays"] for group in properties(dev, "AWS::Logs::LogGroup")} == {14}
     assert {group["RetentionInDays"] for group in properties(prod, "AWS::Logs::LogGroup")} == {90}
+
+
+def test_given_a_deferred_index_then_the_table_and_its_grants_leave_it_out():
+    """CloudFormation adds one index per stack update: an upgrade that brings two defers one."""
+    stack = Stack(App(), "Deferred")
+    table = FleetTable(stack, "Store", retain=False, deferred_indexes=frozenset({schema.BY_POOL}))
+
+    properties = Template.from_stack(stack).to_json()["Resources"]
+    definition = next(r for r in properties.values() if r["Type"] == "AWS::DynamoDB::Table")["Properties"]
+
+    assert definition["GlobalSecondaryIndexes"] == schema.global_secondary_indexes(
+        frozenset({schema.BY_POOL})
+    )
+    assert {d["AttributeName"] for d in definition["AttributeDefinitions"]}.isdisjoint({"GSI5PK", "GSI5SK"})
+    assert schema.BY_POOL not in table.index_names
+    assert schema.BY_SHARD in table.index_names
+
+
+def test_given_the_worker_indexes_then_they_project_exactly_the_worker_summary():
+    projections = {i["IndexName"]: i["Projection"] for i in schema.global_secondary_indexes()}
+
+    for name in (schema.BY_SHARD, schema.BY_POOL):
+        assert projections[name]["ProjectionType"] == "INCLUDE"
+        assert projections[name]["NonKeyAttributes"] == list(WorkerSummary.model_fields)

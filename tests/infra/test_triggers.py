@@ -56,10 +56,26 @@ def test_given_three_reconcile_shards_then_one_schedule_each_names_its_shard_at_
     for key, schedule in reconcile.items():
         payload = json.loads(schedule["Target"]["Input"])
         assert (payload["shard"], payload["shards"]) == (int(key[-1]), 3)
-        assert schedule["ScheduleExpression"] == "rate(2 minutes)"
         assert schedule["Target"]["Arn"] == {
             "Fn::GetAtt": [function_logical_id(pinned, "fleetkeeper-pinned-reconcile"), "Arn"]
         }
+    # Staggered inside the 2-minute period: shards 1 and 2 at minute 0 of it (the second waits 7.5 s
+    # after the due time the Scheduler passes in), shard 3 at minute 1.
+    starts = {
+        key: (
+            reconcile[key]["ScheduleExpression"],
+            json.loads(reconcile[key]["Target"]["Input"]).get("start_delay_seconds"),
+        )
+        for key in reconcile
+    }
+    assert starts == {
+        "reconcile:#0": ("cron(0/2 * * * ? *)", None),
+        "reconcile:#1": ("cron(0/2 * * * ? *)", 7.5),
+        "reconcile:#2": ("cron(1/2 * * * ? *)", None),
+    }
+    assert json.loads(reconcile["reconcile:#1"]["Target"]["Input"])["scheduled_time"] == (
+        "<aws.scheduler.scheduled-time>"
+    )
     # An unsharded stage keeps its one schedule, whose input names no shard.
     assert json.loads(schedules(dev)["reconcile:"]["Target"]["Input"]) == {
         "source": "fleetkeeper.schedule",

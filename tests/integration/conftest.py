@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.store.repository import FleetStore
@@ -25,6 +26,7 @@ from fleetkeeper_local.controlplane import (
     LocalResources,
     api_event,
     call_api,
+    ensure_worker_profile,
     provision,
     refresh_process_caches,
 )
@@ -179,9 +181,45 @@ def ec2_worker(store: FleetStore, running_worker: WorkerFactory, ec2: Any) -> Wo
     def make(**kwargs: Any) -> Worker:
         worker = running_worker(**kwargs)
         image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
-        launched = ec2.run_instances(ImageId=image, InstanceType="m5.large", MinCount=1, MaxCount=1)[
-            "Instances"
-        ][0]
+        # Tagged as the reconciler tags its launches: the functions' roles reach only such machines.
+        tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: worker.template}
+        launched = ec2.run_instances(
+            ImageId=image,
+            InstanceType="m5.large",
+            MinCount=1,
+            MaxCount=1,
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+            ],
+        )["Instances"][0]
+        return store.update_worker(
+            worker, {"ec2_instance_id": launched["InstanceId"]}, actor="test", action="Attached"
+        )
+
+    return make
+
+
+@pytest.fixture
+def machine_worker(store: FleetStore, running_worker: WorkerFactory, ec2: Any) -> WorkerFactory:
+    """A RUNNING worker on an emulated machine that Run Command reaches: launched with the workers'
+    profile and tagged as the reconciler tags it, since the roles may send commands only to machines
+    tagged as managed."""
+
+    def make(*, instance_type: str = "m5.large", **kwargs: Any) -> Worker:
+        worker = running_worker(**kwargs)
+        image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        # Tagged as the reconciler tags its launches: Run Command reaches only such machines.
+        tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: worker.template}
+        launched = ec2.run_instances(
+            ImageId=image,
+            InstanceType=instance_type,
+            MinCount=1,
+            MaxCount=1,
+            IamInstanceProfile={"Name": ensure_worker_profile()},
+            TagSpecifications=[
+                {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+            ],
+        )["Instances"][0]
         return store.update_worker(
             worker, {"ec2_instance_id": launched["InstanceId"]}, actor="test", action="Attached"
         )

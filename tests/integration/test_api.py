@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
-from fleetkeeper_local.controlplane import call_api
+from fleetkeeper_local.controlplane import TOOLING_CALLER, call_api
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +23,21 @@ def test_given_a_body_with_bad_fields_then_422_names_each_field(control_plane):
     fields = {d["field"] for d in body["details"]}
     assert {"body.capacity", "body.bogus"} <= fields
     assert body["error"] == "VALIDATION_FAILED"
+
+
+def test_given_a_template_of_an_instance_type_the_stage_may_not_launch_then_422_names_it(control_plane):
+    status, body = control_plane.api(
+        "PUT",
+        "/api/v1/templates/gpu",
+        {"instance_type": "p5.48xlarge", "ami_name_filter": "gpu-*", "capacity": 1},
+    )
+    assert (status, body["error"]) == (422, "INVALID_INPUT")
+    (detail,) = body["details"]
+    assert detail["field"] == "instance_type"
+    assert "'p5.48xlarge' is not an instance type this stage may launch" in detail["reason"]
+    assert control_plane.api("GET", "/api/v1/templates/gpu")[0] == 404
+    allowed = {"instance_type": "c5.xlarge", "ami_name_filter": "gpu-*", "capacity": 1}
+    assert control_plane.api("PUT", "/api/v1/templates/gpu", allowed)[0] == 201
 
 
 def test_given_malformed_json_then_400(control_plane):
@@ -100,18 +115,15 @@ def test_given_an_orphan_when_marked_terminated_then_its_instances_are_lost(cont
         "POST",
         f"/api/internal/workers/{worker.id}/status",
         {"status": "TERMINATED", "terminated_reason": "EC2 instance not found during discovery"},
-        caller="arn:aws:iam::123456789012:role/discovery-gc",
+        caller=TOOLING_CALLER,
     )
     assert status == 200
-    assert (body["status"], body["terminated_by"]) == (
-        "TERMINATED",
-        "arn:aws:iam::123456789012:role/discovery-gc",
-    )
+    assert (body["status"], body["terminated_by"]) == ("TERMINATED", TOOLING_CALLER)
     assert body["active_instances"] == 0
     _, ended = control_plane.api("GET", f"/api/v1/instances/{instance['id']}")
     assert (ended["state"], ended["reason"]) == ("TERMINATED", "worker_lost")
     status, body = control_plane.api(
-        "POST", f"/api/internal/workers/{worker.id}/status", {"status": "PENDING"}
+        "POST", f"/api/internal/workers/{worker.id}/status", {"status": "PENDING"}, caller=TOOLING_CALLER
     )
     assert status == 409
     assert body["details"]["current_status"] == "TERMINATED"
@@ -214,7 +226,7 @@ def test_given_an_internal_status_call_then_audit_and_terminated_by_name_the_sig
         "POST",
         f"/api/internal/workers/{worker.id}/status",
         {"status": "TERMINATED", "terminated_by": "someone-else", "terminated_reason": "gone"},
-        caller="arn:aws:iam::123456789012:role/gc-tool",
+        caller=TOOLING_CALLER,
     )
     # A body cannot name the actor: the field no longer exists, and sending it is refused.
     assert (status, body["details"][0]["field"]) == (422, "body.terminated_by")
@@ -222,8 +234,8 @@ def test_given_an_internal_status_call_then_audit_and_terminated_by_name_the_sig
         "POST",
         f"/api/internal/workers/{worker.id}/status",
         {"status": "TERMINATED", "terminated_reason": "gone"},
-        caller="arn:aws:iam::123456789012:role/gc-tool",
+        caller=TOOLING_CALLER,
     )
-    assert (status, body["terminated_by"]) == (200, "arn:aws:iam::123456789012:role/gc-tool")
+    assert (status, body["terminated_by"]) == (200, TOOLING_CALLER)
     last = control_plane.ctx.store.audit_trail("worker", worker.id)[-1]
-    assert last.actor == "arn:aws:iam::123456789012:role/gc-tool"
+    assert last.actor == TOOLING_CALLER

@@ -15,10 +15,10 @@ from fleetkeeper.domain.lifecycle import Cause, InstanceState, PoolStatus, Worke
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, PoolDrainThen, Worker, utcnow
 from fleetkeeper.services import catalog, drains, instances
 from fleetkeeper.services.context import Context, build_context
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, eventually
+from tests.integration.functions import reconcile_fleet, run_step
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -209,7 +209,7 @@ def test_given_a_pool_finish_retried_after_a_crash_then_it_starts_the_drains_it_
     # The first attempt marked one worker for this pool drain and died before starting its execution.
     mark_draining(ctx, marked, reason="pool edge drained (drain 1)", requested_by=drains.WORKFLOW_ACTOR)
 
-    result = drains.run_step(
+    result = run_step(
         ctx,
         drains.StepRequest(step="pool_finish", drain=drains.DrainInput.of_pool(ctx, pool)),
     )
@@ -237,3 +237,23 @@ def alert_feed(control_plane: ControlPlane) -> Callable[[], list[Any]]:
         json.loads(m["Body"])
         for m in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
     ]
+
+
+def test_given_a_finishing_drain_closed_by_the_watchdog_then_its_unrun_before_stop_operation_is_audited(
+    control_plane: ControlPlane, ec2_worker: Callable[..., Worker]
+) -> None:
+    ctx = control_plane.ctx
+    worker = ec2_worker()
+    template = ctx.store.get_template(worker.template)
+    ctx.store.put_template(template.model_copy(update={"before_stop": ["deregister-license"]}), actor="test")
+    lost = ctx.workflows.execution_arn(drains.execution_name("drain", worker.id, 1, drains.MAX_RESTARTS))
+    # Lost after Finish marked it (no cancel can undo it) and before its operations ran.
+    mark_draining(ctx, worker, restarts=drains.MAX_RESTARTS, execution_arn=lost, finishing_at=utcnow())
+
+    assert drains.sweep_waiting_drains(ctx)["closed"] == 1
+    reconcile_fleet(ctx)
+
+    assert ctx.store.get_worker(worker.id).status is WorkerStatus.STOPPING
+    trail = ctx.store.audit_trail("worker", worker.id)
+    failed = [e for e in trail if e.action == "BeforeStopOperationFailed"]
+    assert [(e.details or {}).get("operation") for e in failed] == ["deregister-license"]

@@ -220,3 +220,15 @@ def test_given_an_unknown_id_then_not_found_names_kind_and_id(store: FleetStore)
     with pytest.raises(NotFound) as raised:
         store.get_worker("w-missing")
     assert raised.value.details() == {"kind": "worker", "id": "w-missing"}
+
+
+def test_given_one_worker_named_twice_then_a_batch_read_returns_it_once(store, running_worker):
+    # A listing merged from several index partitions names a worker twice when it changed status during
+    # the walk; DynamoDB refuses a BatchGetItem that names a key twice, which once answered GET
+    # /api/v1/workers with a 500.
+    worker = running_worker()
+    other = running_worker()
+
+    found = store.get_workers([worker.id, other.id, worker.id], consistent=False)
+
+    assert sorted(w.id for w in found) == sorted([worker.id, other.id])

@@ -333,21 +333,33 @@ def test_given_a_lagging_index_when_an_instance_was_just_placed_then_active_inst
     assert plan.hidden_by_lag >= 1
 
 
-def test_given_a_worker_stored_before_the_id_set_then_active_instances_of_falls_back_to_the_index(
+def test_given_workers_stored_by_earlier_releases_then_active_instances_of_still_finds_every_instance(
     store: FleetStore, running_worker: WorkerFactory, dynamodb: Any
 ) -> None:
-    worker = running_worker(capacity=3)
-    legacy = placement.place_instance(store, actor="t", worker_id=worker.id)
+    worker = running_worker(capacity=4)
+    in_set, unnamed = (placement.place_instance(store, actor="t", worker_id=worker.id) for _ in range(2))
+    worker_key = {"PK": {"S": f"WORKER#{worker.id}"}, "SK": {"S": "WORKER"}}
+    # One release named active instances in a set on the worker item; one before it nowhere.
+    for instance in (in_set, unnamed):
+        dynamodb.delete_item(
+            TableName=store.table_name,
+            Key={"PK": {"S": f"WORKER#{worker.id}"}, "SK": {"S": f"SLOT#{instance.id}"}},
+        )
     dynamodb.update_item(
         TableName=store.table_name,
-        Key={"PK": {"S": f"WORKER#{worker.id}"}, "SK": {"S": "WORKER"}},
-        UpdateExpression="REMOVE active_instance_ids",
+        Key=worker_key,
+        UpdateExpression="ADD active_instance_ids :id",
+        ExpressionAttributeValues={":id": {"SS": [in_set.id]}},
     )
     recent = placement.place_instance(store, actor="t", worker_id=worker.id)
-    assert [i.id for i in store.active_instances_of(worker.id)] == sorted([legacy.id, recent.id])
-    store.end_instance(legacy, InstanceState.COMPLETED, actor="t")
+
+    assert [i.id for i in store.active_instances_of(worker.id)] == sorted([in_set.id, unnamed.id, recent.id])
+    store.end_instance(in_set, InstanceState.COMPLETED, actor="t")
+    store.end_instance(unnamed, InstanceState.COMPLETED, actor="t")
     assert [i.id for i in store.active_instances_of(worker.id)] == [recent.id]
     assert store.get_worker(worker.id).active_instances == 1
+    # The earlier release's set empties as its instances end (DynamoDB drops an empty set).
+    assert "active_instance_ids" not in dynamodb.get_item(TableName=store.table_name, Key=worker_key)["Item"]
 
 
 def test_given_a_stale_copy_when_ending_then_stale_write_names_the_state_now(

@@ -27,7 +27,7 @@ def operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]
         (path, method, operation)
         for path, item in document["paths"].items()
         for method, operation in item.items()
-        if method in ("get", "post", "put")
+        if method in ("get", "post", "put", "patch")
     ]
 
 

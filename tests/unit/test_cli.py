@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
+from fleetkeeper.domain.models import TemplateSpec
 from fleetkeeper_cli import fleetfile
 from fleetkeeper_cli.app import app
 from fleetkeeper_cli.client import (
@@ -40,13 +41,15 @@ class Recorder(BaseHTTPRequestHandler):
     # (method, path, JSON body or None) of every request.
     requests: ClassVar[list[tuple[str, str, Any]]] = []
     answer: ClassVar[tuple[int, dict[str, Any]]] = (200, {"items": []})
+    # Answers given in turn, before `answer` (for commands that page).
+    queue: ClassVar[list[tuple[int, dict[str, Any]]]] = []
 
     def _serve(self) -> None:
         Recorder.seen.append({k.lower(): v for k, v in self.headers.items()})
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         Recorder.requests.append((self.command, self.path, json.loads(raw) if raw else None))
-        status, body = Recorder.answer
+        status, body = Recorder.queue.pop(0) if Recorder.queue else Recorder.answer
         payload = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -54,7 +57,7 @@ class Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = _serve
+    do_GET = do_POST = do_PUT = do_PATCH = _serve
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -65,6 +68,7 @@ def server() -> Iterator[str]:
     Recorder.seen = []
     Recorder.requests = []
     Recorder.answer = (200, {"items": []})
+    Recorder.queue = []
     httpd = HTTPServer(("127.0.0.1", 0), Recorder)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -212,7 +216,9 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["pools"],
         ["pool", "drain"],
         ["pool", "cancel-drain"],
+        ["pool", "disruption"],
         ["orphans", "show"],
+        ["orphans", "held-back"],
         ["orphans", "confirm"],
         ["instances"],
         ["place"],
@@ -282,6 +288,39 @@ def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_wor
     assert "2 held-back workers in eu-west-1 confirmed" in output
 
 
+def test_given_orphans_held_back_then_the_cli_pages_through_one_set_and_names_it(server: str):
+    fingerprint = "0123456789abcdef0123456789abcdef"
+    first = {"region": "eu-west-1", "held_back_set": fingerprint, "count": 3, "items": ["w-1", "w-2"]}
+    Recorder.queue = [
+        (200, {**first, "next_token": "t1"}),
+        (200, {**first, "items": ["w-3"], "next_token": None}),
+    ]
+
+    exit_code, output = run("--api", server, "orphans", "held-back", "eu-west-1")
+
+    assert exit_code == 0, output
+    paths = [path for _, path, _ in Recorder.requests]
+    assert paths == [
+        "/api/v1/reconcile/orphans/eu-west-1/held-back",
+        f"/api/v1/reconcile/orphans/eu-west-1/held-back?held_back_set={fingerprint}&next_token=t1",
+    ]
+    assert [line for line in output.splitlines() if line.startswith("w-")] == ["w-1", "w-2", "w-3"]
+    assert f"3 of 3 held back in eu-west-1; set {fingerprint}" in output
+
+
+def test_given_orphans_confirm_with_a_set_then_the_cli_posts_it(server: str):
+    Recorder.answer = (
+        200,
+        {"region": "eu-west-1", "confirmed_ids": ["w-1"], "confirmed_count": 5000, "confirmed_until": "x"},
+    )
+
+    exit_code, output = run("--api", server, "orphans", "confirm", "eu-west-1", "--set", "ab" * 16)
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1][2] == {"region": "eu-west-1", "held_back_set": "ab" * 16}
+    assert "5000 held-back workers in eu-west-1 confirmed" in output
+
+
 def test_given_operation_run_then_the_cli_posts_the_name_and_each_param(server: str):
     Recorder.answer = (202, {"id": "op-1", "name": "register-license", "status": "PENDING"})
 
@@ -339,6 +378,74 @@ def test_given_the_reschedule_flag_then_the_drain_body_carries_it(
     method, path, body = Recorder.requests[-1]
     assert (method, path) == ("POST", "/api/v1/workers/w-1/drain")
     assert body["reschedule"] is reschedule
+
+
+RUNNING_DRAIN = {
+    "worker_id": "w-1",
+    "status": "RUNNING",
+    "worker_status": "DRAINING",
+    "generation": 3,
+    "timeout_seconds": 600,
+    "deadline": "2099-01-01T00:10:00Z",
+}
+
+
+def test_given_extend_then_the_cli_moves_the_running_drains_deadline_by_that_much(server: str):
+    Recorder.answer = (200, RUNNING_DRAIN)
+
+    exit_code, output = run("--api", server, "drain", "w-1", "--extend", "30m", "--reason", "exam runs late")
+
+    assert exit_code == 0, output
+    assert [(m, p) for m, p, _ in Recorder.requests] == [
+        ("GET", "/api/v1/workers/w-1/drain"),
+        ("PATCH", "/api/v1/workers/w-1/drain"),
+    ]
+    # The whole new timeout, counted from the drain's start, for the drain that was read.
+    assert Recorder.requests[-1][2] == {
+        "timeout_seconds": 600 + 1800,
+        "generation": 3,
+        "reason": "exam runs late",
+    }
+    assert "extended by 30m" in output
+
+
+def test_given_force_now_then_the_cli_forces_the_running_drain(server: str):
+    Recorder.answer = (202, {**RUNNING_DRAIN, "forced_by": "alice"})
+
+    exit_code, output = run("--api", server, "drain", "w-1", "--force-now", "--reason", "patch")
+
+    assert exit_code == 0, output
+    assert Recorder.requests == [("POST", "/api/v1/workers/w-1/drain/force", {"reason": "patch"})]
+    assert "forced" in output
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--extend", "30m", "--force-now"],
+        ["--extend", "30m", "--timeout", "1h"],
+        ["--force-now", "--dry-run"],
+        ["--extend", "soon"],
+        ["--extend", "0"],
+    ],
+)
+def test_given_extend_or_force_now_with_what_starts_a_drain_then_it_is_a_usage_error(
+    server: str, flags: list[str]
+):
+    exit_code, _ = run("--api", server, "drain", "w-1", *flags)
+
+    assert exit_code == 2
+    assert Recorder.requests == []
+
+
+def test_given_no_running_drain_then_extend_says_so_and_changes_nothing(server: str):
+    Recorder.answer = (200, {**RUNNING_DRAIN, "status": "SUCCESS"})
+
+    exit_code, output = run("--api", server, "drain", "w-1", "--extend", "1h")
+
+    assert exit_code == 3, output
+    assert "no running drain to extend" in output
+    assert [m for m, _, _ in Recorder.requests] == ["GET"]
 
 
 def test_given_the_local_stack_on_another_port_then_a_bare_command_follows_it_and_says_so(
@@ -400,7 +507,9 @@ def test_given_a_narrow_terminal_then_worker_ids_print_whole_and_other_columns_g
         assert worker_id in output
 
 
-@pytest.mark.parametrize(("group", "commands"), [("worker", {"show"}), ("pool", {"drain", "cancel-drain"})])
+@pytest.mark.parametrize(
+    ("group", "commands"), [("worker", {"show"}), ("pool", {"drain", "cancel-drain", "disruption"})]
+)
 def test_given_a_group_then_its_help_names_exactly_the_commands_it_has(group: str, commands: set[str]):
     exit_code, output = run(group, "--help")
 
@@ -482,3 +591,241 @@ def test_given_instance_state_then_the_cli_reports_it_in_upper_case(server: str)
         {"state": "RUNNING", "reason": "booted"},
     )
     assert "instance i-1 RUNNING" in output
+
+
+DISRUPTION_VIEW: dict[str, Any] = {
+    "pool": "labs",
+    "at": "2026-03-02T09:30:00+00:00",
+    "members": 8,
+    "in_use": 1,
+    "disrupting": ["w-1"],
+    "budgets": [
+        {
+            "index": 0,
+            "max": "10%",
+            "reasons": ["rollout", "expired", "scale_down", "drift"],
+            "schedule": None,
+            "duration": None,
+            "timezone": None,
+            "active": True,
+            "allowed": 1,
+            "until": None,
+            "next_start": None,
+        },
+        {
+            "index": 1,
+            "max": 0,
+            "reasons": ["scale_down"],
+            "schedule": "0 9 * * mon-fri",
+            "duration": "8h",
+            "timezone": "Europe/Berlin",
+            "active": True,
+            "allowed": 0,
+            "until": "2026-03-02T16:00:00+00:00",
+            "next_start": None,
+        },
+    ],
+    "reasons": [
+        {
+            "reason": "scale_down",
+            "governed_by": "pool",
+            "applying": [0, 1],
+            "limiting": 1,
+            "allowed": 0,
+            "in_use": 1,
+            "available": 0,
+            "blocked_until": "2026-03-02T16:00:00+00:00",
+        },
+        {
+            "reason": "rollout",
+            "governed_by": "pool",
+            "applying": [0],
+            "limiting": 0,
+            "allowed": 1,
+            "in_use": 1,
+            "available": 0,
+            "blocked_until": None,
+        },
+    ],
+    "stage_default": {"max": "10%", "allowed": 2, "in_use": 1},
+    "next_change": "2026-03-02T16:00:00+00:00",
+    "waiting": [
+        {
+            "worker_id": "w-8bb9fe4038174019",
+            "reason": "scale_down",
+            "action": "drain",
+            "budget": 1,
+            "allowed": 0,
+            "in_use": 1,
+            "refused_at": "2026-03-02T09:29:00+00:00",
+            "until": "2026-03-02T16:00:00+00:00",
+        }
+    ],
+}
+
+
+def test_given_pool_disruption_then_budgets_reasons_and_waiting_workers_are_shown(server: str):
+    Recorder.answer = (200, DISRUPTION_VIEW)
+
+    exit_code, output = run("--api", server, "pool", "disruption", "labs")
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == ("GET", "/api/v1/pools/labs/disruption", None)
+    assert "1 of 8 members being disrupted" in output
+    assert "0 9 * * mon-fri for 8h (Europe/Berlin)" in output
+    assert "until 2026-03-02 16:00:00" in output
+    scale_down = next(line for line in output.splitlines() if line.strip("│ ").startswith("scale_down"))
+    assert "budget 1" in scale_down
+    assert "blocked" in scale_down
+    assert "w-8bb9fe4038174019" in output
+
+
+def test_given_a_drain_beyond_a_budget_then_the_cli_says_which_one(server: str):
+    exceeded = {"pool": "labs", "budget": 1, "max": 0, "allowed": 0, "in_use": 1, "until": None}
+    Recorder.answer = (202, {"worker_id": "w-1", "status": "RUNNING", "budget_exceeded": exceeded})
+
+    exit_code, output = run("--api", server, "drain", "w-1")
+
+    assert exit_code == 0, output
+    assert "goes beyond budget 1 of pool labs (max 0: 1 in use, 0 allowed)" in output
+
+
+def test_given_budgets_in_a_fleet_file_when_the_api_echoes_them_then_apply_changes_nothing():
+    echoed = {
+        "name": "labs",
+        "description": "labs",
+        "disruption": {
+            "budgets": [
+                {"max": 2, "reasons": None, "schedule": None, "duration": None, "timezone": None},
+                {
+                    "max": 0,
+                    "reasons": ["scale_down"],
+                    "schedule": "0 9 * * mon-fri",
+                    "duration": "8h",
+                    "timezone": "Europe/Berlin",
+                },
+            ]
+        },
+    }
+    declared = {
+        "description": "labs",
+        "disruption": {
+            "budgets": [
+                {"max": "2"},
+                {
+                    "max": 0,
+                    "reasons": ["scale_down"],
+                    "schedule": "0 9 * * mon-fri",
+                    "duration": "8h",
+                    "timezone": "Europe/Berlin",
+                },
+            ]
+        },
+    }
+
+    assert fleetfile._diff("pool", "labs", declared, echoed).action == "unchanged"
+    tighter = {**declared, "disruption": {"budgets": [{"max": 1}]}}
+    change = fleetfile._diff("pool", "labs", tighter, echoed)
+    assert (change.action, change.body) == ("update", tighter)
+
+
+def _worker_body(worker_id: str, drift: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "id": worker_id,
+        "status": "RUNNING",
+        "pool": "labs",
+        "template": "lab",
+        "active_instances": 0,
+        "capacity": 4,
+        "drain": None,
+        "drift": drift,
+    }
+
+
+def test_given_workers_drifted_then_the_cli_asks_for_drifted_workers_and_shows_why(server: str):
+    drift = {
+        "reasons": ["image", "expired"],
+        "desired": {"image_id": "ami-new", "instance_type": "m5.large"},
+        "since": "2026-02-01T12:00:00Z",
+    }
+    Recorder.answer = (200, {"items": [_worker_body("w-1", drift)], "next_token": None})
+
+    exit_code, output = run("--api", server, "workers", "--drifted")
+
+    assert exit_code == 0, output
+    path = Recorder.requests[0][1]
+    assert path.startswith("/api/v1/workers?")
+    assert "drifted=true" in path
+    assert "image,expired" in output
+
+
+def test_given_worker_show_then_the_drift_and_what_the_worker_should_run_are_shown(server: str):
+    drift = {
+        "reasons": ["instance_type"],
+        "desired": {"image_id": "ami-new", "instance_type": "m5.xlarge"},
+        "since": "2026-02-01T12:00:00Z",
+    }
+    Recorder.answer = (200, {**_worker_body("w-1", drift), "region": "us-east-1", "version": 3})
+
+    exit_code, output = run("--api", server, "worker", "show", "w-1")
+
+    assert exit_code == 0, output
+    assert "instance_type" in output
+    assert "m5.xlarge" in output
+    assert "2026-02-01T12:00:00Z" in output
+
+
+def test_given_workers_without_drifted_then_no_drift_filter_is_sent(server: str):
+    Recorder.answer = (200, {"items": [_worker_body("w-1", None)], "next_token": None})
+
+    exit_code, output = run("--api", server, "workers")
+
+    assert exit_code == 0, output
+    assert "drifted" not in Recorder.requests[0][1]
+
+
+def test_given_a_lifetime_in_a_fleet_file_then_apply_sets_it_and_a_file_without_it_lifts_it():
+    echoed = {
+        "name": "lab",
+        "instance_type": "m5.large",
+        "ami_name_filter": "lab-*",
+        "capacity": 4,
+        "drain_timeout_hours": 4.0,
+        "tags": {},
+        "max_lifetime_hours": None,
+        "version": 1,
+    }
+    declared = {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": 4}
+
+    unchanged = fleetfile._diff("template", "lab", {**fleetfile.TEMPLATE_DEFAULTS, **declared}, echoed)
+    assert unchanged.action == "unchanged"
+    limited = {**fleetfile.TEMPLATE_DEFAULTS, **declared, "max_lifetime_hours": 720}
+    change = fleetfile._diff("template", "lab", limited, echoed)
+    assert (change.action, change.fields) == ("update", {"max_lifetime_hours": (None, 720)})
+    assert change.body["max_lifetime_hours"] == 720
+    lifted = fleetfile._diff(
+        "template", "lab", {**fleetfile.TEMPLATE_DEFAULTS, **declared}, {**echoed, "max_lifetime_hours": 720}
+    )
+    assert lifted.fields == {"max_lifetime_hours": (720, None)}
+
+
+def test_given_a_template_update_then_its_body_keeps_every_field_the_file_does_not_declare():
+    # A template PUT replaces the whole spec: a field the body leaves out is lost on the server.
+    current = {
+        "name": "licensed",
+        "instance_type": "m5.large",
+        "ami_name_filter": "lab-*",
+        "capacity": 4,
+        "drain_timeout_hours": 4.0,
+        "tags": {},
+        "before_stop": ["deregister-license"],
+        "max_lifetime_hours": None,
+        "version": 3,
+    }
+    declared = {**fleetfile.TEMPLATE_DEFAULTS, "instance_type": "m5.xlarge", "ami_name_filter": "lab-*"}
+
+    change = fleetfile._diff("template", "licensed", {**declared, "capacity": 4}, current)
+
+    assert change.action == "update"
+    assert change.body["before_stop"] == ["deregister-license"]
+    assert set(fleetfile.TEMPLATE_FIELDS) == set(TemplateSpec.model_fields)

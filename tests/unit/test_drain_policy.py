@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
-from fleetkeeper.domain.drain_policy import MAX_RECHECKS_PER_DRAIN, recheck_heartbeat, worker_drain_timeout
-from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
+from fleetkeeper.domain.drain_policy import (
+    MAX_DEADLINE_MOVES,
+    MAX_RECHECKS_PER_DRAIN,
+    drain_heartbeat,
+    moved,
+    moved_deadline,
+    recheck_heartbeat,
+    worker_drain_timeout,
+)
+from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS, DrainRecord
 from fleetkeeper.services.drains import execution_name
 
 DAY = 24 * 3600
@@ -34,3 +43,43 @@ def test_given_a_restart_then_the_execution_name_is_new_and_within_the_limit() -
     long_name = execution_name("pool", "p" * 200, 12, 3)
     assert len(long_name) <= 80
     assert long_name.endswith("-g12-r3")
+
+
+STARTED = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def drain_record(timeout_seconds: int, **fields: object) -> DrainRecord:
+    return DrainRecord(
+        generation=1,
+        started_at=STARTED,
+        deadline=STARTED + timedelta(seconds=timeout_seconds),
+        timeout_seconds=timeout_seconds,
+        requested_by="test",
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_given_a_timeout_that_ended_in_the_past_then_the_moved_deadline_is_now_never_earlier() -> None:
+    now = STARTED + timedelta(seconds=90.5)
+    assert moved_deadline(STARTED, 3600, now) == (STARTED + timedelta(hours=1), 3600)
+    assert moved_deadline(STARTED, 60, now) == (now, 91)
+
+
+def test_given_a_drain_extended_many_times_then_its_rechecks_stay_within_one_budget() -> None:
+    """Each move spreads only what is left of the re-check budget: a drain of the longest timeout,
+    moved again and again, still re-checks at most MAX_RECHECKS_PER_DRAIN times in all."""
+    heartbeat = 300
+    record = drain_record(MAX_DRAIN_TIMEOUT_SECONDS // 2)
+    now = STARTED
+    for _ in range(MAX_DEADLINE_MOVES):
+        # Wait most of the way to the deadline, then move it later again.
+        now = now + (record.deadline - now) * 0.9
+        timeout = min(record.timeout_seconds + 86_400, MAX_DRAIN_TIMEOUT_SECONDS)
+        deadline, timeout = moved_deadline(STARTED, timeout, now)
+        record = record.model_copy(update=moved(record, deadline, timeout, now, heartbeat))
+    assert record.rechecks_spent <= MAX_RECHECKS_PER_DRAIN
+    left = (record.deadline - now).total_seconds()
+    assert (
+        record.rechecks_spent + math.ceil(left / drain_heartbeat(heartbeat, record))
+        <= MAX_RECHECKS_PER_DRAIN + 1
+    )

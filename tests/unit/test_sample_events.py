@@ -24,6 +24,6 @@ def test_given_an_api_gateway_sample_then_it_is_a_rest_proxy_event_with_an_iam_c
     event = APIGatewayProxyEvent(json.loads(path.read_text()))
     assert event.path.startswith("/api/v1/")
     assert (event.request_context.identity.user_arn or "").startswith("arn:aws:iam::")
-    if event.http_method in ("POST", "PUT"):
+    if event.http_method in ("POST", "PUT", "PATCH"):
         assert json.loads(event.body or "{}") is not None
         assert event.headers["Content-Type"] == "application/json"

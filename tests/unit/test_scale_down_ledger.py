@@ -47,6 +47,7 @@ def entry(
 
 
 def admitted(candidate: str, action: Action, entries: list[InFlight], statuses: dict[str, WorkerStatus]):
+    """The view is the statuses of every worker, and the counts taken from them."""
     running = sum(1 for status in statuses.values() if status == WorkerStatus.RUNNING)
     return admit(
         worker(candidate),
@@ -54,6 +55,7 @@ def admitted(candidate: str, action: Action, entries: list[InFlight], statuses: 
         entries=entries,
         statuses=statuses,
         running_in_scope={SCOPE: running},
+        draining=sum(1 for status in statuses.values() if status == WorkerStatus.DRAINING),
         policy=POLICY,
         fleet_size=len(statuses),
     )
@@ -174,3 +176,29 @@ def test_given_a_worker_read_twice_as_it_changed_status_then_the_view_keeps_its_
     statuses = {w.id: w.status for w in view}
     # Minimum one, one running in the view: nothing more may stop.
     assert admitted("w-2", Action.STOP, [entry("w-1")], statuses) is Guard.MIN_WORKERS
+
+
+def test_given_a_drain_that_started_between_the_statuses_and_the_counts_then_it_counts_twice_not_never():
+    """Once the table is migrated a ledger entry reads its workers' statuses, then the counters: a
+    drain in flight that starts in between is in both (refused for the budget, safe), whereas read the
+    other way round it would be in neither, and a second drain would pass a budget of one."""
+    one_drain = ScaleDownPolicy(**{**POLICY.__dict__, "budget": DisruptionBudget(count=1)})
+    entries = [entry("w-1", Action.DRAIN)]
+
+    def decide(statuses: dict[str, WorkerStatus], draining: int) -> Guard | None:
+        return admit(
+            worker("w-2"),
+            Action.DRAIN,
+            entries=entries,
+            statuses=statuses,
+            running_in_scope={SCOPE: 3},
+            draining=draining,
+            policy=one_drain,
+            fleet_size=3,
+        )
+
+    # Statuses first (w-1 still RUNNING), then the counters (w-1 now DRAINING).
+    assert decide({"w-1": WorkerStatus.RUNNING}, draining=1) is Guard.DISRUPTION_BUDGET
+    # Either read alone also refuses: the entry, or the counted drain.
+    assert decide({"w-1": WorkerStatus.RUNNING}, draining=0) is Guard.DISRUPTION_BUDGET
+    assert decide({"w-1": WorkerStatus.DRAINING}, draining=1) is Guard.DISRUPTION_BUDGET

@@ -116,3 +116,132 @@ def test_given_a_drain_that_finished_while_an_instance_ran_then_it_is_a_violatio
     result = found()
     sc._drain_endings(shot(trail, workers=workers, instances=instances), result)
     assert len(result["drain finished while its worker still had active instances"]) == 1
+
+
+def call(status: int, error: str | None) -> sc.Call:
+    return sc.Call("place_pool", "POST", "/api/v1/instances", status, {"error": error}, at(0), at(1))
+
+
+def test_given_a_full_fleet_answered_409_then_it_is_counted_apart_and_any_5xx_is_a_violation() -> None:
+    seen = sc.Observations(started_at=T0)
+    for answer in (call(409, "NO_CAPACITY"), call(409, "NO_CAPACITY"), call(503, "NO_CAPACITY")):
+        seen.record_call(answer)
+    result = found()
+    no_capacity = sc._statuses(seen, result)
+    assert no_capacity == 2  # the 409s keep their error code through record_call
+    # The contract answers a full fleet with 409: a 503 saying NO_CAPACITY is a server error like any.
+    assert len(result["5xx answer"]) == 1
+
+
+def test_given_an_acknowledged_placement_missing_from_the_table_then_it_is_a_violation() -> None:
+    seen = sc.Observations(started_at=T0)
+    seen.placements += [
+        sc.Placement(instance, "w1", None, "caller", {}, at(0), at(1))
+        for instance in ("i1", "i2", "i3", "i4")
+    ]
+    # i1 is where it was answered and i2 was moved by a drain's reschedule; i3's write was lost with its
+    # answer and never retried; i4 is on another worker with no move in its trail.
+    instances = {
+        "i1": {"id": "i1", "worker_id": "w1", "state": "SCHEDULED"},
+        "i2": {"id": "i2", "worker_id": "w2", "state": "SCHEDULED"},
+        "i4": {"id": "i4", "worker_id": "w2", "state": "SCHEDULED"},
+    }
+    trail = {("instance", "i2"): [{"at": at(2).isoformat(), "action": "InstanceMoved"}]}
+    result = found()
+    sc._placements_kept(seen, shot(trail, instances=instances), result)
+    assert [line.split()[1] for line in result["acknowledged placement not in the table"]] == ["i3", "i4"]
+
+
+def scale_down(seconds: float, target: str = "STOPPING") -> dict[str, Any]:
+    return {**event(seconds, "RUNNING", target), "actor": sc.SCALE_DOWN_ACTOR}
+
+
+def test_given_two_scale_downs_of_one_scope_inside_the_cooldown_then_it_is_a_violation() -> None:
+    workers = {w: {"id": w, "template": "t", "pool": "p"} for w in ("w1", "w2", "w3")}
+    trail = {
+        ("worker", "w1"): [scale_down(0)],
+        ("worker", "w2"): [scale_down(2, "DRAINING")],  # another shard's, in the same breath
+        ("worker", "w3"): [scale_down(40)],  # a cooldown later: fine
+    }
+    result = found()
+    sc._scale_downs(shot(trail, workers=workers), timedelta(seconds=30), result)
+    assert len(result["two scale-downs of one scope inside its cooldown"]) == 1
+
+
+def test_given_scale_downs_of_different_scopes_at_once_then_it_is_fine() -> None:
+    workers = {
+        "w1": {"id": "w1", "template": "t", "pool": "p"},
+        "w2": {"id": "w2", "template": "t", "pool": "q"},
+    }
+    trail = {("worker", "w1"): [scale_down(0)], ("worker", "w2"): [scale_down(0)]}
+    result = found()
+    sc._scale_downs(shot(trail, workers=workers), timedelta(seconds=30), result)
+    assert result["two scale-downs of one scope inside its cooldown"] == []
+
+
+def operation(op_id: str, status: str, origin: str = "request", created: float = 0) -> dict[str, Any]:
+    return {
+        "id": op_id,
+        "worker_id": "w1",
+        "status": status,
+        "origin": origin,
+        "created_at": at(created).isoformat(),
+    }
+
+
+def test_given_a_lock_without_its_open_operation_or_two_open_operations_then_each_is_a_violation() -> None:
+    cases = [
+        ({"operation_in_flight": "op1"}, [operation("op1", "SUCCESS")]),  # finished, lock left behind
+        ({}, [operation("op1", "PENDING")]),  # open, no lock: another could start beside it
+        ({"operation_in_flight": "op1"}, [operation("op1", "RUNNING"), operation("op2", "PENDING")]),
+    ]
+    for lock, operations in cases:
+        snapshot = shot(workers={"w1": {"id": "w1", "status": "RUNNING", **lock}})
+        snapshot.operations["w1"] = operations
+        result = found()
+        sc._operation_locks(snapshot, result)
+        assert len(result["worker's operation lock and its open operations disagree"]) == 1, (
+            lock,
+            operations,
+        )
+    snapshot = shot(workers={"w1": {"id": "w1", "status": "RUNNING", "operation_in_flight": "op2"}})
+    snapshot.operations["w1"] = [operation("op1", "SUCCESS"), operation("op2", "RUNNING")]
+    result = found()
+    sc._operation_locks(snapshot, result)
+    assert result["worker's operation lock and its open operations disagree"] == []
+
+
+def test_given_a_drain_that_stopped_its_worker_without_its_before_stop_operation_then_it_is_a_violation() -> (
+    None
+):
+    workers = {"w1": {"id": "w1", "status": "STOPPING", "template": "t"}}
+    completed = {**event(10, "DRAINING", "STOPPING"), "action": "WorkerDrainCompleted"}
+    trail = {("worker", "w1"): [event(0, "RUNNING", "DRAINING"), completed]}
+    snapshot = shot(trail, workers=workers)
+    snapshot.before_stop["t"] = ["deregister-license"]
+    # An operation from before the drain does not count for it.
+    snapshot.operations["w1"] = [operation("op0", "SUCCESS", origin="before_stop", created=-5)]
+    result = found()
+    sc._before_stops(snapshot, result)
+    assert len(result["drain stopped its worker without its before_stop operations"]) == 1
+
+    snapshot.operations["w1"].append(operation("op1", "SUCCESS", origin="before_stop", created=8))
+    result = found()
+    sc._before_stops(snapshot, result)
+    assert result["drain stopped its worker without its before_stop operations"] == []
+
+
+def test_given_an_instance_moved_onto_a_worker_after_its_drain_finished_then_that_drain_is_fine() -> None:
+    workers = {"w2": {"id": "w2", "status": "STOPPING"}}
+    instances = {"i1": {"id": "i1", "worker_id": "w2", "state": "SCHEDULED"}}
+    trail = {
+        ("worker", "w2"): [event(0, "RUNNING", "DRAINING"), event(5, "DRAINING", "STOPPING")],
+        # Placed on another worker before w2's drain finished, moved onto w2 only after it.
+        ("instance", "i1"): [
+            {"at": at(-1).isoformat(), "action": "InstancePlaced", "to_status": "SCHEDULED"},
+            {"at": at(6).isoformat(), "action": "InstanceMoved"},
+        ],
+    }
+    result = found()
+    sc._drain_endings(shot(trail, workers=workers, instances=instances), result)
+    assert result["drain finished while its worker still had active instances"] == []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from fleetkeeper.domain.stagger import shard_starts
 from fleetkeeper.triggers import (
     Ec2Event,
     Ec2RebalanceEvent,
@@ -83,8 +85,13 @@ def test_given_the_malformed_sample_then_it_does_not_parse():
 
 
 def test_given_a_shard_schedule_input_then_the_cycle_covers_that_shard():
-    shard = schedule_input(load("scheduler_reconcile_shard")).reconcile_shard
+    request = schedule_input(load("scheduler_reconcile_shard"))
+    shard = request.reconcile_shard
     assert (shard.index, shard.count) == (1, 4)
+    # Its start inside the period, as the stack writes it (domain/stagger.py) and the Scheduler fills it.
+    assert request.start_delay_seconds == shard_starts(4, 1)[1].delay_seconds
+    assert request.scheduled_time is not None
+    assert request.scheduled_time.utcoffset() == timedelta(0)
     assert schedule_input(load("scheduler_reconcile")).reconcile_shard.count == 1
 
 

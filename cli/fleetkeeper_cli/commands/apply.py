@@ -11,7 +11,15 @@ from fleetkeeper_cli import fleetfile
 from fleetkeeper_cli.client import CliError
 from fleetkeeper_cli.output import OutputOption, console, fail, json_mode, print_json, run, settings, table
 
-TEMPLATE_COLUMNS = ["name", "instance type", "AMI filter", "capacity", "drain timeout (h)", "version"]
+TEMPLATE_COLUMNS = [
+    "name",
+    "instance type",
+    "AMI filter",
+    "capacity",
+    "drain timeout (h)",
+    "max lifetime (h)",
+    "version",
+]
 
 
 def _print_plan(changes: list[fleetfile.Change]) -> None:
@@ -63,6 +71,7 @@ def templates(ctx: typer.Context, output: OutputOption = None) -> None:
                 t["ami_name_filter"],
                 t["capacity"],
                 t["drain_timeout_hours"],
+                t.get("max_lifetime_hours") or "-",
                 t["version"],
             ]
             for t in items

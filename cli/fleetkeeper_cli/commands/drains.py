@@ -17,6 +17,7 @@ from fleetkeeper_cli.output import (
     error_console,
     fail,
     json_mode,
+    print_budget_exceeded,
     print_json,
     run,
     seconds,
@@ -43,10 +44,11 @@ WorkerTimeoutOption = Annotated[
 
 
 def print_drain_status(status: dict[str, Any]) -> None:
-    rows = [[k, v] for k, v in status.items() if v is not None and k != "worker_id"]
+    rows = [[k, v] for k, v in status.items() if v is not None and k not in ("worker_id", "budget_exceeded")]
     fields = table(f"drain of {status['worker_id']}", ["field", "value"], rows)
     fields.show_header = False
     console.print(fields)
+    print_budget_exceeded(status.get("budget_exceeded"))
 
 
 def _drain_exit(status: dict[str, Any]) -> ExitCode:
@@ -95,11 +97,46 @@ def drain(
             "with room; --no-reschedule waits for them",
         ),
     ] = True,
+    extend: Annotated[
+        str | None,
+        typer.Option(
+            "--extend",
+            help=f"move the running drain's deadline later by this much ({TIMEOUT_FORMS}); starts nothing",
+        ),
+    ] = None,
+    force_now: Annotated[
+        bool,
+        typer.Option(
+            "--force-now",
+            help="force the running drain now: what still runs ends (reason forced), then the worker stops",
+        ),
+    ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the drain live until it ends")] = False,
     interval: IntervalOption = 2.0,
     output: OutputOption = None,
 ) -> None:
-    """Drain a worker: no new work lands on it, its work finishes, then it stops (forced at the deadline)."""
+    """Drain a worker: no new work lands on it, its work finishes, then it stops (forced at the deadline).
+
+    On a worker already draining, --extend moves the deadline later and --force-now forces it now."""
+    if extend is not None or force_now:
+        starting = {
+            "--timeout": timeout is not None,
+            "--then": then != Then.STOP,
+            "--dry-run": dry_run,
+            "--no-reschedule": not reschedule,
+        }
+        _control(
+            ctx,
+            worker_id,
+            extend=extend,
+            force_now=force_now,
+            reason=reason,
+            output=output,
+            starting=starting,
+        )
+        if wait:
+            _watch(ctx, worker_id, interval)
+        return
     body: dict[str, Any] = {"then": then.value, "dry_run": dry_run, "reschedule": reschedule}
     timeout_seconds = seconds(timeout)
     if timeout_seconds is not None:
@@ -116,7 +153,64 @@ def drain(
         return
     if not as_json:
         console.print(f"drain of {worker_id} started (deadline {status.get('deadline')})")
+        print_budget_exceeded(status.get("budget_exceeded"))
     _watch(ctx, worker_id, interval)
+
+
+def _control(
+    ctx: typer.Context,
+    worker_id: str,
+    *,
+    extend: str | None,
+    force_now: bool,
+    reason: str | None,
+    output: Output | None,
+    starting: dict[str, bool],
+) -> None:
+    """--extend or --force-now on the running drain; `starting` says which options that only start a
+    drain were given (a usage error here)."""
+    if extend is not None and force_now:
+        raise typer.BadParameter("use --extend or --force-now, not both", param_hint="--extend")
+    for option, given in starting.items():
+        if given:
+            raise typer.BadParameter(
+                f"{option} starts a drain; --extend and --force-now act on the running one", param_hint=option
+            )
+    as_json = json_mode(ctx, output)
+    client = settings(ctx).client()
+    path = f"/api/v1/workers/{worker_id}/drain"
+    try:
+        if force_now:
+            status = client.post(f"{path}/force", {"reason": reason} if reason else None)
+        else:
+            by = seconds(extend, "--extend")
+            if not by:
+                raise typer.BadParameter("extend by more than nothing, e.g. 30m", param_hint="--extend")
+            current = client.get(path)
+            if current.get("status") != "RUNNING" or current.get("timeout_seconds") is None:
+                raise CliError(
+                    f"worker {worker_id} has no running drain to extend (its drain: {current.get('status')})",
+                    ExitCode.NOT_FOUND_OR_CONFLICT,
+                )
+            # The new timeout counts from the drain's start; naming the generation read makes the move
+            # a 409 rather than a change to a drain started since.
+            body: dict[str, Any] = {
+                "timeout_seconds": current["timeout_seconds"] + by,
+                "generation": current["generation"],
+            }
+            if reason:
+                body["reason"] = reason
+            status = client.patch(path, body)
+    except CliError as error:
+        fail(error)
+    if as_json:
+        print_json(status)
+        return
+    if force_now:
+        console.print(f"drain of {worker_id} forced: what still runs ends now, then the worker stops")
+    else:
+        console.print(f"drain of {worker_id} extended by {extend}: deadline {status.get('deadline')}")
+    print_drain_status(status)
 
 
 def drain_status(

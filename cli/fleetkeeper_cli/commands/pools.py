@@ -1,4 +1,5 @@
-"""`fleetkeeper pools`, `pool drain` and `pool cancel-drain`: pools and their drains."""
+"""`fleetkeeper pools`, `pool drain`, `pool cancel-drain` and `pool disruption`: pools, their drains and
+their disruption budgets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ from typing import Annotated, Any
 
 import typer
 
-from fleetkeeper_cli.output import TIMEOUT_FORMS, OutputOption, console, run, seconds, table
+from fleetkeeper_cli.output import (
+    TIMEOUT_FORMS,
+    OutputOption,
+    console,
+    print_budget_exceeded,
+    run,
+    seconds,
+    table,
+    when,
+)
 
 # The API's deadline for a pool drain sent without timeout_seconds (docs/drains.md).
 POOL_DRAIN_DEFAULT_SECONDS = 300
@@ -38,6 +48,73 @@ def _pool_rows(pools: list[dict[str, Any]]) -> list[list[Any]]:
 
 def _print_pool(pool: dict[str, Any]) -> None:
     console.print(f"pool {pool['name']} {pool['status']}: drain {pool.get('drain_outcome')}")
+    print_budget_exceeded(pool.get("budget_exceeded"))
+
+
+def _at(moment: str | None) -> str | None:
+    return when(moment) if moment else None
+
+
+def _window(budget: dict[str, Any]) -> str:
+    if not budget.get("schedule"):
+        return "always"
+    return f"{budget['schedule']} for {budget['duration']} ({budget.get('timezone') or 'UTC'})"
+
+
+def _applies(budget: dict[str, Any]) -> str:
+    if not budget["active"]:
+        start = _at(budget.get("next_start"))
+        return f"no, from {start}" if start else "no"
+    until = _at(budget.get("until"))
+    return f"until {until}" if until else "yes"
+
+
+def _print_disruption(view: dict[str, Any]) -> None:
+    console.print(
+        f"pool {view['pool']} at {when(view['at'])} UTC: {view['in_use']} of {view['members']} "
+        f"members being disrupted; next change {_at(view.get('next_change')) or 'none'}",
+        markup=False,
+    )
+    budgets = view["budgets"]
+    if budgets:
+        rows = [
+            [b["index"], b["max"], ", ".join(b["reasons"]), _window(b), _applies(b), b["allowed"]]
+            for b in budgets
+        ]
+        columns = ["#", "max", "reasons", "window", "applies", "allowed"]
+        console.print(table("budgets", columns, rows))
+    else:
+        console.print("no budgets: the stage default applies", markup=False)
+    default = view["stage_default"]
+    rows = []
+    for r in view["reasons"]:
+        if r["governed_by"] == "pool":
+            allowed, limit = r["allowed"], f"budget {r['limiting']}"
+        else:
+            allowed, limit = default["allowed"], f"stage default {default['max']} (drains, fleet-wide)"
+        state = "blocked" if r["available"] == 0 else "open"
+        blocked = None
+        if state == "blocked":
+            blocked = _at(r.get("blocked_until")) or "disruptions in progress end"
+        rows.append([r["reason"], limit, allowed, r["in_use"], state, blocked])
+    console.print(
+        table("reasons", ["reason", "limited by", "allowed", "in use", "now", "blocked until"], rows)
+    )
+    if view["waiting"]:
+        rows = [
+            [
+                w["worker_id"],
+                w["reason"],
+                w["action"],
+                "stage default" if w["budget"] is None else w["budget"],
+                f"{w['in_use']}/{w['allowed']}",
+                when(w["refused_at"]),
+                _at(w.get("until")),
+            ]
+            for w in view["waiting"]
+        ]
+        columns = ["worker", "reason", "action", "budget", "in use/allowed", "refused at", "until"]
+        console.print(table("waiting", columns, rows, keep={"worker"}))
 
 
 def list_pools(ctx: typer.Context, output: OutputOption = None) -> None:
@@ -76,3 +153,12 @@ def cancel_drain(
     """Cancel a pool's drain."""
     body = {"reason": reason} if reason else None
     run(ctx, output, lambda c: c.post(f"/api/v1/pools/{name}/cancel-drain", body), _print_pool)
+
+
+def disruption(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="pool name")],
+    output: OutputOption = None,
+) -> None:
+    """Show a pool's disruption budgets: which apply now and until when, what is in use, what waits."""
+    run(ctx, output, lambda c: c.get(f"/api/v1/pools/{name}/disruption"), _print_disruption)

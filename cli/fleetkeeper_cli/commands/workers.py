@@ -18,6 +18,24 @@ def _drain_cell(worker: dict[str, Any]) -> str:
     return f"{drain['outcome']} (gen {drain['generation']})"
 
 
+def _drift_cell(worker: dict[str, Any]) -> str:
+    drift = worker.get("drift")
+    return ",".join(drift["reasons"]) if drift else "-"
+
+
+def _drift_rows(worker: dict[str, Any]) -> list[list[Any]]:
+    drift = worker.get("drift")
+    if not drift:
+        return [["drift", "-"]]
+    desired = drift.get("desired") or {}
+    return [
+        ["drift", _drift_cell(worker)],
+        ["drift.since", drift.get("since")],
+        ["desired.image_id", desired.get("image_id")],
+        ["desired.instance_type", desired.get("instance_type")],
+    ]
+
+
 def worker_rows(items: list[dict[str, Any]]) -> list[list[Any]]:
     return [
         [
@@ -37,14 +55,38 @@ def list_workers(
     status: Annotated[str | None, typer.Option(help="only workers in this status, e.g. RUNNING")] = None,
     pool: Annotated[str | None, typer.Option(help="only workers of this pool")] = None,
     template: Annotated[str | None, typer.Option(help="only workers of this template")] = None,
+    drifted: Annotated[
+        bool,
+        typer.Option(
+            "--drifted",
+            help="only workers whose machine differs from their template (image, instance type, "
+            "lifetime), with why",
+        ),
+    ] = False,
     output: OutputOption = None,
 ) -> None:
-    """List workers: id, status, pool, template, active/capacity, drain."""
+    """List workers: id, status, pool, template, active/capacity, drain (and drift with --drifted)."""
+    columns = [*WORKER_COLUMNS, "drift"] if drifted else WORKER_COLUMNS
+
+    def rows(items: list[dict[str, Any]]) -> list[list[Any]]:
+        if not drifted:
+            return worker_rows(items)
+        by_id = {w["id"]: w for w in items}
+        return [[*row, _drift_cell(by_id[row[0]])] for row in worker_rows(items)]
+
     run(
         ctx,
         output,
-        lambda c: c.pages("/api/v1/workers", status=status, pool=pool, template=template, limit=1000),
-        lambda items: console.print(table(None, WORKER_COLUMNS, worker_rows(items), keep={"id"})),
+        lambda c: c.pages(
+            "/api/v1/workers",
+            status=status,
+            pool=pool,
+            template=template,
+            # Only a filter when asked: without --drifted every worker is listed, drifted or not.
+            drifted="true" if drifted else None,
+            limit=1000,
+        ),
+        lambda items: console.print(table(None, columns, rows(items), keep={"id"})),
     )
 
 
@@ -69,6 +111,9 @@ def show(
                 "ec2_instance_id",
                 "private_ip",
                 "status_reason",
+                "image_id",
+                "instance_type",
+                "launched_at",
                 "version",
                 "created_at",
                 "updated_at",
@@ -76,6 +121,7 @@ def show(
         ]
         rows.insert(6, ["instances", f"{worker['active_instances']}/{worker['capacity']}"])
         rows += [[f"drain.{k}", v] for k, v in drain.items() if v is not None]
+        rows += _drift_rows(worker)
         fields = table(None, ["field", "value"], rows)
         fields.show_header = False
         console.print(fields)

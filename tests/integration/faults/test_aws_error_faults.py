@@ -15,7 +15,6 @@ from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.tags import WORKER_ID_TAG
 from fleetkeeper.services import workers
 from fleetkeeper.services.context import default_context
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, WorkerFactory
 from tests.integration.faults.support import (
@@ -24,6 +23,7 @@ from tests.integration.faults.support import (
     ec2_state,
     runs,
 )
+from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import ensure_template
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

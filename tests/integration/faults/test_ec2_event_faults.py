@@ -15,13 +15,12 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import utcnow
-from fleetkeeper.services.context import default_context
-from fleetkeeper.services.ec2_events import STATS_SCOPE
 from fleetkeeper_local import faults
 from fleetkeeper_local.event_shapes import spot_warning_event, state_change_event
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.scheduler import Ec2EventPump
 from tests.integration.conftest import ControlPlane, WorkerFactory
+from tests.integration.emf import metric_totals
 from tests.integration.faults.support import ec2_state, reconcile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.usefixtures("fresh_process")]
@@ -50,7 +49,7 @@ class Recorder:
 
 
 def test_given_a_duplicated_reordered_late_and_corrupted_stream_then_every_worker_ends_as_its_machine(
-    ec2_worker: WorkerFactory, ec2: Any, store: Any
+    ec2_worker: WorkerFactory, ec2: Any, store: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     workers = [ec2_worker() for _ in range(6)]
     ids = [w.ec2_instance_id or "" for w in workers]
@@ -81,8 +80,7 @@ def test_given_a_duplicated_reordered_late_and_corrupted_stream_then_every_worke
     assert stream.counts["late"] > 0
     # Every malformed copy was dropped with a count, and nothing else was.
     assert recorder.outcomes["dropped"] == stream.counts["malformed"]
-    stats = default_context().stats.read(STATS_SCOPE).counters
-    assert stats["events_dropped"] == stream.counts["malformed"]
+    assert metric_totals(capsys.readouterr().out)["Ec2Events.events_dropped"] == stream.counts["malformed"]
 
     # The reconciler agrees with what the events did: nothing left to correct, no machine touched.
     report = reconcile()

@@ -18,9 +18,10 @@ from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.tags import WORKER_ID_TAG
 from fleetkeeper.services import workers
 from fleetkeeper.services.context import default_context
-from fleetkeeper.services.reconcile import LAUNCH_CLAIM_TTL, reconcile_fleet
+from fleetkeeper.services.reconcile import LAUNCH_CLAIM_TTL
 from fleetkeeper_local import faults
 from tests.integration.conftest import WorkerFactory
+from tests.integration.functions import reconcile_fleet
 
 pytestmark = [
     pytest.mark.integration,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Final
 
+import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainRecord, DrainThen, Worker, utcnow
+from fleetkeeper.domain.models import DrainRecord, DrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.services import catalog
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.services.drains import DrainInput
 from fleetkeeper_local.controlplane import api_event, call_api, refresh_process_caches
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 CATALOGUE: Final[dict[str, Any]] = {
     "register-license": {
-        "document": "fk-test-RegisterLicense",
+        "document": "fleetkeeper-dev-RegisterLicense",
         "parameters": {
             "licenseParameter": {
                 "pattern": "^/[A-Za-z0-9/_.-]{1,200}$",
@@ -31,13 +33,13 @@ CATALOGUE: Final[dict[str, Any]] = {
         "timeout_seconds": 60,
     },
     "deregister-license": {
-        "document": "fk-test-DeregisterLicense",
+        "document": "fleetkeeper-dev-DeregisterLicense",
         "cleanup": True,
         "max_attempts": 1,
         "timeout_seconds": 60,
     },
     "collect-system-info": {
-        "document": "fk-test-CollectSystemInfo",
+        "document": "fleetkeeper-dev-CollectSystemInfo",
         "max_attempts": 1,
         "timeout_seconds": 60,
     },
@@ -107,3 +109,32 @@ def start_drain(ctx: Context, worker: Worker, *, then: DrainThen = DrainThen.STO
         then=record.then.value,
         heartbeat_seconds=300,
     )
+
+
+LICENSE_PARAMETER: Final = "/fleetkeeper/test/license"
+
+
+@pytest.fixture(autouse=True)
+def license_token(ctx: Context) -> str:
+    """The SecureString the catalogue's register-license reads on the machine (its default parameter)."""
+    boto3.client("ssm", region_name="us-east-1").put_parameter(
+        Name=LICENSE_PARAMETER, Value="test-license-token", Type="SecureString", Overwrite=True
+    )
+    return LICENSE_PARAMETER
+
+
+@pytest.fixture
+def drained_worker(ctx: Context, machine_worker: Callable[..., Worker]) -> Worker:
+    """A RUNNING, empty worker whose template releases its license before its workers stop."""
+    catalog.put_template(
+        ctx.store,
+        WorkerTemplate(
+            name="licensed",
+            instance_type="m5.large",
+            ami_name_filter="lab-*",
+            capacity=2,
+            before_stop=["deregister-license"],
+        ),
+        actor="test",
+    )
+    return machine_worker(template="licensed")

@@ -26,9 +26,9 @@ def path(worker: Worker) -> str:
 
 
 def test_given_a_running_worker_when_an_operation_is_requested_then_202_pending_with_defaults_filled_in(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
 
     status, body = api("POST", path(worker), LICENSE)
 
@@ -49,9 +49,9 @@ def test_given_a_running_worker_when_an_operation_is_requested_then_202_pending_
 
 
 def test_given_an_operation_in_flight_when_another_is_requested_then_409_names_the_one_in_flight(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     _, first = api("POST", path(worker), LICENSE)
 
     status, body = api("POST", path(worker), {"name": "collect-system-info"})
@@ -62,9 +62,9 @@ def test_given_an_operation_in_flight_when_another_is_requested_then_409_names_t
 
 
 def test_given_concurrent_requests_on_one_worker_then_exactly_one_is_accepted(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
 
     def ask(_: int) -> str:
         try:
@@ -77,13 +77,13 @@ def test_given_concurrent_requests_on_one_worker_then_exactly_one_is_accepted(
         answers = sorted(pool.map(ask, range(6)))
 
     assert answers == ["ACCEPTED"] + ["OPERATION_IN_FLIGHT"] * 5
-    assert len(ctx.store.operations_of(worker.id)) == 1
+    assert len(ctx.store.list_operations(worker.id).items) == 1
 
 
 def test_given_finished_operations_when_listed_then_newest_first_in_pages(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     ids = []
     for _ in range(3):
         op = operations.request(ctx, worker.id, "collect-system-info", {}, actor="op")
@@ -118,21 +118,21 @@ def test_given_finished_operations_when_listed_then_newest_first_in_pages(
     ],
 )
 def test_given_a_name_or_parameter_the_catalogue_refuses_then_422_names_the_field(
-    ctx: Context, running_worker: Callable[..., Worker], body: dict[str, object], field: str
+    ctx: Context, machine_worker: Callable[..., Worker], body: dict[str, object], field: str
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
 
     status, answer = api("POST", path(worker), body)
 
     assert status == 422
     assert field in {d["field"] for d in answer["details"]}
-    assert ctx.store.operations_of(worker.id) == []
+    assert ctx.store.list_operations(worker.id).items == []
 
 
 def test_given_a_draining_worker_then_only_cleanup_operations_are_accepted(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     start_drain(ctx, worker)
 
     refused, body = api("POST", path(worker), LICENSE)
@@ -163,9 +163,9 @@ def test_given_a_template_naming_a_before_stop_operation_then_it_must_be_a_clean
 
 
 def test_given_a_lock_left_by_an_unreadable_operation_then_the_next_request_releases_it(
-    ctx: Context, running_worker: Callable[..., Worker], table_name: str
+    ctx: Context, machine_worker: Callable[..., Worker], table_name: str
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     ddb = boto3.client("dynamodb")
     ddb.put_item(
         TableName=table_name,

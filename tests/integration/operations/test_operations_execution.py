@@ -17,10 +17,10 @@ from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.operations import Operation, OperationStatus, system_info_due
 from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context, default_context
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.codec import serialize
 from fleetkeeper_local import faults
 from fleetkeeper_local.controlplane import refresh_process_caches
+from tests.integration.functions import reconcile_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +43,9 @@ def sent_commands(worker: Worker) -> list[dict[str, Any]]:
 
 
 def test_given_a_pending_operation_when_the_reconciler_runs_then_ssm_runs_it_and_it_succeeds(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     now = utcnow()
 
@@ -57,7 +57,7 @@ def test_given_a_pending_operation_when_the_reconciler_runs_then_ssm_runs_it_and
     final = read(ctx, op)
     assert (final.status, final.attempts, done["operations_success"]) == (OperationStatus.SUCCESS, 1, 1)
     [command] = sent_commands(worker)
-    assert command["DocumentName"] == "fk-test-RegisterLicense"
+    assert command["DocumentName"] == "fleetkeeper-dev-RegisterLicense"
     assert command["Parameters"] == {
         "licenseServer": ["licenses.example.com"],
         "licenseParameter": ["/fleetkeeper/test/license"],
@@ -81,9 +81,9 @@ def emitted(output: str) -> Counter[tuple[str, str]]:
 
 
 def test_given_a_failing_command_then_it_is_retried_after_a_backoff_and_failed_when_attempts_are_spent(
-    ctx: Context, running_worker: Callable[..., Worker], capsys: pytest.CaptureFixture[str]
+    ctx: Context, machine_worker: Callable[..., Worker], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     t0 = utcnow()
     plan = faults.FaultPlan(faults=[faults.ssm_command_result("Failed", stderr="license server refused")])
@@ -115,9 +115,9 @@ def test_given_a_failing_command_then_it_is_retried_after_a_backoff_and_failed_w
 
 
 def test_given_a_command_that_never_finishes_then_it_is_cancelled_and_failed_at_its_timeout(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "collect-system-info", {}, actor="op")
     t0 = utcnow()
     cancel = faults.ssm_cancel_accepted()
@@ -136,9 +136,9 @@ def test_given_a_command_that_never_finishes_then_it_is_cancelled_and_failed_at_
 
 
 def test_given_a_sender_that_died_before_recording_its_command_then_the_command_is_adopted_not_sent_twice(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     t0 = utcnow()
 
@@ -163,9 +163,9 @@ def test_given_a_sender_that_died_before_recording_its_command_then_the_command_
 
 
 def test_given_a_send_whose_answer_is_lost_then_it_is_looked_up_not_sent_again(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     t0 = utcnow()
     # SSM ran the command, but the answer the caller got was a 500.
@@ -187,9 +187,9 @@ def test_given_a_send_whose_answer_is_lost_then_it_is_looked_up_not_sent_again(
 
 
 def test_given_ssm_throttling_through_every_retry_then_the_attempt_fails_and_waits_its_backoff(
-    ctx: Context, running_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     plan = faults.FaultPlan(faults=[faults.ssm_throttling(1.0, operations=frozenset({"SendCommand"}))])
 
@@ -203,13 +203,13 @@ def test_given_ssm_throttling_through_every_retry_then_the_attempt_fails_and_wai
 
 
 def test_given_a_running_worker_due_for_system_information_then_its_json_lands_on_the_worker(
-    ctx: Context, running_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
+    ctx: Context, machine_worker: Callable[..., Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     interval = 3600
     monkeypatch.setenv("SYSTEM_INFO_INTERVAL_SECONDS", str(interval))
     refresh_process_caches()
     ctx = default_context()
-    worker = running_worker()
+    worker = machine_worker()
     now = next(
         t
         for t in (utcnow() + timedelta(minutes=m) for m in range(61))
@@ -232,9 +232,9 @@ def test_given_a_running_worker_due_for_system_information_then_its_json_lands_o
 
 
 def test_given_a_bad_operation_record_then_only_it_fails_and_the_others_run(
-    ctx: Context, running_worker: Callable[..., Worker], table_name: str
+    ctx: Context, machine_worker: Callable[..., Worker], table_name: str
 ) -> None:
-    worker = running_worker()
+    worker = machine_worker()
     good = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
     # An item the index lists as PENDING but that is no valid operation.
     boto3.client("dynamodb").put_item(
@@ -258,9 +258,9 @@ def test_given_a_bad_operation_record_then_only_it_fails_and_the_others_run(
 
 # Last in the module: its EC2 fixture resets the emulator, and SSM's backend is slow to build again.
 def test_given_a_reconcile_cycle_then_it_sends_pending_operations_after_the_workers_steps(
-    ctx: Context, ec2_worker: Callable[..., Worker]
+    ctx: Context, machine_worker: Callable[..., Worker]
 ) -> None:
-    worker = ec2_worker()
+    worker = machine_worker()
     op = operations.request(ctx, worker.id, "register-license", LICENSE_SERVER, actor="op")
 
     report = reconcile_fleet(ctx)

@@ -57,12 +57,14 @@ def lab_image(ec2: Any) -> str:
 def live_worker(store: FleetStore, ec2: Any, lab_image: str) -> LiveWorkerFactory:
     """A worker moved through PENDING -> PROVISIONING -> RUNNING onto a real (emulated) EC2 instance."""
 
-    def make(*, template: str = "lab", pool: str | None = None, capacity: int = 4) -> Worker:
+    def make(
+        *, template: str = "lab", pool: str | None = None, capacity: int = 4, registered: bool = False
+    ) -> Worker:
         ensure_template(store, template, capacity=capacity)
         if pool is not None:
             catalog.ensure_pool(store, pool, actor="test")
         worker = workers.create_worker(store, template=template, region="us-east-1", pool=pool, actor="test")
-        instance_id = launch(ec2, worker.id, lab_image, template=template)
+        instance_id = launch(ec2, worker.id, lab_image, template=template, registered=registered)
         worker = store.transition_worker(
             worker,
             WorkerStatus.PROVISIONING,

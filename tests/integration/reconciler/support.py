@@ -8,6 +8,7 @@ from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.controlplane import ensure_worker_profile
 
 LAB_IMAGE_NAME = "lab-2026.02"
 
@@ -24,7 +25,17 @@ def ensure_template(
     return catalog.put_template(store, template, actor="test")
 
 
-def launch(ec2: Any, worker_id: str, image_id: str, *, template: str = "lab", tagged: bool = True) -> str:
+def launch(
+    ec2: Any,
+    worker_id: str,
+    image_id: str,
+    *,
+    template: str = "lab",
+    tagged: bool = True,
+    registered: bool = False,
+) -> str:
+    """A running machine; `registered`: launched with the workers' instance profile, as the reconciler
+    launches, so its emulated SSM agent answers Run Command."""
     tags = [{"Key": "Name", "Value": f"test-{worker_id}"}]
     if tagged:
         tags += [
@@ -38,6 +49,7 @@ def launch(ec2: Any, worker_id: str, image_id: str, *, template: str = "lab", ta
         MinCount=1,
         MaxCount=1,
         TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+        **({"IamInstanceProfile": {"Name": ensure_worker_profile()}} if registered else {}),
     )
     return str(response["Instances"][0]["InstanceId"])
 

@@ -9,8 +9,9 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.services import workers
-from fleetkeeper.services.reconcile import CycleReport, reconcile_fleet
+from fleetkeeper.services.reconcile import CycleReport
 from fleetkeeper.store.stats import StatsStore
+from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import ensure_template, instances_tagged
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -15,9 +15,11 @@ from fleetkeeper.services.discovery import (
     REASON_MISSING,
     REASON_TERMINATED,
     STATS_SCOPE,
-    discover_and_collect,
+    TIME_MARGIN_SECONDS,
+    taking_turns,
 )
 from fleetkeeper.store.repository import FleetStore
+from tests.integration.functions import discover_and_collect
 from tests.integration.reconciler.support import ensure_template, launch
 
 pytestmark = pytest.mark.integration
@@ -91,6 +93,9 @@ def test_given_a_managed_machine_nobody_knows_then_it_is_imported(ctx, store, ec
 
     imported = store.get_worker("w-0123456789abcdef")
     assert (imported.status, imported.ec2_instance_id, imported.template) == (S.RUNNING, instance_id, "lab")
+    # What the machine was launched with, so its drift is known from the first cycle.
+    assert (imported.image_id, imported.instance_type) == (lab_image, "m5.large")
+    assert imported.launched_at is not None
     assert report.counters["imported"] == 1
     assert discover_and_collect(ctx).counters["imported"] == 0
 
@@ -180,3 +185,83 @@ def test_given_tagging_is_denied_then_the_machine_is_still_imported_and_counted(
     tags = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_id]}])["Tags"]
     assert {t["Key"]: t["Value"] for t in tags}["fleetkeeper:managed-by"] == "fleetkeeper"
     assert {t["Key"]: t["Value"] for t in tags}["fleetkeeper:worker-id"] == imported.id
+
+
+def countdown(seconds_per_call: float, start: float) -> Any:
+    """A `time_left` that loses `seconds_per_call` each time it is asked: the run's own clock, sped up."""
+    left = [start]
+
+    def time_left() -> float:
+        left[0] -= seconds_per_call
+        return left[0]
+
+    return time_left
+
+
+def test_given_too_little_time_for_every_orphan_then_the_rest_is_deferred_counted_and_retired_next_run(
+    ctx, store, seed_001
+):
+    alive, orphans = seed_001
+    # Enough for the region and four orphans, then under the margin (each check costs 1 s here).
+    short = countdown(1.0, TIME_MARGIN_SECONDS + 8)
+
+    first = discover_and_collect(ctx, time_left=short)
+    retired_first = [w.id for w in orphans if store.get_worker(w.id).status is S.TERMINATED]
+    second = discover_and_collect(ctx)
+
+    assert 0 < first.counters["orphans_terminated"] < len(orphans)
+    assert first.counters["deferred_for_time"] == len(orphans) - first.counters["orphans_terminated"]
+    assert len(retired_first) == first.counters["orphans_terminated"]
+    assert second.counters["orphans_terminated"] == len(orphans) - len(retired_first)
+    assert {store.get_worker(w.id).status for w in orphans} == {S.TERMINATED}
+    assert {store.get_worker(w.id).status for w in alive} == {S.RUNNING}
+
+
+def test_given_no_time_left_then_every_region_is_deferred_and_nothing_is_written(ctx, store, seed_001):
+    alive, orphans = seed_001
+    before = snapshot(store, [w.id for w in alive + orphans])
+
+    report = discover_and_collect(ctx, time_left=lambda: TIME_MARGIN_SECONDS - 1)
+
+    assert report.regions == []
+    assert report.counters["regions_deferred"] == len(ctx.settings.regions)
+    assert snapshot(store, [w.id for w in alive + orphans]) == before
+
+
+def test_given_regions_then_the_one_whose_last_complete_pass_is_oldest_goes_first() -> None:
+    regions = ["eu-west-1", "us-east-1", "us-west-2"]
+    passes = {
+        "completed_at:eu-west-1": "2026-11-27T12:05:00+00:00",
+        "completed_at:us-east-1": "2026-11-27T12:00:00+00:00",
+    }
+
+    assert taking_turns(regions, passes) == ["us-west-2", "us-east-1", "eu-west-1"]
+    assert taking_turns(regions, {}) == regions
+
+
+def test_given_a_run_that_ran_out_of_time_then_its_region_is_not_recorded_as_completed(ctx, seed_001):
+    discover_and_collect(ctx, time_left=countdown(1.0, TIME_MARGIN_SECONDS + 3))
+    cut_short = ctx.stats.read(STATS_SCOPE).timestamps
+    discover_and_collect(ctx)
+    completed = ctx.stats.read(STATS_SCOPE).timestamps
+
+    [region] = ctx.settings.regions
+    assert f"completed_at:{region}" not in cut_short
+    assert f"completed_at:{region}" in completed
+
+
+def test_given_a_region_that_never_fits_its_run_then_the_next_region_still_gets_its_turn(ctx, seed_001):
+    # us-east-1 holds ten orphans; each run has time for about two of them, then stops.
+    regions = ["us-east-1", "us-west-2"]
+
+    visited = [
+        [
+            f.region
+            for f in discover_and_collect(
+                ctx, regions=regions, time_left=countdown(1.0, TIME_MARGIN_SECONDS + 3)
+            ).regions
+        ]
+        for _ in range(3)
+    ]
+
+    assert any("us-west-2" in run for run in visited), visited

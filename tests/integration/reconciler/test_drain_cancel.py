@@ -9,9 +9,9 @@ import pytest
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, Instance
 from fleetkeeper.services import drains
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.conftest import ControlPlane, eventually
+from tests.integration.functions import reconcile_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

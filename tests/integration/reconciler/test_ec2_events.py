@@ -16,13 +16,13 @@ from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainRecord, DrainThen, Instance, Worker, utcnow
 from fleetkeeper.services import drains, workers
-from fleetkeeper.services.ec2_events import STATS_SCOPE
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from fleetkeeper_local.controlplane import refresh_process_caches
 from fleetkeeper_local.invocation import invoke
 from tests.integration.conftest import ControlPlane
+from tests.integration.emf import metric_totals
+from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import ec2_state, ensure_template, launch
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("handler_context")]
@@ -148,13 +148,13 @@ def test_given_an_instance_no_worker_has_then_the_event_is_dropped_as_foreign(st
     assert result["outcome"] == "foreign"
 
 
-def test_given_a_malformed_event_then_it_is_dropped_not_raised(ctx):
+def test_given_a_malformed_event_then_it_is_dropped_not_raised(ctx, capsys):
     event = json.loads((EVENTS / "ec2_malformed.json").read_text())
 
     result = deliver(event)
 
     assert result["outcome"] == "dropped"
-    assert ctx.stats.read(STATS_SCOPE).counters["events_dropped"] == 1
+    assert metric_totals(capsys.readouterr().out)["Ec2Events.events_dropped"] == 1
 
 
 @pytest.mark.parametrize(
@@ -314,9 +314,12 @@ def test_given_the_instance_index_lags_when_a_just_launched_machine_reports_then
         lagging.transition_worker(
             worker, S.PROVISIONING, cause=Cause.CONTROL, actor="test", changes={"ec2_instance_id": machine}
         )
+        indexed = list(lagging.iter_workers_by_status([S.PROVISIONING]))
 
         result = deliver(sample("ec2_state_change_running", machine))
 
+    # The indexes do not show the worker yet; the machine's key item, written with it, does.
+    assert indexed == []
     assert plan.hidden_by_lag >= 1
     assert result["outcome"] == "applied"
     assert result["worker_id"] == worker.id

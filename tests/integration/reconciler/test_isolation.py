@@ -11,11 +11,11 @@ import pytest
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainRecord, Instance, Worker, utcnow
 from fleetkeeper.services import workers
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
+from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch
 
 pytestmark = pytest.mark.integration
@@ -60,6 +60,9 @@ def draining_with_a_waiting_token(store: FleetStore, worker: Worker) -> Worker:
         deadline=now + timedelta(hours=1),
         timeout_seconds=3600,
         requested_by="test",
+        # The reconcile function always knows its drain workflow; these tests' context has none, so the
+        # drain names its execution as a started drain does.
+        execution_arn=f"arn:aws:states:us-east-1:123456789012:execution:fleetkeeper-drain:drain-{worker.id}-g1",
         task_token="token-of-a-waiting-drain",  # noqa: S106 - a task token, not a secret
     )
     return store.transition_worker(

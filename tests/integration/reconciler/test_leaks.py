@@ -11,10 +11,9 @@ from fleetkeeper.cloud.clients import client
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.services import workers
-from fleetkeeper.services.discovery import discover_and_collect
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
+from tests.integration.functions import discover_and_collect, reconcile_fleet
 from tests.integration.reconciler.support import ec2_state, ensure_template, launch
 
 pytestmark = pytest.mark.integration

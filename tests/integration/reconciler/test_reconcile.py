@@ -6,15 +6,18 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Instance, Worker, utcnow
-from fleetkeeper.services import workers
+from fleetkeeper.services import reconcile, workers
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile import LEASE_NAME, STATS_SCOPE, reconcile_fleet
+from fleetkeeper.services.reconcile import LEASE_NAME, STATS_SCOPE
+from fleetkeeper.settings import get_settings
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
+from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import ec2_state, ensure_template, instances_tagged, launch
 
 pytestmark = pytest.mark.integration
@@ -65,7 +68,9 @@ def test_given_a_region_config_when_launched_then_subnet_groups_key_and_default_
     ctx = make_ctx(REGION_CONFIGS=json.dumps({"us-east-1": config}))
     worker = pending_worker(store)
 
-    reconcile_fleet(ctx)
+    # A stage pinning its own network and key pair: the dev stage's policies, which the IAM evaluation
+    # uses, grant no key pair (tests/infra/test_permissions.py checks a pinned stage's grants).
+    reconcile.reconcile_fleet(ctx)
 
     instance_id = store.get_worker(worker.id).ec2_instance_id
     described = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
@@ -75,6 +80,50 @@ def test_given_a_region_config_when_launched_then_subnet_groups_key_and_default_
     assert described["KeyName"] == "ops"
     assert tags["env"] == "prod"
     assert tags["team"] == "labs"  # the template's tag wins over the region default
+
+
+def test_given_the_workers_instance_profile_when_launched_then_the_machine_carries_it_and_requires_imdsv2(
+    make_ctx, store, ec2, lab_image, monkeypatch
+):
+    # Set as the deployed function sees it, so the IAM evaluation knows it is the stage's own profile.
+    monkeypatch.setenv("WORKER_INSTANCE_PROFILE", "fleet-worker")
+    get_settings.cache_clear()
+    iam = boto3.client("iam")
+    iam.create_role(RoleName="fleet-worker", AssumeRolePolicyDocument=json.dumps({"Statement": []}))
+    iam.create_instance_profile(InstanceProfileName="fleet-worker")
+    iam.add_role_to_instance_profile(InstanceProfileName="fleet-worker", RoleName="fleet-worker")
+    ctx = make_ctx()
+    worker = pending_worker(store)
+
+    reconcile_fleet(ctx)
+
+    instance_id = store.get_worker(worker.id).ec2_instance_id
+    described = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+    # Without it the SSM agent never registers, and no Run Command reaches the machine.
+    assert described["IamInstanceProfile"]["Arn"].endswith(":instance-profile/fleet-worker")
+    # The RunInstances grant requires IMDSv2 (ec2:MetadataHttpTokens): a launch without it is denied.
+    assert described["MetadataOptions"]["HttpTokens"] == "required"
+    assert described["MetadataOptions"]["HttpEndpoint"] == "enabled"
+
+
+def test_given_a_template_of_a_type_the_stage_may_not_launch_then_its_worker_fails_saying_why(
+    make_ctx, store, ec2, lab_image
+):
+    ctx = make_ctx(INSTANCE_TYPES="c5.xlarge,m5.xlarge")
+    worker = pending_worker(store)  # the lab template is an m5.large
+
+    reconcile_fleet(ctx)
+
+    failed = store.get_worker(worker.id)
+    assert failed.status == S.FAILED
+    assert "'m5.large' is not an instance type this stage may launch" in (failed.status_reason or "")
+    assert "c5.xlarge, m5.xlarge" in (failed.status_reason or "")
+    assert (
+        ec2.describe_instances(Filters=[{"Name": "tag:fleetkeeper:worker-id", "Values": [worker.id]}])[
+            "Reservations"
+        ]
+        == []
+    )
 
 
 def test_given_a_pending_worker_of_a_missing_template_then_it_fails(ctx, store, lab_image):

@@ -15,10 +15,10 @@ from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.orphan_breaker import OrphanBreaker
-from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.conftest import ControlPlane
+from tests.integration.functions import discover_and_collect
 from tests.integration.reconciler.support import ensure_template, launch
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,12 @@ def test_given_two_of_five_workers_orphaned_then_gc_holds_both_back_and_names_th
     assert (region["orphan_gc_breaker"], region["orphans_held_back"]) == ("hold", held)
     breaker = ctx.breakers.read(REGION)
     assert breaker is not None
-    assert (breaker.held_back, breaker.live_workers, breaker.share_percent) == (held, 5, 40.0)
+    assert breaker.held is not None
+    assert (ctx.breakers.ids(REGION, breaker.held), breaker.live_workers, breaker.share_percent) == (
+        held,
+        5,
+        40.0,
+    )
     # The same held-back set on the next pass: still held, and the breaker's item is not rewritten.
     assert again.counters["orphans_held_back"] == 2
     assert ctx.breakers.read(REGION) == breaker
@@ -92,7 +97,7 @@ def test_given_the_share_falls_within_the_limit_then_gc_resumes_by_itself(make_c
     assert (report.counters["orphans_held_back"], report.counters["orphans_terminated"]) == (0, 1)
     breaker = ctx.breakers.read(REGION)
     assert breaker is not None
-    assert (breaker.held_back, breaker.tripped_at) == ([], None)
+    assert (breaker.held, breaker.tripped_at) == (None, None)
 
 
 def test_given_an_operator_confirms_through_the_api_then_the_next_pass_retires_the_held_back_set_once(
@@ -155,15 +160,15 @@ def test_given_a_machine_launched_seconds_ago_then_discovery_imports_it_only_aft
 
 
 def test_given_two_writers_of_one_breaker_then_the_one_holding_a_stale_read_gets_a_typed_conflict(ctx):
-    first = ctx.breakers.save(None, OrphanBreaker(region="eu-west-3", held_back=["w-a"]))
-    confirmed = ctx.breakers.save(
-        first, first.model_copy(update={"confirmed_ids": ["w-a"], "confirmed_by": "bob"})
-    )
+    held = ctx.breakers.write_ids("eu-west-3", ["w-a"])
+    first = ctx.breakers.save(None, OrphanBreaker(region="eu-west-3", held=held))
+    confirmed = ctx.breakers.save(first, first.model_copy(update={"confirmed": held, "confirmed_by": "bob"}))
 
     with pytest.raises(StaleWrite):
-        ctx.breakers.save(first, first.model_copy(update={"held_back": []}))
+        ctx.breakers.save(first, first.model_copy(update={"held": None}))
     with pytest.raises(StaleWrite):
         ctx.breakers.save(None, OrphanBreaker(region="eu-west-3"))
 
     assert ctx.breakers.read("eu-west-3") == confirmed
+    assert ctx.breakers.ids("eu-west-3", held) == ["w-a"]  # held and confirmed share their pages
     assert [b.region for b in ctx.breakers.list_all()] == ["eu-west-3"]

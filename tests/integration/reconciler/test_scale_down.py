@@ -9,8 +9,8 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
+from tests.integration.functions import reconcile_fleet
 
 pytestmark = pytest.mark.integration
 

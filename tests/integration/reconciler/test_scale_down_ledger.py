@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cloud import retry
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.scale_down import Action
 from fleetkeeper.domain.scale_down_ledger import InFlight
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.services.reconcile.scale_down import LEDGER_ATTEMPTS
 from fleetkeeper.store.ledger import LEDGER_KEY
 from fleetkeeper_local import faults
+from tests.integration.functions import reconcile_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -85,11 +86,14 @@ def test_given_a_ledger_that_keeps_changing_then_only_that_worker_waits_and_the_
         live_worker(), {"desired_status": WorkerStatus.STOPPED}, actor="t", action="D"
     )
     contended = faults.Fault("dynamodb", "ConditionalCheckFailedException", when=ledger_write)
+    lost_races = retry.retry_counts().get("conflict:scale-down-ledger", 0)
 
     with faults.FaultPlan(faults=[contended]).installed():
         report = reconcile_fleet(make_ctx(**ENABLED))
 
     assert contended.injected == LEDGER_ATTEMPTS
+    # Every lost turn but the last was followed by a jittered pause (cloud/retry.py) before the next.
+    assert retry.retry_counts()["conflict:scale-down-ledger"] - lost_races == LEDGER_ATTEMPTS - 1
     assert report.completed
     assert report.counters["scale_down_refused_in_flight"] == 1
     assert report.counters["worker_errors"] == 0

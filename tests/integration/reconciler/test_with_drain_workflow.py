@@ -12,12 +12,11 @@ from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, utcnow
 from fleetkeeper.services import drains, instances
 from fleetkeeper.services.context import build_context
-from fleetkeeper.services.discovery import discover_and_collect
-from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.settings import Settings
 from fleetkeeper_local.event_shapes import spot_warning_event
 from fleetkeeper_local.invocation import invoke
 from tests.integration.conftest import eventually
+from tests.integration.functions import discover_and_collect, reconcile_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

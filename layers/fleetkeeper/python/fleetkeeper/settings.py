@@ -46,15 +46,29 @@ class Settings(BaseModel):
     audit_bus_name: str = Field(default="default", alias="AUDIT_BUS_NAME")
     notification_topic_arn: str | None = Field(default=None, alias="NOTIFICATION_TOPIC_ARN")
     drain_heartbeat_seconds: int = Field(default=300, gt=0, alias="DRAIN_HEARTBEAT_SECONDS")
+    # The reconciler's watchdog describes an open drain's execution at most this often (0: every cycle).
+    drain_watchdog_interval_seconds: int = Field(default=300, ge=0, alias="DRAIN_WATCHDOG_INTERVAL_SECONDS")
     idempotency_ttl_seconds: int = Field(default=3600, gt=0, alias="IDEMPOTENCY_TTL_SECONDS")
     # 0 keeps the audit trail forever.
     audit_retention_days: int = Field(default=365, ge=0, alias="AUDIT_RETENTION_DAYS")
+    # Days a finished worker operation (and its audit items) is kept; 0 keeps them forever.
+    operation_retention_days: int = Field(default=30, ge=0, alias="OPERATION_RETENTION_DAYS")
+
+    # The IAM roles and users that may call the internal routes (cdk.json api.tooling_principals); the
+    # API's resource policy denies those routes to everyone else, and the route checks it again.
+    tooling_principals: tuple[str, ...] = Field(default=(), alias="TOOLING_PRINCIPALS")
 
     # ---- reconciler, discovery and scale-down (docs/operations.md) ----------------------------
     region_configs: dict[str, RegionConfig] = Field(default_factory=dict, alias="REGION_CONFIGS")
     gc_mode: GcMode = Field(default=GcMode.TERMINATE, alias="GC_MODE")
     discovery_ami_pattern: str | None = Field(default=None, alias="DISCOVERY_AMI_PATTERN")
     ami_owners: tuple[str, ...] = Field(default=("self",), alias="AMI_OWNERS")
+    # The instance types the stage may launch (cdk.json instance_types; the RunInstances grant allows
+    # no other). Empty: no bound, for a local stack that names none.
+    instance_types: tuple[str, ...] = Field(default=(), alias="INSTANCE_TYPES")
+    # The instance profile workers launch with (the stack creates it, or the stage names its own): the
+    # SSM agent registers with Systems Manager through it, so Run Command can reach the machine.
+    worker_instance_profile: str | None = Field(default=None, alias="WORKER_INSTANCE_PROFILE")
     ec2_provisioning_timeout_seconds: int = Field(default=900, gt=0, alias="EC2_PROVISIONING_TIMEOUT_SECONDS")
     metrics_interval_seconds: int = Field(default=300, ge=0, alias="METRICS_INTERVAL_SECONDS")
     # How many reconcile shards the stage schedules: a cycle told another split refuses to run, as it
@@ -77,6 +91,9 @@ class Settings(BaseModel):
     orphan_gc_confirmation_ttl_seconds: int = Field(
         default=3600, gt=0, alias="ORPHAN_GC_CONFIRMATION_TTL_SECONDS"
     )
+    # Orphans one discovery pass retires at most; the rest wait for the next pass (counted as
+    # `orphans_deferred`), so a mass disappearance is worked off in passes that fit the function's time.
+    orphan_gc_max_retire_per_run: int = Field(default=1000, ge=1, alias="ORPHAN_GC_MAX_RETIRE_PER_RUN")
     # EC2 rebalance recommendations start a drain only when enabled (they are frequent; see docs).
     rebalance_drain_enabled: bool = Field(default=False, alias="REBALANCE_DRAIN_ENABLED")
     rebalance_drain_timeout_seconds: int = Field(
@@ -108,9 +125,9 @@ class Settings(BaseModel):
             return {"operations": json.loads(value)} if value.strip() else {}
         return value
 
-    @field_validator("ami_owners", mode="before")
+    @field_validator("ami_owners", "instance_types", "tooling_principals", mode="before")
     @classmethod
-    def _owners_from_csv(cls, value: Any) -> Any:
+    def _list_from_csv(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value

@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from fleetkeeper.domain.models import Region
 from fleetkeeper.domain.sharding import MAX_SHARDS, Shard
+from fleetkeeper.domain.stagger import STAGGER_WINDOW_SECONDS
 
 STATE_CHANGE = "EC2 Instance State-change Notification"
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
@@ -70,6 +71,8 @@ class ScheduleInput(BaseModel):
     Discovery has one schedule per worker region, each naming its region; without one, every
     configured region is swept. A sharded reconciler has one schedule per shard, each naming its
     `shard` (0-based) and the `shards` it is one of; without them the cycle covers the whole fleet.
+    A shard's schedule may also say how long after the time it was due (`scheduled_time`, filled in
+    by EventBridge Scheduler) its cycle starts (`start_delay_seconds`, domain/stagger.py).
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -80,6 +83,8 @@ class ScheduleInput(BaseModel):
     regions: list[Region] | None = None
     shard: int = Field(default=0, ge=0, lt=MAX_SHARDS, strict=True)
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS, strict=True)
+    start_delay_seconds: float = Field(default=0.0, ge=0, le=STAGGER_WINDOW_SECONDS)
+    scheduled_time: AwareDatetime | None = None
 
     @model_validator(mode="after")
     def _shard_in_range(self) -> ScheduleInput:

@@ -26,6 +26,7 @@ from fleetkeeper.api.routes import (
     operations,
     orphans,
     pools,
+    rollouts,
     stats,
     templates,
     workers,
@@ -57,6 +58,7 @@ ROUTERS: Final[tuple[Router, ...]] = (
     audit.router,
     orphans.router,
     operations.router,
+    rollouts.router,
 )
 
 # OpenAPI links: the id a response returns, and the operations that take it as a path parameter.
@@ -70,6 +72,8 @@ _ID_LINKS: Final[dict[tuple[str, str, str], tuple[str, str, tuple[tuple[str, str
             ("/api/v1/workers/{worker_id}/desired-status", "put"),
             ("/api/v1/workers/{worker_id}/drain", "post"),
             ("/api/v1/workers/{worker_id}/drain", "get"),
+            ("/api/v1/workers/{worker_id}/drain", "patch"),
+            ("/api/v1/workers/{worker_id}/drain/force", "post"),
             ("/api/v1/workers/{worker_id}/cancel-drain", "post"),
             ("/api/v1/workers/{worker_id}/operations", "post"),
             ("/api/v1/workers/{worker_id}/operations", "get"),
@@ -81,6 +85,16 @@ _ID_LINKS: Final[dict[tuple[str, str, str], tuple[str, str, tuple[tuple[str, str
         (("/api/v1/instances/{instance_id}", "get"), ("/api/v1/instances/{instance_id}/state", "post")),
     ),
     ("/api/v1/templates/{name}", "put", "201"): ("name", "name", (("/api/v1/templates/{name}", "get"),)),
+    ("/api/v1/rollouts", "post", "202"): (
+        "id",
+        "rollout_id",
+        (
+            ("/api/v1/rollouts/{rollout_id}", "get"),
+            ("/api/v1/rollouts/{rollout_id}/pause", "post"),
+            ("/api/v1/rollouts/{rollout_id}/resume", "post"),
+            ("/api/v1/rollouts/{rollout_id}/cancel", "post"),
+        ),
+    ),
     ("/api/v1/pools/{name}", "put", "201"): (
         "name",
         "name",

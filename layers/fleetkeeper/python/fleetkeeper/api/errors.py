@@ -94,6 +94,12 @@ class MethodNotAllowed(FleetkeeperError):
         return {"allowed": ", ".join(self.allowed)}
 
 
+class Forbidden(FleetkeeperError):
+    """The signing principal may call the API but not this route (the internal routes: tooling only)."""
+
+    code = "FORBIDDEN"
+
+
 class ValidationFailed(FleetkeeperError):
     """A body, query, path or header value of the wrong type, shape or range.
 
@@ -113,6 +119,7 @@ class ValidationFailed(FleetkeeperError):
 
 STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
     NotFound: HTTPStatus.NOT_FOUND,
+    Forbidden: HTTPStatus.FORBIDDEN,
     MethodNotAllowed: HTTPStatus.METHOD_NOT_ALLOWED,
     InvalidInput: HTTPStatus.UNPROCESSABLE_ENTITY,
     ValidationFailed: HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -137,6 +144,7 @@ _DESCRIPTIONS: Final[dict[int, str]] = {
         "MALFORMED_JSON: the body is not JSON the API reads (duplicate keys, NaN, a number out of range, "
         "nesting too deep)"
     ),
+    403: "FORBIDDEN: the caller is not one of the stage's tooling principals (internal routes)",
     404: "NOT_FOUND: no such entity or route",
     405: "METHOD_NOT_ALLOWED: the path exists, the method does not",
     409: (
@@ -168,16 +176,20 @@ def description(status: int) -> str:
     return _DESCRIPTIONS[status]
 
 
-def responses(success: dict[int, tuple[str, Any]], *errors: int) -> dict[int, OpenAPIResponse]:
+def responses(
+    success: dict[int, tuple[str, Any]], *errors: int, conflict: str | None = None
+) -> dict[int, OpenAPIResponse]:
     """A route's OpenAPI responses: its success statuses with their models, then the error statuses it
     answers, all with the one ErrorBody. 422 is always there (every route validates its input) and so is
-    404 (a path with characters no route accepts is not found, whichever route it resembles)."""
+    404 (a path with characters no route accepts is not found, whichever route it resembles). `conflict`
+    describes the route's 409 where it has a reason of its own to give."""
     documented: dict[int, OpenAPIResponse] = {
         status: {"description": description, "content": {JSON: {"model": model}}}
         for status, (description, model) in success.items()
     }
     for status in sorted({*errors, 404, 422}):
-        documented[status] = {"description": _DESCRIPTIONS[status], "content": {JSON: {"model": ErrorBody}}}
+        text = conflict if status == HTTPStatus.CONFLICT and conflict else _DESCRIPTIONS[status]
+        documented[status] = {"description": text, "content": {JSON: {"model": ErrorBody}}}
     return documented
 
 
@@ -248,7 +260,7 @@ def register(app: APIGatewayRestResolver) -> None:
         return [
             (
                 re.compile("^" + re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(path)) + "$"),
-                [m.upper() for m in ("get", "post", "put") if getattr(item, m, None) is not None],
+                [m.upper() for m in ("get", "post", "put", "patch") if getattr(item, m, None) is not None],
             )
             for path, item in paths.items()
         ]

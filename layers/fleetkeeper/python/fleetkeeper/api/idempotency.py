@@ -1,4 +1,5 @@
-"""Idempotency-Key on POST and PUT: a repeat gets the first response, another body under the key is a 422.
+"""Idempotency-Key on POST, PUT and PATCH: a repeat gets the first response, another body under the key
+is a 422.
 
 The record is keyed by (key, caller, method, path) and remembers a hash of the parsed body. Powertools
 hashes the body with sorted keys, so the same JSON in another key order is the same request; a different
@@ -30,7 +31,7 @@ from fleetkeeper.store.schema import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 
 HEADER: Final = "Idempotency-Key"
 MAX_KEY_LENGTH: Final = 128
-IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT"})
+IDEMPOTENT_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 
 StoredResponse = dict[str, Any]
 Replay = Callable[..., StoredResponse]

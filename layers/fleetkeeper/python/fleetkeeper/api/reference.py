@@ -13,9 +13,10 @@ from fleetkeeper.api.body import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from fleetkeeper.api.errors import MAX_ERROR_DETAILS, RETRY_AFTER_SECONDS, STATUS_FOR_ERROR
 from fleetkeeper.api.idempotency import HEADER, MAX_KEY_LENGTH
 from fleetkeeper.api.schemas import MIN_DRAIN_TIMEOUT_SECONDS
+from fleetkeeper.domain.drain_policy import MAX_DEADLINE_MOVES
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
 
-_METHOD_ORDER: Final = ("get", "post", "put")
+_METHOD_ORDER: Final = ("get", "post", "put", "patch")
 
 _ERROR_ROWS: Final = (
     (
@@ -24,12 +25,29 @@ _ERROR_ROWS: Final = (
         "the body is not JSON the API reads: malformed, a key twice in one object, `NaN` or `Infinity`, a "
         "number out of range, an unpaired surrogate, or nested too deep",
     ),
+    ("403", "`FORBIDDEN`", "an internal route, and the caller is not one of the stage's tooling principals"),
     ("404", "`NOT_FOUND`", "no such worker, instance, template, pool or route"),
     ("405", "`METHOD_NOT_ALLOWED`", "the path exists, not with this method; `Allow` names the ones it has"),
     (
         "409",
         "`ILLEGAL_TRANSITION`, `CONFLICT`, `DRAIN_IN_PROGRESS`",
         "the entity's state does not allow this; `details.current_status` says which",
+    ),
+    (
+        "409",
+        "`DRAIN_FINISHING`",
+        "a cancel, deadline move or force after the drain's Finish step began its before-stop operations "
+        "and stop; the worker stops",
+    ),
+    (
+        "409",
+        "`DEADLINE_PASSED`",
+        "a deadline move after the drain's deadline passed (or it was forced): its force may have begun",
+    ),
+    (
+        "409",
+        "`TOO_MANY_DEADLINE_MOVES`",
+        f"the drain's deadline already moved {MAX_DEADLINE_MOVES} times; force it or cancel it",
     ),
     ("409", "`NO_CAPACITY`", "no free slot for the placement: an answer about the fleet, it never pages"),
     ("409", "`REQUEST_IN_PROGRESS`", f"a request with the same `{HEADER}` is still running; retry shortly"),
@@ -79,6 +97,32 @@ signing principal, never a field of the body. The stack exports three IAM polici
 public route), read-only (GET), and internal tooling (`POST /api/internal/...` only, which the other two
 explicitly deny).
 
+## Internal routes
+
+`POST /api/internal/...` serves GC and admin tooling, and is locked twice, both times against the stage's
+`api.tooling_principals` (IAM role or user ARNs in cdk.json):
+
+- At the gateway: the API's resource policy denies `execute-api:Invoke` on `/api/internal` and
+  `/api/internal/*` (every stage, every method) to any principal whose `aws:PrincipalArn` is not one of
+  them. An explicit Deny on the API wins over every identity policy, so AdministratorAccess or a broad
+  `execute-api:Invoke` grant does not reach these routes. With no tooling principals nobody can call
+  them; a tooling principal still needs the tooling policy (or another Invoke grant) to be allowed.
+- In the function: the route answers 403 `FORBIDDEN` unless the signing principal is one of them. A role
+  matches its sessions (`arn:aws:sts::<account>:assumed-role/<role>/<session>`); a role's path is not
+  part of who it is.
+
+Why both: IAM authorizes the request for the resource path API Gateway matched, and API Gateway matches
+paths case-sensitively and by its own reading of percent-escapes, doubled slashes and trailing slashes,
+which need not be the path the function routes on. A spelling such as `/api/%69nternal/...` or
+`/api/internal/.../status/` may reach the function through `/api/{{proxy+}}` (which operators may invoke)
+rather than through the resource the Deny names. So the check sits in the route function, not on a path
+prefix: whatever spelling routes to the internal handler meets it, and every other spelling is a 404.
+
+The route keeps its own resource (`/api/internal/{{proxy+}}`) on the one API and stage: one endpoint and
+one signing set-up for operators and tooling, while the resource policy, the operator and read-only
+policies' Deny and the route's check all name it exactly. A separate API would add a URL to distribute
+without narrowing who can call the route.
+
 ## Errors
 
 Every error is an `ErrorBody`: `{{"error": CODE, "message": text, "details": ...}}`. For 422 `details`
@@ -106,9 +150,11 @@ Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not 
 is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time, an epoch number, a space
 for the `T` or an offset without its colon is refused). A drain timeout is a whole number of seconds from
 {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
-timeout for a worker, 300 s for a pool). An empty drain body means all defaults. Some values are checked
-against the fleet, each a 422 naming the field: a worker's `region` must be one the stage manages, and a
-placement's `template` or `pool` next to a `worker_id` must be that worker's own.
+timeout for a worker, 300 s for a pool). An empty drain body means all defaults. A running drain's
+deadline moves with `PATCH .../drain {{"timeout_seconds": N}}`: N is its whole timeout, counted from its
+`started_at`, in the same range; a deadline that would already be past forces the drain now. Some values
+are checked against the fleet, each a 422 naming the field: a worker's `region` must be one the stage
+manages, and a placement's `template` or `pool` next to a `worker_id` must be that worker's own.
 
 ## Pages
 
@@ -116,14 +162,19 @@ List routes return `next_token` while more items remain. A token is opaque and b
 issued it: it carries the start key and a fingerprint of the query (index, key condition, filters). It is
 checked, not signed, so no secret has to be provisioned: a token used with other filters, or whose start
 key lies outside the query's partition, is a 422 naming `next_token`, and a client can never start a page
-outside a query it may run anyway.
+outside a query it may run anyway. A listing whose key is split into write shards (workers, instances in
+a state) reads them one after another: its token also names the write shard it stopped in. A page holds
+at most `limit` items and may hold fewer (filters, or items that changed since the index was written)
+while a token is returned; follow tokens until there is none. Tokens issued before an upgrade that
+changes how a listing is read (docs/deploy.md, "Upgrading the table") are refused the same way: start
+the listing again.
 
 ## Idempotency
 
-`POST` and `PUT` accept an `{HEADER}` header (at most {MAX_KEY_LENGTH} characters). The first response
-is kept for the stage's `idempotency_ttl_seconds` and replayed for the same key, caller, method, path and
-body; the body is compared as parsed JSON, so key order and whitespace do not matter. The same key with a
-different body is a 422 `IDEMPOTENCY_KEY_REUSED`.
+`POST`, `PUT` and `PATCH` accept an `{HEADER}` header (at most {MAX_KEY_LENGTH} characters). The first
+response is kept for the stage's `idempotency_ttl_seconds` and replayed for the same key, caller, method,
+path and body; the body is compared as parsed JSON, so key order and whitespace do not matter. The same
+key with a different body is a 422 `IDEMPOTENCY_KEY_REUSED`.
 
 ## Routes
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -20,6 +20,9 @@ from pydantic import (
     model_validator,
 )
 
+from fleetkeeper.domain.disruption import DisruptionPolicy
+from fleetkeeper.domain.drift import current_drift
+from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
     MAX_DRAIN_TIMEOUT_SECONDS,
@@ -27,6 +30,7 @@ from fleetkeeper.domain.models import (
     OPERATION_NAME_PATTERN,
     DrainOutcome,
     DrainThen,
+    DriftReason,
     Instance,
     Name,
     Pool,
@@ -46,8 +50,12 @@ from fleetkeeper.domain.operations import (
     OperationOrigin,
     OperationStatus,
 )
-from fleetkeeper.domain.orphan_breaker import OrphanBreaker
+from fleetkeeper.domain.orphan_breaker import FINGERPRINT_PATTERN, PREVIEW_IDS
 from fleetkeeper.domain.placement import PlacementStrategy
+from fleetkeeper.services.disruption import BudgetExceeded
+
+if TYPE_CHECKING:
+    from fleetkeeper.services import orphan_gc
 
 # One minimum for every drain, requested or from a template: a drain shorter than a minute is a typo.
 MIN_DRAIN_TIMEOUT_SECONDS: Final = round(MIN_DRAIN_TIMEOUT_HOURS * 3600)
@@ -57,12 +65,23 @@ _TIMEOUT_RANGE: Final = (
 )
 
 
-def _timeout_in_range(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """Say the whole allowed range, whichever bound was broken (pydantic names only one)."""
-    try:
-        return handler(value)
-    except ValidationError as exc:
-        raise ValueError(_TIMEOUT_RANGE) from exc
+_MOVED_TIMEOUT_RANGE: Final = (
+    f"a whole number of seconds from {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}, counted "
+    "from the drain's start (started_at)"
+)
+
+
+def _in_range(text: str) -> Any:
+    """A validator that says the whole allowed range, whichever bound was broken (pydantic names only
+    one)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            raise ValueError(text) from exc
+
+    return check
 
 
 def _whole_number(value: Any) -> Any:
@@ -107,7 +126,21 @@ DrainTimeout = Annotated[
         examples=[1800],
     ),
     BeforeValidator(_whole_number),
-    WrapValidator(_timeout_in_range),
+    WrapValidator(_in_range(_TIMEOUT_RANGE)),
+]
+# A running drain's new timeout: the same bounds, and no default to fall back to.
+MovedDrainTimeout = Annotated[
+    int,
+    Strict(),
+    Field(
+        ge=MIN_DRAIN_TIMEOUT_SECONDS,
+        le=MAX_DRAIN_TIMEOUT_SECONDS,
+        description=f"the drain's whole timeout, {_MOVED_TIMEOUT_RANGE}; a deadline that would be past "
+        "forces the drain now",
+        examples=[7200],
+    ),
+    BeforeValidator(_whole_number),
+    WrapValidator(_in_range(_MOVED_TIMEOUT_RANGE)),
 ]
 # Timezone-aware RFC 3339 only: a naive time or an epoch number is refused, never guessed; held in UTC
 # like every domain time.
@@ -119,12 +152,8 @@ StrictFlag = Annotated[bool, Strict()]
 MAX_ID_LENGTH: Final = 128
 
 
-# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request. Days, hours,
-# minutes and seconds in that order, each at most once, at least one of them (written without a
-# lookahead, so that every JSON Schema regex dialect reads the published pattern alike).
-DURATION_PATTERN: Final = r"^(?:\d+d(?:\d+h)?(?:\d+m)?(?:\d+s)?|\d+h(?:\d+m)?(?:\d+s)?|\d+m(?:\d+s)?|\d+s)$"
-_DURATION_PART = re.compile(r"(\d+)([dhms])")
-_DURATION = re.compile(DURATION_PATTERN)
+# "2h", "90m", "1h30m", "1d", "45s": a protection that lasts this long from the request
+# (domain/durations.py).
 MAX_DO_NOT_DISRUPT: Final = timedelta(days=366)
 _UNTIL_HINT = (
     "an RFC 3339 timestamp with a timezone (YYYY-MM-DDThh:mm:ssZ, or an offset for the Z) or a duration "
@@ -134,17 +163,9 @@ _UNTIL_HINT = (
 
 def _until_or_duration(value: Any) -> Any:
     """A duration becomes the moment it ends; a timestamp must be RFC 3339 text with its zone."""
-    if isinstance(value, str) and _DURATION.fullmatch(value):
-        parts = {unit: int(amount) for amount, unit in _DURATION_PART.findall(value)}
-        try:
-            return utcnow() + timedelta(
-                days=parts.get("d", 0),
-                hours=parts.get("h", 0),
-                minutes=parts.get("m", 0),
-                seconds=parts.get("s", 0),
-            )
-        except OverflowError as exc:  # "99999999999d": a client's typo, not our 500
-            raise ValueError("must be within 366 days") from exc
+    length = parse_duration(value) if isinstance(value, str) else None
+    if length is not None:
+        return utcnow() + length
     if isinstance(value, str | datetime):
         return _timestamp_text(value)
     raise ValueError(_UNTIL_HINT)
@@ -236,6 +257,39 @@ class DrainRequest(Request):
     )
 
 
+# The drain a request acts on, as its status named it: a drain started since is not the one the caller
+# looked at (409). Generations count a worker's drains, one at a time: far below this.
+MAX_DRAIN_GENERATION: Final = 2**31 - 1
+DrainGeneration = Annotated[
+    Annotated[int, Strict(), Field(ge=1, le=MAX_DRAIN_GENERATION), BeforeValidator(_whole_number)] | None,
+    Field(
+        description="the drain this request is for (409 if the worker's current drain is another one); "
+        "default: whichever is current"
+    ),
+]
+
+
+class DrainDeadlineRequest(Request):
+    """Move a running drain's deadline, earlier or later: it becomes the drain's start plus the timeout."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"timeout_seconds": 7200, "reason": "the exam runs late"}]}
+    )
+
+    timeout_seconds: MovedDrainTimeout
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    generation: DrainGeneration = None
+
+
+class ForceDrainRequest(Request):
+    """Optional: no body (or an empty one) forces the current drain without a reason."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "security patch, cannot wait"}]})
+
+    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    generation: DrainGeneration = None
+
+
 class CancelDrainRequest(Request):
     """Optional: no body (or an empty one) cancels without a reason."""
 
@@ -245,14 +299,20 @@ class CancelDrainRequest(Request):
 
 
 class ConfirmOrphansRequest(Request):
-    """Confirm what orphan GC's breaker holds back in one region; naming the workers guards against
-    confirming a set that changed since it was read (409 then)."""
+    """Confirm what orphan GC's breaker holds back in one region; naming the workers, or the set's
+    `held_back_set` as the breaker showed it, guards against confirming a set that changed since it was
+    read (409 then)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"region": "eu-west-1"}]})
 
     region: Region
     worker_ids: list[Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]] | None = Field(
         default=None, max_length=10000
+    )
+    held_back_set: str | None = Field(
+        default=None,
+        pattern=FINGERPRINT_PATTERN,
+        description="the held_back_set the breaker showed: the set confirmed must still be that one",
     )
 
 
@@ -273,8 +333,9 @@ class TemplateRequest(TemplateSpec):
     @model_validator(mode="before")
     @classmethod
     def _whole_capacity(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "capacity" in data:
-            return {**data, "capacity": _whole_number(data["capacity"])}
+        if isinstance(data, dict):
+            whole = {k: _whole_number(data[k]) for k in ("capacity", "max_lifetime_hours") if k in data}
+            return {**data, **whole}
         return data
 
     model_config = ConfigDict(
@@ -335,12 +396,38 @@ class InstanceStateRequest(Request):
 
 
 class PoolRequest(Request):
+    """Every field is optional; a field left out (or null) keeps its value."""
+
     model_config = ConfigDict(
-        json_schema_extra={"examples": [{"description": "lab sessions", "status": "active"}]}
+        json_schema_extra={
+            "examples": [
+                {
+                    "description": "lab sessions",
+                    "status": "active",
+                    "disruption": {
+                        "budgets": [
+                            {"max": "10%"},
+                            {
+                                "max": 0,
+                                "reasons": ["scale_down", "rollout"],
+                                "schedule": "0 9 * * mon-fri",
+                                "duration": "8h",
+                                "timezone": "Europe/Berlin",
+                            },
+                        ]
+                    },
+                }
+            ]
+        }
     )
 
     description: str | None = Field(default=None, max_length=500)
     status: Literal["active", "inactive"] | None = None
+    disruption: DisruptionPolicy | None = Field(
+        default=None,
+        description='the pool\'s disruption budgets, replaced whole; {"budgets": []} removes them '
+        "(docs/disruption.md)",
+    )
 
 
 class PoolDrainRequest(Request):
@@ -408,6 +495,22 @@ class OperationPage(BaseModel):
     next_token: str | None
 
 
+class DesiredLaunchView(BaseModel):
+    image_id: str | None = Field(
+        description="the newest image the template's ami_name_filter selects; null when none matches"
+    )
+    instance_type: str = Field(description="the template's instance type")
+
+
+class DriftView(BaseModel):
+    reasons: list[DriftReason] = Field(
+        description="image: not the newest image of the template's filter; instance_type: not the "
+        "template's; expired: older than the template's max_lifetime_hours"
+    )
+    desired: DesiredLaunchView
+    since: datetime = Field(description="when the worker was first found drifted")
+
+
 class DrainView(BaseModel):
     generation: int
     started_at: datetime
@@ -449,33 +552,81 @@ class WorkerView(BaseModel):
         default=None, description="what the machine last reported through collect-system-info"
     )
     system_info_at: datetime | None = None
+    image_id: str | None = Field(default=None, description="the image the machine was launched from")
+    instance_type: str | None = Field(default=None, description="the instance type it was launched as")
+    launched_at: datetime | None = None
+    drift: DriftView | None = Field(
+        default=None, description="how the machine differs from its template now (docs/rollouts.md)"
+    )
 
     @classmethod
     def of(cls, worker: Worker) -> WorkerView:
         # The drain's callback token is a credential for the workflow: it never leaves the service.
         data = worker.model_dump(exclude={"drain": {"task_token", "timed_out_at", "error"}})
+        # A worker that ended keeps its last drift as history; it is no longer drifted.
+        current = current_drift(worker)
+        data["drift"] = current.model_dump() if current is not None else None
         return cls.model_validate(data)
 
 
 class OrphanBreakerView(BaseModel):
     region: str
     holding: bool
-    held_back: list[str]
+    held_back: list[str] = Field(
+        description=f"the first {PREVIEW_IDS} held-back worker ids, sorted; every one: "
+        "GET /api/v1/reconcile/orphans/{region}/held-back"
+    )
+    held_back_count: int
+    held_back_set: str | None = Field(description="names the held-back set; give it back to confirm it")
     live_workers: int
     share_percent: float
     tripped_at: datetime | None
-    confirmed_ids: list[str]
+    confirmed_ids: list[str] = Field(description=f"the first {PREVIEW_IDS} confirmed worker ids, sorted")
+    confirmed_count: int
     confirmed_by: str | None
     confirmed_at: datetime | None
     confirmed_until: datetime | None
 
     @classmethod
-    def of(cls, breaker: OrphanBreaker) -> OrphanBreakerView:
-        return cls.model_validate({**breaker.model_dump(exclude={"version"}), "holding": breaker.holding})
+    def of(cls, summary: orphan_gc.BreakerSummary) -> OrphanBreakerView:
+        breaker = summary.breaker
+        return cls(
+            region=breaker.region,
+            holding=breaker.holding,
+            held_back=summary.held_back,
+            held_back_count=breaker.held.count if breaker.held else 0,
+            held_back_set=breaker.held.fingerprint if breaker.held else None,
+            live_workers=breaker.live_workers,
+            share_percent=breaker.share_percent,
+            tripped_at=breaker.tripped_at,
+            confirmed_ids=summary.confirmed_ids,
+            confirmed_count=breaker.confirmed.count if breaker.confirmed else 0,
+            confirmed_by=breaker.confirmed_by,
+            confirmed_at=breaker.confirmed_at,
+            confirmed_until=breaker.confirmed_until,
+        )
 
 
 class OrphanBreakerList(BaseModel):
     items: list[OrphanBreakerView]
+
+
+class HeldBackPage(BaseModel):
+    region: str
+    held_back_set: str | None = Field(description="the set these ids belong to")
+    count: int = Field(description="how many workers are held back in all")
+    items: list[str] = Field(description="held-back worker ids, in order")
+    next_token: str | None
+
+    @classmethod
+    def of(cls, found: orphan_gc.HeldBackPage) -> HeldBackPage:
+        return cls(
+            region=found.region,
+            held_back_set=found.held.fingerprint if found.held else None,
+            count=found.held.count if found.held else 0,
+            items=found.page.items,
+            next_token=found.page.next_token,
+        )
 
 
 class WorkerPage(BaseModel):
@@ -515,6 +666,7 @@ class TemplateView(BaseModel):
     drain_timeout_hours: float
     tags: dict[str, str]
     before_stop: list[str] = Field(default_factory=list)
+    max_lifetime_hours: int | None = None
     version: int
 
     @classmethod
@@ -541,12 +693,21 @@ class PoolView(BaseModel):
     drain_cancelled_by: str | None = None
     drain_cancel_reason: str | None = None
     active_instances: int | None = None
+    disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
+    budget_exceeded: BudgetExceeded | None = Field(
+        default=None,
+        description="in a drain's answer: the pool budget its workers' drains go beyond (never a refusal)",
+    )
     version: int
 
     @classmethod
-    def of(cls, pool: Pool, active_instances: int | None = None) -> PoolView:
+    def of(
+        cls, pool: Pool, active_instances: int | None = None, budget_exceeded: BudgetExceeded | None = None
+    ) -> PoolView:
         data = pool.model_dump(exclude={"drain_task_token"})
-        return cls.model_validate({**data, "active_instances": active_instances})
+        return cls.model_validate(
+            {**data, "active_instances": active_instances, "budget_exceeded": budget_exceeded}
+        )
 
 
 class PoolList(BaseModel):
@@ -557,7 +718,13 @@ class Stats(BaseModel):
     workers_by_status: dict[str, int]
     active_instances: int
     pools_by_status: dict[str, int]
-    counters: dict[str, dict[str, int | float | str]] = Field(default_factory=dict)
+    counters: dict[str, dict[str, int | float | str]] = Field(
+        default_factory=dict,
+        description=(
+            "running totals, gauges and times by scope: reconcile (and reconcile#<n>of<m> per shard), "
+            "discovery, scale-down. EC2 event outcomes are metrics only (Ec2Events.events_<outcome>)"
+        ),
+    )
 
 
 class ErrorDetail(BaseModel):

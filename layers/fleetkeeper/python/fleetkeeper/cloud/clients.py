@@ -12,19 +12,43 @@ a lock; the clients themselves are.
 from __future__ import annotations
 
 import threading
+from enum import StrEnum
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 import boto3
 import botocore.loaders
 import botocore.session
 from botocore.config import Config
 
-_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30)
-# SSM's SendCommand is not idempotent: an SDK retry after a 5xx or a dropped connection may run the
-# command twice. The SDK does not retry SSM calls; cloud/ssm.py retries what is safe to repeat and looks
-# up a send whose outcome is unknown instead of sending it again.
-_SERVICE_CONFIGS = {"ssm": _CONFIG.merge(Config(retries={"mode": "standard", "max_attempts": 1}))}
+# The most threads one invocation runs on one shared client: the reconcile cycle's worker steps
+# (services/reconcile/cycle.py PARALLELISM); the operations' steps (services/operations.py) run after
+# them, on fewer. botocore's default pool of 10 would open and drop a connection per call beyond that.
+MAX_POOL_CONNECTIONS: Final = 16
+
+
+class RetryLayer(StrEnum):
+    """Who retries a client's calls: one layer per call, never both (else 5 x 5 = 25 attempts)."""
+
+    # botocore's standard mode: 5 attempts with its own backoff and its client-wide retry quota, for
+    # calls no code of ours wraps in a retry (EC2, CloudWatch, EventBridge, SNS, Powertools idempotency).
+    SDK = "sdk"
+    # One attempt per call: the caller retries what is worth retrying, classified by cloud/retry.py
+    # (`with_backoff` for DynamoDB and Step Functions; cloud/ssm.py for Run Command, whose SendCommand
+    # must never be repeated blindly).
+    CALLER = "caller"
+
+
+# Services whose every call goes through a retry of ours.
+CALLER_RETRIED: Final = frozenset({"dynamodb", "stepfunctions", "ssm"})
+_BASE = Config(connect_timeout=5, read_timeout=30, max_pool_connections=MAX_POOL_CONNECTIONS)
+# `total_max_attempts` counts every attempt. botocore reads `max_attempts` as retries after the first
+# (so `max_attempts: 1` still sent a second SendCommand after a 5xx, the one send that must not repeat).
+SDK_ATTEMPTS: Final = 5
+_CONFIGS: Final = {
+    RetryLayer.SDK: _BASE.merge(Config(retries={"mode": "standard", "total_max_attempts": SDK_ATTEMPTS})),
+    RetryLayer.CALLER: _BASE.merge(Config(retries={"mode": "standard", "total_max_attempts": 1})),
+}
 _SESSION_LOCK = threading.Lock()
 
 
@@ -45,17 +69,25 @@ def _session() -> boto3.session.Session:
     return session
 
 
+def client(service: str, region: str | None = None, *, retries: RetryLayer | None = None) -> Any:
+    """A shared client per (service, region, retry layer); boto3 clients are thread-safe.
+
+    By default a service's calls are retried by the one layer that wraps them (`CALLER_RETRIED`);
+    `retries` picks the layer for a caller that is the exception (a library calling DynamoDB itself).
+    """
+    layer = retries or (RetryLayer.CALLER if service in CALLER_RETRIED else RetryLayer.SDK)
+    return _client(service, region, layer)
+
+
 @cache
-def client(service: str, region: str | None = None) -> Any:
-    """A shared client per (service, region); boto3 clients are thread-safe."""
+def _client(service: str, region: str | None, layer: RetryLayer) -> Any:
     with _SESSION_LOCK:
-        config = _SERVICE_CONFIGS.get(service, _CONFIG)
-        return _session().client(service, region_name=region, config=config)  # type: ignore[call-overload]
+        return _session().client(service, region_name=region, config=_CONFIGS[layer])  # type: ignore[call-overload]
 
 
 def reset_clients() -> None:
     """Forget the session and its clients, e.g. after the environment's endpoints, credentials or
     botocore's built-in event handlers changed; the next client is created from a fresh session."""
     with _SESSION_LOCK:
-        client.cache_clear()
+        _client.cache_clear()
         _session.cache_clear()

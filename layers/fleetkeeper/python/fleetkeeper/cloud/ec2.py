@@ -125,14 +125,21 @@ class Ec2Gateway:
         subnet_id: str | None = None,
         security_group_ids: Iterable[str] = (),
         key_name: str | None = None,
+        instance_profile: str | None = None,
     ) -> Ec2Instance:
-        """Launch one instance. The client token makes a retried launch return the same instance."""
+        """Launch one instance. The client token makes a retried launch return the same instance.
+
+        `instance_profile` (a name) gives the machine the role its SSM agent registers with.
+        """
         request: dict[str, Any] = {
             "ImageId": image_id,
             "InstanceType": instance_type,
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": client_token,
+            # IMDSv2 only: a token-less metadata request (SSRF through a workload) gets no credentials.
+            # The RunInstances grant requires it too (ec2:MetadataHttpTokens).
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
             ],
@@ -143,6 +150,8 @@ class Ec2Gateway:
             request["SecurityGroupIds"] = list(security_group_ids)
         if key_name:
             request["KeyName"] = key_name
+        if instance_profile:
+            request["IamInstanceProfile"] = {"Name": instance_profile}
         response = self._client.run_instances(**request)
         return Ec2Instance.from_api(response["Instances"][0])
 

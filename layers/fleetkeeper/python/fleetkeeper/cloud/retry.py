@@ -198,6 +198,19 @@ def retry_conflicts(
         try:
             return operation()
         except StaleWrite as lost:
-            _count(f"conflict:{lost.entity}", METRIC_CONFLICT_RETRIES)
-            sleep(full_jitter(attempt, base, cap))
+            pause_after_conflict(lost, attempt, base=base, cap=cap, sleep=sleep)
     return operation()
+
+
+def pause_after_conflict(
+    lost: StaleWrite,
+    attempt: int,
+    *,
+    base: float = CONFLICT_BASE_SECONDS,
+    cap: float = CONFLICT_CAP_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Count a lost race and wait a jittered pause before the next attempt (the `attempt`-th retry),
+    for loops that decide between attempts what to read again (retry_conflicts is the simple case)."""
+    _count(f"conflict:{lost.entity}", METRIC_CONFLICT_RETRIES)
+    sleep(full_jitter(attempt, base, cap))

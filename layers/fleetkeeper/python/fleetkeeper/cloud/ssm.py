@@ -39,6 +39,13 @@ COMMENT_LIMIT: Final = 100
 
 
 SEND_ATTEMPTS: Final = 4
+# SendCommand's answer for a machine Systems Manager does not manage. Final for the attempt: the next
+# attempt (after the operation's backoff) finds a machine whose agent has registered since.
+NOT_MANAGED: Final = "InvalidInstanceId"
+NOT_MANAGED_HINT: Final = (
+    "the machine is not registered with Systems Manager (launched without the stage's instance profile, "
+    "its SSM agent not running yet, or the machine is gone)"
+)
 
 
 class SendOutcomeUnknown(Exception):
@@ -76,7 +83,10 @@ def is_final(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    return f"{error_code(error) or type(error).__name__}: {error}"[:500]
+    code = error_code(error)
+    if code == NOT_MANAGED:
+        return f"{code}: {NOT_MANAGED_HINT}: {error}"[:500]
+    return f"{code or type(error).__name__}: {error}"[:500]
 
 
 class CommandGateway:

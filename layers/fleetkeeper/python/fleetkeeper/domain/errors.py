@@ -87,6 +87,71 @@ class DrainInProgress(Conflict):
         super().__init__(entity, key, "DRAINING", "Drain already in progress")
 
 
+class DrainFinishing(Conflict):
+    """A cancel, a deadline move or a force that came after Finish began: the worker is empty, its
+    before-stop operations (e.g. releasing the license) and its stop have started, and none of these
+    can take them back or change them."""
+
+    code = "DRAIN_FINISHING"
+
+    def __init__(
+        self, worker_id: str, generation: int, current_status: str | None, refused: str = "a cancel"
+    ) -> None:
+        super().__init__(
+            "worker",
+            worker_id,
+            current_status,
+            f"drain {generation} of worker {worker_id} is finishing: its before-stop operations and its "
+            f"stop have started and {refused} cannot undo them; wait for the worker to stop, then "
+            "start it",
+        )
+        self.generation = generation
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "generation": self.generation}
+
+
+class DeadlinePassed(Conflict):
+    """A deadline move for a drain whose deadline has passed (or was forced): its force may have begun,
+    and instances it ended cannot be given back."""
+
+    code = "DEADLINE_PASSED"
+
+    def __init__(self, worker_id: str, generation: int, current_status: str | None, deadline: str) -> None:
+        super().__init__(
+            "worker",
+            worker_id,
+            current_status,
+            f"the deadline of drain {generation} of worker {worker_id} passed at {deadline}: the drain "
+            "is being forced and its deadline can no longer move",
+        )
+        self.generation = generation
+        self.deadline = deadline
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "generation": self.generation, "deadline": self.deadline}
+
+
+class TooManyDeadlineMoves(Conflict):
+    """A drain's deadline moved as often as one execution's history allows (docs/drains.md)."""
+
+    code = "TOO_MANY_DEADLINE_MOVES"
+
+    def __init__(self, worker_id: str, generation: int, current_status: str | None, limit: int) -> None:
+        super().__init__(
+            "worker",
+            worker_id,
+            current_status,
+            f"the deadline of drain {generation} of worker {worker_id} already moved {limit} times, the "
+            "most a drain allows; force it, or cancel it and start a new drain",
+        )
+        self.generation = generation
+        self.limit = limit
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "generation": self.generation, "max_moves": self.limit}
+
+
 class WorkflowUnavailable(FleetkeeperError):
     """The drain workflow could not be started; nothing was left half-done."""
 
@@ -119,6 +184,16 @@ class DrainNotEmpty(FleetkeeperError):
     """
 
     code = "DRAIN_NOT_EMPTY"
+
+
+class DrainDeadlineMoved(FleetkeeperError):
+    """Raised by the force step when the drain's deadline has not passed (it moved later meanwhile).
+
+    The class name is the Step Functions error name the state machine routes back to its re-check, which
+    arms the next wait with the time left to the new deadline, or forces once it has passed.
+    """
+
+    code = "DRAIN_DEADLINE_MOVED"
 
 
 class DrainNotStartable(FleetkeeperError):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
     InstanceState,
@@ -20,6 +21,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Worker operation names (domain/operations.py), e.g. register-license.
 OPERATION_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,63}$"
 REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
+# An EC2 instance type: family, generation and options, a dot, the size (m5.xlarge, u-6tb1.metal).
+INSTANCE_TYPE_PATTERN = r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$"
 
 
 def _valid_ec2_tags(tags: dict[str, str]) -> dict[str, str]:
@@ -65,9 +68,17 @@ DEFAULT_DRAIN_TIMEOUT_HOURS = 4.0
 # A drain shorter than a minute cannot let anything finish; it is a typo, not a policy.
 MIN_DRAIN_TIMEOUT_HOURS = 1 / 60
 DEFAULT_POOL_DRAIN_TIMEOUT_SECONDS = 300
+# The largest capacity a template (and so a worker) may have: nothing stored grows with it but the
+# worker's slot items, one small item per active instance, so at the ceiling every item of a worker
+# stays under 100 KB and reading its active instances is a few query pages (docs/data-model.md).
+MAX_WORKER_CAPACITY: Final = 10_000
+_CAPACITY_DESCRIPTION: Final = f"instances a worker runs at once; 1 to {MAX_WORKER_CAPACITY:,}"
 # A Standard execution lives at most one year. The longest drain leaves it 5 days to force and finish
 # (and the watchdog room to restart it), so its deadline always fires inside a live execution.
 MAX_DRAIN_TIMEOUT_SECONDS = 360 * 24 * 3600
+# A worker older than its template's max_lifetime_hours is drifted (`expired`). A year is the ceiling: a
+# longer lifetime is no policy, and the age it is compared with stays a small number of hours.
+MAX_LIFETIME_HOURS: Final = 8760
 
 
 def utcnow() -> datetime:
@@ -130,6 +141,44 @@ class DrainRecord(Record):
     # (docs/drains.md, "Rescheduling"); `moved_instances` counts the moves, written with each move.
     reschedule: bool = True
     moved_instances: int = Field(default=0, ge=0)
+    # Set by Finish, in a conditional write, before it sends the first before-stop operation: from then
+    # on the drain cannot be cancelled (the operations cannot be taken back), only finished.
+    finishing_at: UtcDatetime | None = None
+    # Moving the deadline of the running drain (docs/drains.md, "Moving the deadline"): how many times
+    # it moved (bounded, each move costs the execution one re-check cycle of history), when it last
+    # moved, and how many heartbeat re-checks the waits before that may have cost, so the waits after it
+    # share what is left of the drain's re-check budget (domain/drain_policy.drain_heartbeat).
+    deadline_moves: int = Field(default=0, ge=0)
+    deadline_moved_at: UtcDatetime | None = None
+    rechecks_spent: int = Field(default=0, ge=0)
+    # An operator forced the drain now (POST .../drain/force): its deadline became that moment, and the
+    # force step ends what still runs with reason `forced` rather than `drain_timeout`.
+    forced_at: UtcDatetime | None = None
+    forced_by: str | None = None
+    force_reason: str | None = Field(default=None, max_length=500)
+
+
+class DriftReason(StrEnum):
+    """How a worker's machine differs from what its template asks for now."""
+
+    IMAGE = "image"
+    INSTANCE_TYPE = "instance_type"
+    EXPIRED = "expired"
+
+
+class DesiredLaunch(Record):
+    """What the template would launch now: its newest image (None when unknown) and its instance type."""
+
+    image_id: str | None = Field(default=None, max_length=64)
+    instance_type: str = Field(max_length=64)
+
+
+class Drift(Record):
+    """A worker's drift: why, what it should run instead, and since when it has been drifted."""
+
+    reasons: list[DriftReason] = Field(min_length=1, max_length=len(DriftReason))
+    desired: DesiredLaunch
+    since: UtcDatetime
 
 
 class WorkerMetrics(Record):
@@ -144,18 +193,28 @@ class WorkerMetrics(Record):
 DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
 
 
-class Worker(Record):
+class WorkerSummary(Record):
+    """What the worker indexes hold of a worker (store/schema.py): enough to filter a listing, count a
+    fleet or rank placement candidates, never enough to decide about the worker itself."""
+
     id: str
     template: Name
     region: Region
     pool: Name | None = None
     status: WorkerStatus = WorkerStatus.PENDING
+    capacity: int = Field(ge=1, le=MAX_WORKER_CAPACITY)
+    active_instances: int = Field(default=0, ge=0)
+
+    @property
+    def free_slots(self) -> int:
+        return max(self.capacity - self.active_instances, 0)
+
+
+class Worker(WorkerSummary):
     desired_status: WorkerStatus | None = None
     ec2_instance_id: str | None = None
     private_ip: str | None = None
     public_ip: str | None = None
-    capacity: int = Field(ge=1, le=10_000)
-    active_instances: int = Field(default=0, ge=0)
     drain: DrainRecord | None = None
     do_not_disrupt: bool = False
     # Protection that expires by itself: compared with the clock, never cleaned up.
@@ -176,11 +235,24 @@ class Worker(Record):
     last_reconcile_error: str | None = Field(default=None, max_length=500)
     # Set by the one reconciler that won the right to call RunInstances for this PENDING worker.
     launch_claimed_at: UtcDatetime | None = None
+    # The ClientToken and image of the RunInstances the claim is for. A launch whose answer may have been
+    # lost (a crash, a timeout, a 5xx) is repeated with both, so EC2 answers with the machine it started
+    # rather than starting a second one, even if a newer image appeared meanwhile.
+    launch_token: str | None = Field(default=None, max_length=64)
+    launch_image_id: str | None = None
     idle_since: UtcDatetime | None = None
     metrics: WorkerMetrics | None = None
     # What the machine reported about itself through the collect-system-info operation (JSON object).
     system_info: dict[str, Any] | None = None
     system_info_at: UtcDatetime | None = None
+    # What the machine was launched with, written by the transition that records the launch (None on
+    # workers launched before these were recorded: drift then says only what is known).
+    image_id: str | None = Field(default=None, max_length=64)
+    instance_type: str | None = Field(default=None, max_length=64)
+    launched_at: UtcDatetime | None = None
+    # How the machine differs from its template (domain/drift.py), as the reconciler last found it;
+    # written only when it changes.
+    drift: Drift | None = None
 
     @field_validator("desired_status")
     @classmethod
@@ -191,10 +263,6 @@ class Worker(Record):
         return value
 
     @property
-    def free_slots(self) -> int:
-        return max(self.capacity - self.active_instances, 0)
-
-    @property
     def next_drain_generation(self) -> int:
         return (self.drain.generation if self.drain else 0) + 1
 
@@ -202,9 +270,9 @@ class Worker(Record):
 class TemplateSpec(Record):
     """What a template says about its workers; the API's PUT body is exactly this."""
 
-    instance_type: str = Field(pattern=r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$", examples=["m5.xlarge"])
+    instance_type: str = Field(pattern=INSTANCE_TYPE_PATTERN, examples=["m5.xlarge"])
     ami_name_filter: str = Field(min_length=1, max_length=128)
-    capacity: int = Field(ge=1, le=10_000)
+    capacity: int = Field(ge=1, le=MAX_WORKER_CAPACITY, description=_CAPACITY_DESCRIPTION)
     drain_timeout_hours: float = Field(
         default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
@@ -212,6 +280,13 @@ class TemplateSpec(Record):
     # Cleanup operations (the stage's catalogue) run once a drain has emptied a worker, before it stops.
     before_stop: list[Annotated[str, Field(pattern=OPERATION_NAME_PATTERN)]] = Field(
         default_factory=list, max_length=5
+    )
+    # A worker older than this is drifted with reason `expired` (domain/drift.py); None: no limit.
+    max_lifetime_hours: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_LIFETIME_HOURS,
+        description=f"hours a worker may live before it is reported expired; 1 to {MAX_LIFETIME_HOURS:,}",
     )
 
 
@@ -259,6 +334,8 @@ class Pool(Record):
     drain_cancelled_by: str | None = None
     drain_cancel_reason: str | None = Field(default=None, max_length=500)
     drain_restarts: int = Field(default=0, ge=0)
+    # Budgets for voluntary disruptions of the pool's workers (domain/disruption.py).
+    disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
     version: int = Field(default=0, ge=0)
 
 

@@ -13,7 +13,7 @@ import re
 import uuid
 import zlib
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
@@ -189,7 +189,12 @@ class OperationInFlight(Conflict):
 
 def new_operation_id(now: datetime) -> str:
     """Ids sort by creation time, so a worker's operations list newest first by key alone."""
-    return f"op-{now.strftime('%Y%m%d%H%M%S%f')}-{uuid.uuid4().hex[:8]}"
+    return f"{operation_id_floor(now)}-{uuid.uuid4().hex[:8]}"
+
+
+def operation_id_floor(moment: datetime) -> str:
+    """The smallest id of an operation created at or after `moment` (UTC): a key range starts there."""
+    return f"op-{moment.astimezone(UTC).strftime('%Y%m%d%H%M%S%f')}"
 
 
 class Operation(Record):

@@ -3,19 +3,30 @@
 A mass disappearance is more often our own blindness (a wrong region or account, a tag stripped by a
 script, an EC2 answer cut short) than a mass termination. So when more than a set share of a region's
 live workers look orphaned in one discovery pass, GC retires none of them and says which it held back.
-It resumes by itself once the share is back within the limit, or for one pass when an operator confirmed
-the held-back set (the confirmation expires, and covers only workers it named).
+It resumes by itself once the share is back within the limit, or when an operator confirmed the
+held-back set (the confirmation expires, and covers only workers it named).
+
+The breaker names its sets of workers by size and fingerprint only: the ids themselves are pages of
+their own (store/breakers.py), because the mass disappearance the breaker exists for may hold back tens
+of thousands of workers, far more than one item holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import hashlib
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from enum import StrEnum
 
 from pydantic import Field
 
 from fleetkeeper.domain.models import Record, UtcDatetime
+
+# What a fingerprint looks like: the first 128 bits of a SHA-256, in hex.
+FINGERPRINT_PATTERN = r"^[0-9a-f]{32}$"
+# How many ids of a set are shown with the breaker and named in an event (EventBridge caps an entry at
+# 256 KB); the whole set is read page by page.
+PREVIEW_IDS = 100
 
 
 class BreakerDecision(StrEnum):
@@ -24,25 +35,49 @@ class BreakerDecision(StrEnum):
     CONFIRMED = "confirmed"  # over the limit, but an operator confirmed every suspect: GC proceeds
 
 
+class IdSet(Record):
+    """A set of worker ids kept in pages beside the breaker: how many, which (by fingerprint), and where
+    its pages are (`pages` items under `pages_key`)."""
+
+    count: int = Field(ge=1)
+    fingerprint: str = Field(pattern=FINGERPRINT_PATTERN)
+    pages_key: str = Field(min_length=1)
+    pages: int = Field(ge=1)
+
+
 class OrphanBreaker(Record):
     """The breaker of one region, as the last discovery pass left it."""
 
     region: str
     version: int = Field(default=0, ge=0)
-    # Workers the last pass held back; empty when the breaker is closed.
-    held_back: list[str] = Field(default_factory=list)
+    # Workers the last pass held back; None when the breaker is closed.
+    held: IdSet | None = None
     live_workers: int = Field(default=0, ge=0)
     share_percent: float = Field(default=0.0, ge=0)
     tripped_at: UtcDatetime | None = None
-    # An operator's confirmation: the workers it covers, by whom and when (spent by the pass using it).
-    confirmed_ids: list[str] = Field(default_factory=list)
+    # An operator's confirmation: the workers it covers, by whom and until when (spent by the pass that
+    # retires the last of them).
+    confirmed: IdSet | None = None
     confirmed_by: str | None = None
     confirmed_at: UtcDatetime | None = None
     confirmed_until: UtcDatetime | None = None
 
     @property
     def holding(self) -> bool:
-        return bool(self.held_back)
+        return self.held is not None
+
+    def id_sets(self) -> list[IdSet]:
+        """The sets whose pages this breaker refers to."""
+        return [s for s in (self.held, self.confirmed) if s is not None]
+
+
+def fingerprint(ids: Iterable[str]) -> str:
+    """Names a set of worker ids whatever their order or repeats: equal sets, equal fingerprints."""
+    digest = hashlib.sha256()
+    for worker_id in sorted(set(ids)):
+        raw = worker_id.encode()
+        digest.update(f"{len(raw)}:".encode() + raw)
+    return digest.hexdigest()[:32]
 
 
 def share_percent(orphans: int, live: int) -> float:
@@ -58,14 +93,29 @@ def trips(orphans: int, live: int, max_share_percent: float) -> bool:
     return orphans * 100 > max_share_percent * live
 
 
-def confirmation_covers(breaker: OrphanBreaker | None, suspects: Collection[str], *, now: datetime) -> bool:
+def confirmation_covers(
+    breaker: OrphanBreaker | None,
+    suspects: Collection[str],
+    *,
+    now: datetime,
+    confirmed_ids: Callable[[], Collection[str]],
+) -> bool:
     """Whether an unexpired operator confirmation names every current suspect (a worker that became
-    suspect after the confirmation was given is not covered: the operator never saw it)."""
-    if breaker is None or breaker.confirmed_until is None or not suspects:
+    suspect after the confirmation was given is not covered: the operator never saw it).
+
+    The confirmed ids are asked for (`confirmed_ids()`, pages to read) only when the set's size and
+    fingerprint cannot decide: the suspects are fewer than the confirmed workers and not the same set.
+    """
+    if breaker is None or breaker.confirmed is None or breaker.confirmed_until is None or not suspects:
         return False
     if now > breaker.confirmed_until:
         return False
-    return set(suspects) <= set(breaker.confirmed_ids)
+    unique = set(suspects)
+    if len(unique) > breaker.confirmed.count:
+        return False
+    if fingerprint(unique) == breaker.confirmed.fingerprint:
+        return True
+    return unique <= set(confirmed_ids())
 
 
 def decide(
@@ -75,9 +125,10 @@ def decide(
     live: int,
     max_share_percent: float,
     now: datetime,
+    confirmed_ids: Callable[[], Collection[str]] = tuple,
 ) -> BreakerDecision:
     if not trips(len(suspects), live, max_share_percent):
         return BreakerDecision.CLOSED
-    if confirmation_covers(breaker, suspects, now=now):
+    if confirmation_covers(breaker, suspects, now=now, confirmed_ids=confirmed_ids):
         return BreakerDecision.CONFIRMED
     return BreakerDecision.HOLD

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
+from typing import TypeVar
 
 from fleetkeeper.domain.lifecycle import ACCEPTS_INSTANCES, PoolStatus
-from fleetkeeper.domain.models import Pool, Worker
+from fleetkeeper.domain.models import Pool, WorkerSummary
+
+W = TypeVar("W", bound=WorkerSummary)
 
 
 class PlacementStrategy(StrEnum):
@@ -16,7 +19,7 @@ class PlacementStrategy(StrEnum):
     SPREAD = "spread"
 
 
-def refusal_reason(worker: Worker, pool: Pool | None) -> str | None:
+def refusal_reason(worker: WorkerSummary, pool: Pool | None) -> str | None:
     """Why this worker cannot take an instance now, or None when it can."""
     if worker.status != ACCEPTS_INSTANCES:
         return f"worker {worker.id} is {worker.status}, only RUNNING workers accept instances"
@@ -27,9 +30,7 @@ def refusal_reason(worker: Worker, pool: Pool | None) -> str | None:
     return None
 
 
-def rank_candidates(
-    workers: Iterable[Worker], strategy: PlacementStrategy = PlacementStrategy.PACK
-) -> list[Worker]:
+def rank_candidates(workers: Iterable[W], strategy: PlacementStrategy = PlacementStrategy.PACK) -> list[W]:
     """Workers with free room, best first for the strategy; ties broken by id for determinism."""
     eligible = [w for w in workers if w.status == ACCEPTS_INSTANCES and w.free_slots > 0]
     if strategy is PlacementStrategy.PACK:

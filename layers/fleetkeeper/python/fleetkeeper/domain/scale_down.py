@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from fleetkeeper.domain.errors import InvalidInput
-from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.models import Worker, WorkerSummary
 
 
 class Guard(StrEnum):
@@ -21,7 +21,10 @@ class Guard(StrEnum):
     COOLDOWN = "cooldown"
     UPCOMING_TIMESLOT = "upcoming_timeslot"
     DO_NOT_DISRUPT = "do_not_disrupt"
+    # The stage default, MAX_CONCURRENT_DRAINS, for drains of pools none of whose budgets applies.
     DISRUPTION_BUDGET = "disruption_budget"
+    # A budget of the worker's pool (domain/disruption.py).
+    POOL_BUDGET = "pool_budget"
     # Another cycle chose this worker already, the ledger of choices in flight is full, or other
     # cycles kept writing it first: the worker is looked at again next cycle.
     IN_FLIGHT = "in_flight"
@@ -88,7 +91,7 @@ def protected_from_disruption(worker: Worker, now: datetime) -> bool:
     return worker.do_not_disrupt or (until is not None and now < until)
 
 
-def scope_of(worker: Worker) -> str:
+def scope_of(worker: WorkerSummary) -> str:
     """Workers that can stand in for each other: same template in the same pool."""
     return f"{worker.template}#{worker.pool or '-'}"
 
@@ -114,11 +117,13 @@ def evaluate(
     draining_now: int,
     fleet_size: int,
     timeslot_starts: Callable[[], Iterable[datetime]],
+    stage_budget: bool = True,
 ) -> Verdict:
     """Whether this RUNNING worker should be scaled down now, checking the guards in order.
 
     `running_in_scope`, `draining_now` and `fleet_size` count the whole fleet, including the
-    scale-downs already chosen in this cycle.
+    scale-downs already chosen in this cycle. Without `stage_budget` (a budget of the worker's pool
+    applies), the stage default is not checked: the pool's budgets are, at the ledger.
     """
     if worker.idle_since is None or now - worker.idle_since < policy.idle_window:
         return Verdict(Action.NONE, "not idle for the idle window")
@@ -143,7 +148,7 @@ def evaluate(
     if protected_from_disruption(worker, now):
         why = "do_not_disrupt is set" if worker.do_not_disrupt else "do_not_disrupt_until is in the future"
         return Verdict(Action.NONE, why, Guard.DO_NOT_DISRUPT)
-    if action is Action.DRAIN:
+    if action is Action.DRAIN and stage_budget:
         allowed = policy.budget.allowed(fleet_size)
         if draining_now >= allowed:
             return Verdict(

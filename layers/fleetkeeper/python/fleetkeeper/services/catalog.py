@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import NAME_PATTERN, Pool, WorkerTemplate
@@ -39,11 +40,18 @@ def put_pool(
     actor: str,
     description: str | None = None,
     status: PoolStatus | None = None,
+    disruption: DisruptionPolicy | None = None,
 ) -> tuple[Pool, bool]:
-    """Create the pool or update it; returns (pool, created). Draining goes through the drain API only."""
+    """Create the pool or update it; returns (pool, created). Draining goes through the drain API only.
+    None leaves a field as it is; `disruption` replaces the budgets whole."""
     existing = store.find_pool(name)
     if existing is None:
-        pool = Pool(name=name, description=description, status=status or PoolStatus.ACTIVE)
+        pool = Pool(
+            name=name,
+            description=description,
+            status=status or PoolStatus.ACTIVE,
+            disruption=disruption or DisruptionPolicy(),
+        )
         return store.create_pool(pool, actor=actor), True
 
     def update() -> Pool:
@@ -60,6 +68,8 @@ def put_pool(
                     f"pool {name} is draining; cancel the drain to change its status",
                 )
             changes["status"] = status
+        if disruption is not None and disruption != current.disruption:
+            changes["disruption"] = disruption
         if not changes:
             return current
         return store.save_pool(current, changes, actor=actor, action="PoolUpdated")

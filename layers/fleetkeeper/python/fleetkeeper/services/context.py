@@ -6,15 +6,17 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from fleetkeeper.cloud.clients import client
+from fleetkeeper.cloud.clients import RetryLayer, client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.cloud.events import AuditBus, Notifier
 from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.breakers import BreakerStore
+from fleetkeeper.store.disruption import WaitingStore
 from fleetkeeper.store.ledger import LedgerStore
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper.store.stats import StatsStore
 
 
@@ -38,8 +40,9 @@ class Context:
 
     @property
     def dynamodb_client(self) -> Any:
-        """The shared DynamoDB client, for libraries that keep records in the table (idempotency)."""
-        return client("dynamodb")
+        """A DynamoDB client for libraries that keep records in the table (idempotency): they call it
+        directly, not through cloud/retry.py, so the SDK's own retries are theirs."""
+        return client("dynamodb", retries=RetryLayer.SDK)
 
     @property
     def stats(self) -> StatsStore:
@@ -50,6 +53,19 @@ class Context:
         return LedgerStore(client("dynamodb"), self.settings.table_name)
 
     @property
+    def waiting(self) -> WaitingStore:
+        """What waits on each pool's disruption budgets."""
+        return WaitingStore(client("dynamodb"), self.settings.table_name)
+
+    @property
+    def rollouts(self) -> RolloutStore:
+        return RolloutStore(
+            client("dynamodb"),
+            self.settings.table_name,
+            audit_retention_days=self.settings.audit_retention_days,
+        )
+
+    @property
     def breakers(self) -> BreakerStore:
         return BreakerStore(client("dynamodb"), self.settings.table_name)
 
@@ -58,7 +74,10 @@ def build_context(settings: Settings) -> Context:
     return Context(
         settings=settings,
         store=FleetStore(
-            client("dynamodb"), settings.table_name, audit_retention_days=settings.audit_retention_days
+            client("dynamodb"),
+            settings.table_name,
+            audit_retention_days=settings.audit_retention_days,
+            operation_retention_days=settings.operation_retention_days,
         ),
         workflows=Workflows(client("stepfunctions"), settings.drain_state_machine_arn),
         audit=AuditBus(client("events"), settings.audit_bus_name),

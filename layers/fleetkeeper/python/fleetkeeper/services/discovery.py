@@ -8,7 +8,13 @@
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
    drain is closed. A circuit breaker (services/orphan_gc.py) holds them all back when too large a
-   share of the region's live workers look orphaned at once.
+   share of the region's live workers look orphaned at once. One pass retires at most
+   ORPHAN_GC_MAX_RETIRE_PER_RUN of them; the rest are found again, and retired, by the next passes.
+
+A run keeps TIME_MARGIN_SECONDS of its invocation for its report: a region, a machine or an orphan that
+does not fit is left to the next run and counted (`regions_deferred`, `deferred_for_time`). The region
+whose last turn (a pass begun, complete or not) is oldest goes first, so a slow one cannot starve the
+others: a region that never fits its run still goes last after its turn.
 
 GC_MODE=report-only turns the whole run into a dry run: the same findings as events, log lines and
 counters, and no write to any worker.
@@ -17,7 +23,9 @@ counters, and no write to any worker.
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,7 +63,15 @@ _IMPORTABLE_STATES = frozenset({"pending", "running", "stopping", "stopped"})
 # DescribeInstances may not see an instance for a few seconds after RunInstances: a worker launched
 # that recently is not suspected yet (the next sweep, or the reconciler, will look again).
 LAUNCH_VISIBILITY_GRACE = timedelta(minutes=2)
-# At most this many orphan ids are named in one report event (EventBridge caps an entry at 256 KB).
+# What a run keeps of its invocation for writing its stats and answering: the DynamoDB and CloudWatch
+# calls after the last region, with their retries.
+TIME_MARGIN_SECONDS = 20.0
+# The stats timestamp of a region's last complete pass (nothing left for lack of time).
+_COMPLETED_PREFIX = "completed_at:"
+# The stats timestamp of a region's last turn: a pass begun, whether it completed or not.
+_TAKEN_PREFIX = "taken_at:"
+# At most this many ids are named in one report event (EventBridge caps an entry at 256 KB), and in each
+# list of the run's result (a Lambda answers at most 6 MB); the counters count them all.
 MAX_IDS_IN_EVENT = 100
 
 
@@ -70,7 +86,11 @@ class RegionFindings:
     # Orphans the circuit breaker kept from GC in this pass (worker ids), and what it decided.
     held_back: list[str] = field(default_factory=list)
     breaker: BreakerDecision = BreakerDecision.CLOSED
+    # Orphans past this pass's bound, left for the next pass.
+    deferred: list[str] = field(default_factory=list)
     unimportable: list[str] = field(default_factory=list)
+    # Machines and orphans this run had no time left for; the next run finds them again.
+    deferred_for_time: int = 0
     # Machines launched within the import grace: perhaps a launch in flight, looked at again next run.
     import_deferred: list[str] = field(default_factory=list)
     untagged: list[str] = field(default_factory=list)
@@ -94,16 +114,17 @@ class DiscoveryReport:
                 {
                     "region": r.region,
                     "discovered": r.discovered,
-                    "imported": r.imported,
-                    "resurrected": r.resurrected,
-                    "orphans": r.orphans,
-                    "orphans_terminated": r.orphans_terminated,
+                    "imported": _named(r.imported),
+                    "resurrected": _named(r.resurrected),
+                    "orphans": _named(r.orphans),
+                    "orphans_terminated": _named(r.orphans_terminated),
                     "orphan_gc_breaker": str(r.breaker),
-                    "orphans_held_back": r.held_back,
-                    "unimportable": r.unimportable,
-                    "import_deferred": r.import_deferred,
-                    "leaked_machines": r.leaked,
-                    "leaked_machines_terminated": r.leaked_terminated,
+                    "orphans_held_back": _named(r.held_back),
+                    "orphans_deferred": _named(r.deferred),
+                    "unimportable": _named(r.unimportable),
+                    "import_deferred": _named(r.import_deferred),
+                    "leaked_machines": _named(r.leaked),
+                    "leaked_machines_terminated": _named(r.leaked_terminated),
                 }
                 for r in self.regions
             ],
@@ -111,15 +132,35 @@ class DiscoveryReport:
 
 
 def discover_and_collect(
-    ctx: Context, *, regions: list[str] | None = None, now: datetime | None = None
+    ctx: Context,
+    *,
+    regions: list[str] | None = None,
+    now: datetime | None = None,
+    time_left: Callable[[], float] | None = None,
 ) -> DiscoveryReport:
-    """One discovery + GC run over the given regions (default: every configured region)."""
+    """One discovery + GC run over the given regions (default: every configured region), inside
+    `time_left()` seconds less TIME_MARGIN_SECONDS (unbounded without it)."""
     now = now or utcnow()
+    remaining = time_left or (lambda: math.inf)
+
+    def out_of_time() -> bool:
+        return remaining() < TIME_MARGIN_SECONDS
+
     report = DiscoveryReport(mode=ctx.settings.gc_mode)
-    for region in regions or ctx.settings.regions:
+    configured = list(regions or ctx.settings.regions)
+    turns: dict[str, datetime] = {}
+    for region in taking_turns(configured, _completed_passes(ctx)):
+        if out_of_time():
+            report.counters["regions_deferred"] += 1
+            logger.warning("discovery out of time; region left to the next run", region=region)
+            continue
         findings = RegionFindings(region=region)
-        _discover_region(ctx, findings, now)
+        turns[f"{_TAKEN_PREFIX}{region}"] = now
+        _discover_region(ctx, findings, now, out_of_time)
         report.regions.append(findings)
+        report.counters["deferred_for_time"] += findings.deferred_for_time
+        if not findings.deferred_for_time:
+            turns[f"{_COMPLETED_PREFIX}{region}"] = now
         report.counters["discovered"] += findings.discovered
         report.counters["unimportable"] += len(findings.unimportable)
         report.counters["import_deferred"] += len(findings.import_deferred)
@@ -128,6 +169,7 @@ def discover_and_collect(
         report.counters["leaked_machines_terminated"] += len(findings.leaked_terminated)
         report.counters["discovery_errors"] += findings.errors
         report.counters["orphans_held_back"] += len(findings.held_back)
+        report.counters["orphans_deferred"] += len(findings.deferred)
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -148,16 +190,18 @@ def discover_and_collect(
             leaked_machines=len(findings.leaked),
             orphan_gc_breaker=str(findings.breaker),
             orphans_held_back=findings.held_back[:MAX_IDS_IN_EVENT],
+            orphans_deferred=len(findings.deferred),
         )
         # A held-back pass terminated nothing: its own event comes from the breaker (services/orphan_gc.py).
         if findings.orphans and (report.mode is GcMode.REPORT_ONLY or not findings.held_back):
             _announce(ctx, report.mode, findings)
+    report.regions.sort(key=lambda f: configured.index(f.region))
     discovered = report.counters.pop("discovered", 0)
     ctx.stats.record(
         STATS_SCOPE,
         counters=report.counters,
         gauges={"discovered": discovered},
-        timestamps={"last_run_at": now},
+        timestamps={"last_run_at": now, **turns},
     )
     report.counters["discovered"] = discovered
     emit_counters("Discovery", report.counters)
@@ -170,7 +214,32 @@ def discover_and_collect(
     return report
 
 
-def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> None:
+def taking_turns(regions: Sequence[str], completed: Mapping[str, str]) -> list[str]:
+    """The regions in the order a run takes them: never taken first, then the oldest turn (UTC ISO
+    timestamps sort as times; stats written before turns were recorded hold only complete passes), ties
+    in configured order. A turn that ran out of time counts: ordered by complete passes alone, a region
+    that never fits its run would go first in every run and starve those after it."""
+
+    def last_turn(region: str) -> str:
+        taken = completed.get(f"{_TAKEN_PREFIX}{region}")
+        return taken if taken is not None else completed.get(f"{_COMPLETED_PREFIX}{region}", "")
+
+    return sorted(regions, key=lambda r: (last_turn(r), list(regions).index(r)))
+
+
+def _completed_passes(ctx: Context) -> dict[str, str]:
+    """Each region's last complete pass, from the discovery stats; none when they cannot be read (the
+    configured order is as good a start as any)."""
+    try:
+        return ctx.stats.read(STATS_SCOPE).timestamps
+    except Exception:  # the order is an optimisation: a failed read must not stop the run
+        logger.exception("discovery stats unreadable; regions in configured order")
+        return {}
+
+
+def _discover_region(
+    ctx: Context, findings: RegionFindings, now: datetime, out_of_time: Callable[[], bool]
+) -> None:
     gateway = ctx.ec2(findings.region)
     discovered = {i.instance_id: i for i in gateway.describe_managed()}
     pattern = ctx.settings.discovery_ami_pattern
@@ -183,10 +252,15 @@ def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> N
 
     tracked = list(ctx.store.iter_workers_by_status(GC_STATUSES, region=findings.region))
     tracked_ids = {w.ec2_instance_id for w in tracked if w.ec2_instance_id}
+    _backfill_machine_keys(ctx, findings, tracked, now)
     # PENDING workers may be mid-launch: their machines belong to the reconciler, never imported twice.
     templates: dict[str, WorkerTemplate] | None = None
     image_names: dict[str, str] = {}
-    for instance_id in sorted(alive - tracked_ids):
+    unknown = sorted(alive - tracked_ids)
+    for index, instance_id in enumerate(unknown):
+        if out_of_time():
+            findings.deferred_for_time += len(unknown) - index
+            break
         instance = discovered[instance_id]
         if instance.state not in _IMPORTABLE_STATES:
             continue
@@ -208,14 +282,41 @@ def _discover_region(ctx: Context, findings: RegionFindings, now: datetime) -> N
 
     if ctx.settings.gc_mode is not GcMode.REPORT_ONLY:
         # An earlier import may have failed to tag its machine; keep trying, or IAM denies stopping it.
-        for worker in tracked:
-            machine = discovered.get(worker.ec2_instance_id or "")
-            if machine is not None and machine.tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE:
-                _ensure_tags(gateway, machine, worker.id, worker.template, findings)
+        untagged = [
+            (worker, machine)
+            for worker in tracked
+            if (machine := discovered.get(worker.ec2_instance_id or "")) is not None
+            and machine.tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE
+        ]
+        for index, (worker, machine) in enumerate(untagged):
+            if out_of_time():
+                findings.deferred_for_time += len(untagged) - index
+                break
+            _ensure_tags(gateway, machine, worker.id, worker.template, findings)
 
     _collect_orphans(
-        ctx, gateway, tracked=tracked, discovered=discovered, alive=alive, findings=findings, now=now
+        ctx,
+        gateway,
+        tracked=tracked,
+        discovered=discovered,
+        alive=alive,
+        findings=findings,
+        now=now,
+        out_of_time=out_of_time,
     )
+
+
+def _backfill_machine_keys(
+    ctx: Context, findings: RegionFindings, tracked: list[Worker], now: datetime
+) -> None:
+    """Give the machines of the region's live workers their key items, if the table was written before
+    they existed (store/machine_keys.py); nothing once the region is done. Bookkeeping, not a worker
+    write, so a report-only run does it too."""
+    try:
+        ctx.store.backfill_machine_keys(findings.region, tracked, now=now)
+    except Exception:  # the next run tries again; events use the index meanwhile
+        logger.exception("machine keys not backfilled", region=findings.region)
+        findings.errors += 1
 
 
 def _adopt(
@@ -230,10 +331,11 @@ def _adopt(
 ) -> None:
     """Settle a machine no tracked worker has: resurrect, terminate as leaked, or import it."""
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
-    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id)
+    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id, findings.region)
     tagged_id = instance.tags.get(WORKER_ID_TAG)
     if owner is None and tagged_id:
-        # The by-instance index may lag its items: the tag names the worker, read from the base table.
+        # No worker recorded the machine (yet: a launch in flight), or a retired worker recorded it before
+        # machine key items existed: the tag names the worker.
         owner = ctx.store.find_worker(tagged_id)
     if owner is not None:
         _settle_owned(ctx, gateway, owner, instance, findings=findings, now=now, report_only=report_only)
@@ -264,6 +366,10 @@ def _adopt(
         capacity=template.capacity,
         ec2_state=instance.state,
         ec2_observed_at=now,
+        # What the machine says it was launched with: drift compares it with its template.
+        image_id=instance.image_id,
+        instance_type=instance.instance_type,
+        launched_at=instance.launch_time,
     )
     findings.imported.append(worker.id)
     if report_only:
@@ -411,6 +517,7 @@ def _collect_orphans(
     alive: set[str],
     findings: RegionFindings,
     now: datetime,
+    out_of_time: Callable[[], bool],
 ) -> None:
     suspects = [
         w
@@ -430,7 +537,9 @@ def _collect_orphans(
     verified = gateway.describe(unseen) if unseen else {}
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
     orphans: list[tuple[Worker, str]] = []
-    for worker in suspects:
+    # By id, whatever order the index listed them in (its keys sort by bucket): the held-back list, the
+    # run's bound and what it defers follow one stable order.
+    for worker in sorted(suspects, key=lambda w: w.id):
         instance = discovered.get(worker.ec2_instance_id or "") or verified.get(worker.ec2_instance_id or "")
         if instance is not None and instance.state != "terminated":
             continue  # alive after all (it merely lost its tag): not an orphan
@@ -440,7 +549,13 @@ def _collect_orphans(
     if findings.breaker is BreakerDecision.HOLD:
         findings.held_back = list(findings.orphans)
         return
-    for worker, reason in orphans:
+    bound = ctx.settings.orphan_gc_max_retire_per_run
+    findings.deferred = [worker.id for worker, _ in orphans[bound:]]
+    for index, (worker, reason) in enumerate(orphans[:bound]):
+        if out_of_time():
+            findings.deferred_for_time += len(orphans[:bound]) - index
+            findings.deferred = [w.id for w, _ in orphans[index:]]
+            break
         instance_id = worker.ec2_instance_id or ""
         logger.info(
             "orphan worker",
@@ -481,7 +596,18 @@ def _breaker(
             max_share_percent=ctx.settings.orphan_gc_max_share_percent,
             now=now,
         )
-    return orphan_gc.gate(ctx, findings.region, findings.orphans, live=live, now=now)
+    return orphan_gc.gate(
+        ctx,
+        findings.region,
+        findings.orphans,
+        live=live,
+        now=now,
+        retire_per_pass=ctx.settings.orphan_gc_max_retire_per_run,
+    )
+
+
+def _named(ids: list[str]) -> list[str]:
+    return ids[:MAX_IDS_IN_EVENT]
 
 
 def _announce(ctx: Context, mode: GcMode, findings: RegionFindings) -> None:

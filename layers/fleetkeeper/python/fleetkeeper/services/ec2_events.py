@@ -5,8 +5,9 @@ Events arrive at least once and out of order. Each worker remembers the newest E
 late event never moves a worker backwards; every write is conditional, so a concurrent reconcile or API
 call simply wins or loses (and the event is tried again on a fresh read).
 
-An event can arrive before the by-instance index shows the worker that just recorded the instance: the
-instance's worker-id tag then names the worker, which is read from the base table.
+A machine is recognised by one strongly consistent read of its key item (`find_worker_of`); an event
+about any other machine in the account is dropped after that read, without a write: its outcome is an
+EMF metric (`Ec2Events.events_<outcome>`), never an item that every event would update.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleetkeeper.cloud.retry import is_retryable
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
-from fleetkeeper.domain.tags import WORKER_ID_TAG
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
@@ -32,7 +31,6 @@ from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_
 from fleetkeeper.triggers import Ec2RebalanceEvent, Ec2SpotWarningEvent, Ec2StateChangeEvent
 
 ACTOR = "ec2-events"
-STATS_SCOPE = "ec2-events"
 # EC2 gives a spot instance two minutes between the warning and the interruption.
 SPOT_NOTICE = timedelta(minutes=2)
 # A conditional write lost to a concurrent writer is retried on a fresh read this many times.
@@ -70,13 +68,13 @@ def apply_state_change(
     for _ in range(MAX_ATTEMPTS):
         worker = find_worker_of(ctx, instance_id, region)
         if worker is None:
-            return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+            return _done(EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
         # A redelivered event is how a retirement or a stop cut short (crash, throttling) gets finished;
         # both steps are idempotent and do nothing when there is nothing left to do.
         finish_retirement(ctx, worker, actor=ACTOR)
         release_stopped_worker(ctx, worker, actor=ACTOR)
         if is_stale_evidence(worker, state, at):
-            return _done(ctx, EventResult(EventOutcome.STALE, worker.id, f"{state} at {at.isoformat()}"))
+            return _done(EventResult(EventOutcome.STALE, worker.id, f"{state} at {at.isoformat()}"))
         step = follow_ec2(worker, Observation(state=state, observed_at=at))
         if step is None:
             agrees = worker.status in CONSISTENT_STATUSES.get(state, frozenset())
@@ -84,7 +82,7 @@ def apply_state_change(
             ignored = EventResult(outcome, worker.id, f"{worker.status} with EC2 {state}")
             if not _remember(ctx, worker, state, at):
                 continue  # the worker changed meanwhile: look at the event again on a fresh read
-            return _done(ctx, ignored)
+            return _done(ignored)
         changes = dict(step.changes)
         target = step.target
         if target == WorkerStatus.RUNNING:
@@ -97,7 +95,7 @@ def apply_state_change(
             else:
                 if not _remember(ctx, worker, state, at):
                     continue
-                return _done(ctx, EventResult(EventOutcome.NOT_APPLICABLE, worker.id, "no address yet"))
+                return _done(EventResult(EventOutcome.NOT_APPLICABLE, worker.id, "no address yet"))
         try:
             _move(ctx, worker, target, changes, reason=step.reason)
         except Conflict:
@@ -110,35 +108,24 @@ def apply_state_change(
             to_status=str(target),
             ec2_state=state,
         )
-        return _done(ctx, EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {target}"))
-    return _done(ctx, result)
+        return _done(EventResult(EventOutcome.APPLIED, worker.id, f"{worker.status} -> {target}"))
+    return _done(result)
 
 
 def find_worker_of(ctx: Context, instance_id: str, region: str) -> Worker | None:
-    """The worker whose machine this is: by the index, else by the machine's worker-id tag.
+    """The worker whose machine this is, or None for a machine fleetkeeper does not know.
 
-    The by-instance index is eventually consistent, so a worker that recorded a just-launched machine may
-    be missing from it for a while. The tag was set at launch (or by discovery's import) and the worker
-    it names is read from the base table; it counts only if it has recorded this very machine.
-    A retryable failure to describe the machine propagates, so the event is delivered again.
+    One strongly consistent GetItem of the machine's key item decides (store/machine_keys.py): it is
+    written with the worker write that records the machine, so a machine is known the moment its worker
+    holds the id. A foreign machine costs nothing more: no index query, no DescribeInstances, no write.
+    Only in a region whose older machines discovery has not backfilled yet, a miss is looked up in the
+    by_ec2_instance index as before.
+
+    A machine launched a moment ago, whose RunInstances answer its worker has not recorded yet, is not
+    known here: the reconciler owns it (it records the machine, or adopts it by its worker-id tag after a
+    lost answer) and reads its state every cycle, so the event is only early, not lost.
     """
-    worker = ctx.store.find_worker_by_ec2_instance(instance_id)
-    if worker is not None:
-        return worker
-    try:
-        machine = ctx.ec2(region).describe([instance_id]).get(instance_id)
-    except Exception as error:
-        if is_retryable(error):
-            raise
-        logger.warning("instance tags unavailable", instance_id=instance_id, error=str(error))
-        return None
-    tagged = machine.tags.get(WORKER_ID_TAG) if machine is not None else None
-    if not tagged:
-        return None
-    owner = ctx.store.find_worker(tagged)
-    if owner is None or owner.ec2_instance_id != instance_id:
-        return None
-    return owner
+    return ctx.store.find_worker_by_ec2_instance(instance_id, region)
 
 
 def _remember(ctx: Context, worker: Worker, state: str, at: datetime) -> bool:
@@ -207,9 +194,9 @@ def apply_spot_warning(
     now = now or utcnow()
     worker = find_worker_of(ctx, instance_id, region)
     if worker is None:
-        return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+        return _done(EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
     if worker.status != WorkerStatus.RUNNING:
-        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
+        return _done(EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
     left = max(int((at + SPOT_NOTICE - now).total_seconds()), 1)
     then = DrainThen.STOP if instance_action in ("stop", "hibernate") else DrainThen.TERMINATE
     started = drain_hooks.start_drain(
@@ -222,7 +209,7 @@ def apply_spot_warning(
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("spot interruption warning", worker_id=worker.id, seconds_left=left, drain_started=started)
-    return _done(ctx, EventResult(outcome, worker.id, f"{left}s left"))
+    return _done(EventResult(outcome, worker.id, f"{left}s left"))
 
 
 def apply_rebalance_recommendation(
@@ -237,17 +224,17 @@ def apply_rebalance_recommendation(
     now = now or utcnow()
     settings = ctx.settings
     if not settings.rebalance_drain_enabled:
-        return _done(ctx, EventResult(EventOutcome.DISABLED, detail="rebalance drains are off"))
+        return _done(EventResult(EventOutcome.DISABLED, detail="rebalance drains are off"))
     timeout = timedelta(seconds=settings.rebalance_drain_timeout_seconds)
     if now - at > timeout:
-        return _done(ctx, EventResult(EventOutcome.STALE, detail=f"recommendation of {at.isoformat()}"))
+        return _done(EventResult(EventOutcome.STALE, detail=f"recommendation of {at.isoformat()}"))
     worker = find_worker_of(ctx, instance_id, region)
     if worker is None:
-        return _done(ctx, EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
+        return _done(EventResult(EventOutcome.FOREIGN, detail=f"no worker has {instance_id}"))
     if worker.status != WorkerStatus.RUNNING:
-        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
+        return _done(EventResult(EventOutcome.UNCHANGED, worker.id, f"worker is {worker.status}"))
     if worker.drain is not None and worker.drain.started_at >= at.replace(microsecond=0):
-        return _done(ctx, EventResult(EventOutcome.UNCHANGED, worker.id, "a later drain already answered it"))
+        return _done(EventResult(EventOutcome.UNCHANGED, worker.id, "a later drain already answered it"))
     started = drain_hooks.start_drain(
         ctx,
         worker.id,
@@ -258,19 +245,19 @@ def apply_rebalance_recommendation(
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("rebalance recommendation", worker_id=worker.id, drain_started=started)
-    return _done(ctx, EventResult(outcome, worker.id, f"{int(timeout.total_seconds())}s to drain"))
+    return _done(EventResult(outcome, worker.id, f"{int(timeout.total_seconds())}s to drain"))
 
 
-def drop(ctx: Context, reason: str) -> EventResult:
+def drop(reason: str) -> EventResult:
     """A malformed or foreign event: logged and counted, never retried."""
     logger.warning("EC2 event dropped", reason=reason)
-    return _done(ctx, EventResult(EventOutcome.DROPPED, detail=reason[:500]))
+    return _done(EventResult(EventOutcome.DROPPED, detail=reason[:500]))
 
 
-def _done(ctx: Context, result: EventResult) -> EventResult:
-    counters = {f"events_{result.outcome}": 1}
-    ctx.stats.record(STATS_SCOPE, counters=counters, timestamps={"last_event_at": utcnow()})
-    emit_counters("Ec2Events", counters)
+def _done(result: EventResult) -> EventResult:
+    # A metric, not a counter item: a write per event (most of them foreign) would make one hot item
+    # whose throttling has EventBridge deliver the event again.
+    emit_counters("Ec2Events", {f"events_{result.outcome}": 1})
     return result
 
 

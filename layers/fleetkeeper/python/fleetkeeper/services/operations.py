@@ -20,7 +20,6 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -30,7 +29,7 @@ from pydantic import ValidationError
 
 from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.fleet_reads import NOMINAL_CYCLE_SECONDS
-from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.cloud.retry import is_retryable, retry_conflicts
 from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, StaleWrite, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import AuditEvent, Worker, utcnow
@@ -49,6 +48,7 @@ from fleetkeeper.domain.operations import (
 )
 from fleetkeeper.observability import NAMESPACE, SERVICE, logger, metrics
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.store.table import Page
 
 ACTOR: Final = "operations"
@@ -63,6 +63,11 @@ BEFORE_STOP_POLL_SECONDS: Final = 2.0
 BEFORE_STOP_FIRST_POLL_SECONDS: Final = 0.25
 # Operations stepped at once by a reconcile cycle (each step is one or two SSM calls).
 PARALLELISM: Final = 8
+# A drain's before-stop step reads the worker's operations since the drain started, at most this many:
+# on a DRAINING worker only cleanup operations run, one at a time, so a drain has a handful. The margin
+# covers the clocks of the function that started the drain and the one that requested the operations.
+BEFORE_STOP_READ_LIMIT: Final = 100
+BEFORE_STOP_CLOCK_SKEW: Final = timedelta(minutes=5)
 
 
 def request(
@@ -361,7 +366,7 @@ def reconcile_operations(
             found["operation_errors"] += 1
         return found
 
-    with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+    with ContextThreadPool(max_workers=PARALLELISM) as pool:
         for found in pool.map(step, refs):
             counters.update(found)
 
@@ -403,17 +408,49 @@ def run_before_stop(
 ) -> dict[str, str]:
     """Run the template's before_stop operations, in order, on a drained worker; name -> final status.
 
-    Runs only while the worker is DRAINING for this drain with nothing active (else the caller's own
-    checks decide). All of them share one deadline, counted from the first one's request, so a retried
-    step resumes them rather than starting over. A failure, a refusal or the deadline is audited and
-    alarmed, and the next operation (then the stop) goes on.
+    Runs only while the worker is DRAINING for this drain, marked finishing, with nothing active (else
+    the caller's own checks decide). All of them share one deadline, counted from the first one's
+    request, so a retried step resumes them rather than starting over. A failure, a refusal or the
+    deadline is audited and alarmed, and the next operation (then the stop) goes on.
+
+    A transient AWS error (throttling, 5xx, a lost connection) is raised: the workflow retries the step,
+    which resumes here, so a passing fault never stops a worker without its operations. Anything else
+    breaks them off, audited like a failed operation, and the stop goes on.
     """
     try:
         return _run_before_stop(ctx, worker_id, generation, actor=actor, sleep=sleep, clock=clock)
-    except Exception as error:  # whatever goes wrong here, the stop goes on: it is alarmed, not retried
+    except Exception as error:
+        if isinstance(error, Unavailable) or is_retryable(error):
+            raise
         logger.exception("before-stop operations broke off", worker_id=worker_id)
-        metrics.add_metric(name=METRIC_BEFORE_STOP_FAILED, unit=MetricUnit.Count, value=1)
-        return {"error": f"{type(error).__name__}: {error}"[:500]}
+        why = f"broke off: {type(error).__name__}: {error}"
+        _before_stop_failed(ctx, worker_id, None, None, why)
+        return {"error": why[:500]}
+
+
+def abandon_before_stop(ctx: Context, worker: Worker, generation: int, why: str) -> list[str]:
+    """Audit and alarm the before-stop operations of a drain that ended in ERROR after it was marked
+    finishing: the reconciler stops the empty worker without them (services/drains/steps.py
+    record_error), so each one that did not finish is said to have not run. Their names."""
+    record = worker.drain
+    if record is None or record.generation != generation or record.finishing_at is None:
+        return []
+    template = ctx.store.find_template(worker.template)
+    names = list(template.before_stop) if template else []
+    if not names:
+        return []
+    since = record.started_at - BEFORE_STOP_CLOCK_SKEW
+    finished = {
+        stored.name
+        for stored in ctx.store.operations_since(worker.id, since, limit=BEFORE_STOP_READ_LIMIT)
+        if stored.origin == OperationOrigin.BEFORE_STOP
+        and stored.drain_generation == generation
+        and stored.finished
+    }
+    left = [name for name in names if name not in finished]
+    for name in left:
+        _before_stop_failed(ctx, worker.id, name, None, f"not run: the drain ended in ERROR ({why})")
+    return left
 
 
 def _run_before_stop(
@@ -432,17 +469,27 @@ def _run_before_stop(
         or worker.active_instances > 0
         or record is None
         or record.generation != generation
-        or not worker.ec2_instance_id
+        # Only a drain marked finishing, which a cancel can no longer undo (services/drains/steps.py).
+        or record.finishing_at is None
     ):
         return {}
     template = ctx.store.find_template(worker.template)
     names = list(template.before_stop) if template else []
     if not names:
         return {}
+    if not worker.ec2_instance_id:
+        # Nothing to run them on (and nothing to stop): said once per operation, so that an operator who
+        # expects them to have run finds why they did not.
+        for name in names:
+            _before_stop_failed(ctx, worker.id, name, None, "not run: the worker has no machine")
+        return dict.fromkeys(names, "NOT_RUN")
     earlier: dict[str, Operation] = {}
-    for stored in ctx.store.operations_of(worker_id):  # newest first: the newest of a name wins
+    # This drain's before-stop operations were all requested after it started: only that key range is
+    # read, newest first and at most one page, however many operations the worker ran before.
+    since = record.started_at - BEFORE_STOP_CLOCK_SKEW
+    for stored in ctx.store.operations_since(worker_id, since, limit=BEFORE_STOP_READ_LIMIT):
         if stored.origin == OperationOrigin.BEFORE_STOP and stored.drain_generation == generation:
-            earlier.setdefault(stored.name, stored)
+            earlier.setdefault(stored.name, stored)  # newest first: the newest of a name wins
     started = min((stored.created_at for stored in earlier.values()), default=clock())
     deadline = started + timedelta(seconds=ctx.settings.before_stop_timeout_seconds)
     results: dict[str, str] = {}
@@ -473,7 +520,7 @@ def _run_one_before_stop(  # noqa: PLR0917 - one loop's state, passed through fr
         now = clock()
         if op is None:
             if now >= deadline:
-                _before_stop_failed(ctx, worker, name, None, "not run: the before-stop time was spent")
+                _before_stop_failed(ctx, worker.id, name, None, "not run: the before-stop time was spent")
                 return "NOT_RUN"
             try:
                 op = request(
@@ -490,8 +537,10 @@ def _run_one_before_stop(  # noqa: PLR0917 - one loop's state, passed through fr
                 holder = ctx.store.find_operation(worker.id, str(busy.operation_id))
                 if holder is not None:
                     advance(ctx, holder, now)
+            except StaleWrite:
+                pass  # the worker changed under the request (a lost race, not a refusal): asked again
             except (InvalidInput, Conflict, NotFound) as refused:
-                _before_stop_failed(ctx, worker, name, None, f"not run: {refused.message}")
+                _before_stop_failed(ctx, worker.id, name, None, f"not run: {refused.message}")
                 return "NOT_RUN"
         if op is not None:
             # A StaleWrite means the reconciler stepped it meanwhile: it is read again on the next round.
@@ -499,22 +548,25 @@ def _run_one_before_stop(  # noqa: PLR0917 - one loop's state, passed through fr
                 op = advance(ctx, ctx.store.get_operation(worker.id, op.id), now)
             if op.finished:
                 if op.status != OperationStatus.SUCCESS:
-                    _before_stop_failed(ctx, worker, name, op, op.error or str(op.status))
+                    _before_stop_failed(ctx, worker.id, name, op, op.error or str(op.status))
                 return str(op.status)
         if now >= deadline:
             if op is not None:
                 op = _cancel(ctx, op, worker, "before-stop timeout", now)
-            _before_stop_failed(ctx, worker, name, op, "timed out before the stop")
+            _before_stop_failed(ctx, worker.id, name, op, "timed out before the stop")
             return "TIMED_OUT"
         pause = min(BEFORE_STOP_POLL_SECONDS, BEFORE_STOP_FIRST_POLL_SECONDS * 2**polls)
         polls += 1
         sleep(max(0.0, min(pause, (deadline - now).total_seconds())))
 
 
-def _before_stop_failed(ctx: Context, worker: Worker, name: str, op: Operation | None, reason: str) -> None:
-    """Audit, publish and count a before-stop operation that did not succeed; the stop goes on."""
+def _before_stop_failed(
+    ctx: Context, worker_id: str, name: str | None, op: Operation | None, reason: str
+) -> None:
+    """Audit, publish and count a before-stop operation that did not succeed (`name` None: all that were
+    left); the stop goes on."""
     detail = {
-        "worker_id": worker.id,
+        "worker_id": worker_id,
         "operation": name,
         "operation_id": op.id if op else None,
         "reason": reason[:500],
@@ -525,15 +577,15 @@ def _before_stop_failed(ctx: Context, worker: Worker, name: str, op: Operation |
         ctx.store.record_audit(
             AuditEvent(
                 entity="worker",
-                entity_id=worker.id,
+                entity_id=worker_id,
                 action="BeforeStopOperationFailed",
                 actor=ACTOR,
-                from_status=str(worker.status),
-                to_status=str(worker.status),
+                # No status: this records an operation's outcome, not a move, and the worker may have
+                # moved since the drain read it (its machine stopped from outside, say).
                 reason=reason[:500],
                 details={"operation": name, "operation_id": op.id if op else None},
             )
         )
         ctx.audit.publish("WorkerBeforeStopFailed", detail)
     except Exception:  # the alarm above already fired; the stop must not wait on the audit
-        logger.exception("before-stop failure not audited", worker_id=worker.id)
+        logger.exception("before-stop failure not audited", worker_id=worker_id)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
-from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
-from fleetkeeper.domain.models import Instance, Worker, new_id
+from fleetkeeper.domain.lifecycle import PoolStatus
+from fleetkeeper.domain.models import Instance, WorkerSummary, new_id
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates, refusal_reason
 from fleetkeeper.store.repository import FleetStore
 
@@ -66,9 +66,9 @@ def place_instance(
         why = "no RUNNING worker" if not candidates else "every RUNNING worker is full"
         raise CapacityUnavailable(f"{why} for {scope}")
     last_refusal: Conflict | None = None
-    for worker in ranked[:MAX_PLACEMENT_TRIES]:
+    for candidate in ranked[:MAX_PLACEMENT_TRIES]:
         try:
-            return store.place_instance(instance, worker, actor=actor)
+            return store.place_instance(instance, candidate, actor=actor)
         except Conflict as refusal:
             # A failed condition: this worker's last slot went to someone else, or it started draining.
             # Try the next one. A transaction conflict or throttling is not a refusal: the store retried
@@ -80,16 +80,11 @@ def place_instance(
     )
 
 
-def candidate_workers(store: FleetStore, *, template: str | None, pool: str | None) -> list[Worker]:
+def candidate_workers(store: FleetStore, *, template: str | None, pool: str | None) -> list[WorkerSummary]:
     """The RUNNING workers of the pool (and template, if given), or of the template anywhere.
 
-    Read through indexes, which may lag: a worker listed here may be full or draining by now. That is
-    safe only because the placing (or moving) transaction re-checks status and capacity on the item.
+    Read through indexes, which may lag and hold only a summary of each worker: a worker listed here
+    may be full or draining by now. That is safe only because the placing (or moving) transaction
+    re-checks status and capacity on the item.
     """
-    if pool is not None:
-        return [
-            w
-            for w in store.workers_in_pool(pool)
-            if w.status == WorkerStatus.RUNNING and (template is None or w.template == template)
-        ]
-    return [w for w in store.iter_workers_by_status([WorkerStatus.RUNNING]) if w.template == template]
+    return store.placement_candidates(template=template, pool=pool)

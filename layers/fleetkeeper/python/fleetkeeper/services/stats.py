@@ -5,18 +5,21 @@ from __future__ import annotations
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.services.context import Context
 
+# Active instances are summed over the workers that can hold any; the TERMINATED history grows for
+# ever and its workers' instances were ended when they were retired.
+_HOLDING_STATUSES = [s for s in WorkerStatus if s != WorkerStatus.TERMINATED]
+# Scopes no component records any more; an item an earlier version left behind is not reported as if
+# it were current. EC2 event outcomes are EMF metrics (Ec2Events.events_<outcome>): a write per event
+# made one hot item.
+RETIRED_SCOPES = frozenset({"ec2-events"})
+
 
 def fleet_stats(ctx: Context) -> dict[str, object]:
-    """Workers per status, active instances and pools per status, read from the status index."""
-    workers_by_status: dict[str, int] = {}
-    active_instances = 0
-    for status in WorkerStatus:
-        count = 0
-        for worker in ctx.store.iter_workers_by_status([status]):
-            count += 1
-            active_instances += worker.active_instances
-        if count:
-            workers_by_status[str(status)] = count
+    """Workers per status (the exact counters, store/counters.py), active instances (summed from the
+    status index, which holds each worker's count) and pools per status."""
+    counts = ctx.store.fleet_counts().by_status
+    workers_by_status = {str(status): counts[status] for status in WorkerStatus if counts[status]}
+    active_instances = sum(w.active_instances for w in ctx.store.worker_summaries(_HOLDING_STATUSES))
     pools_by_status: dict[str, int] = {}
     for pool in ctx.store.list_pools():
         pools_by_status[str(pool.status)] = pools_by_status.get(str(pool.status), 0) + 1
@@ -24,6 +27,10 @@ def fleet_stats(ctx: Context) -> dict[str, object]:
         "workers_by_status": workers_by_status,
         "active_instances": active_instances,
         "pools_by_status": pools_by_status,
-        # reconcile, discovery, ec2-events and scale-down counters (store/stats.py)
-        "counters": ctx.stats.counters_by_scope(),
+        # reconcile, discovery, scale-down and layout counters (store/stats.py)
+        "counters": {
+            scope: figures
+            for scope, figures in ctx.stats.counters_by_scope().items()
+            if scope not in RETIRED_SCOPES
+        },
     }

@@ -1,4 +1,12 @@
-"""Templates and pools: versioned records, each write carrying its audit item."""
+"""Templates and pools: versioned records, each write carrying its audit item.
+
+A pool's status is also kept in POOL_GATES gate items (`POOLGATE#<pool>#<n>`), written in the same
+transaction as every write of the pool, under the pool's own version condition, so they never
+disagree with it. A placement checks the gate of its worker's write shard rather than the pool item:
+every placement into a pool checking one item would make that item the hottest key of the table
+(docs/data-model.md). A pool drain still excludes every placement: it rewrites every gate in the
+transaction that closes the pool, and a placement conditioned on its gate serialises on it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ from fleetkeeper.domain.errors import Conflict, StaleWrite
 from fleetkeeper.domain.lifecycle import check_pool_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, WorkerTemplate
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import load_record, record_attributes
+from fleetkeeper.store.codec import load_record, record_attributes, serialize
 from fleetkeeper.store.schema import BY_KIND
 from fleetkeeper.store.table import TableAccess, current_status, refuse_missing, validated_copy
 
@@ -85,9 +93,51 @@ class CatalogRepository(TableAccess):
             return Conflict("pool", pool.name, status, f"pool '{pool.name}' already exists")
 
         self._transact(
-            [self._put(item, "attribute_not_exists(PK)"), self._audit_put(audit)], {0: refuse}, written=stored
+            [self._put(item, "attribute_not_exists(PK)"), self._audit_put(audit), *self._gate_puts(stored)],
+            {0: refuse},
+            written=stored,
         )
         return stored
+
+    def _gate_puts(self, pool: Pool) -> list[dict[str, Any]]:
+        """The pool's gates as the pool now is; unconditional, so always in a transaction with a
+        condition on the pool item's version."""
+        return [
+            {
+                "Put": {
+                    "TableName": self.table_name,
+                    "Item": serialize(
+                        {
+                            **keys.pool_gate_key(pool.name, gate),
+                            "pool": pool.name,
+                            "status": str(pool.status),
+                            "pool_version": pool.version,
+                        }
+                    ),
+                }
+            }
+            for gate in range(keys.POOL_GATES)
+        ]
+
+    def pools_without_gates(self, pools: list[Pool]) -> list[Pool]:
+        """The pools whose gates are missing or behind the pool (written by an earlier release)."""
+        items = self._batch_get_items([keys.pool_gate_key(p.name, 0) for p in pools])
+        gated = {str(i["pool"]["S"]): int(i["pool_version"]["N"]) for i in items}
+        return [p for p in pools if gated.get(p.name) != p.version]
+
+    def gate_pool(self, pool: Pool) -> bool:
+        """Write the gates of a pool read at `pool.version`; False when the pool changed meanwhile (its
+        own write then wrote them)."""
+        check = self._condition_check(
+            keys.pool_key(pool.name), "#v = :v", {":v": pool.version}, {"#v": "version"}
+        )
+        try:
+            self._transact(
+                [check, *self._gate_puts(pool)], {0: lambda _: StaleWrite("pool", pool.name, None)}
+            )
+        except StaleWrite:
+            return False
+        return True
 
     def save_pool(
         self,
@@ -125,5 +175,5 @@ class CatalogRepository(TableAccess):
         stale = refuse_missing(
             "pool", pool.name, lambda c: StaleWrite("pool", pool.name, current_status(Pool, c))
         )
-        self._transact([put, self._audit_put(audit)], {0: stale}, written=updated)
+        self._transact([put, self._audit_put(audit), *self._gate_puts(updated)], {0: stale}, written=updated)
         return updated

@@ -7,7 +7,7 @@ import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -151,3 +151,65 @@ def decode_page_token(token: str | None, query: Mapping[str, Any] | None = None)
     if not _inside_query(plain, query):
         raise InvalidInput("next_token", _OTHER_QUERY)
     return serialize(plain)
+
+
+# ---- walks: one listing over several partitions (write shards) -------------------------------------
+#
+# A listing whose key is split into write shards reads its partitions one after another, each in key
+# order; a token names the partition it stopped in (its position in the walk) and the start key inside
+# it, with the fingerprint of the whole walk. The start key is checked against that partition's query
+# as a single query's token is.
+
+
+def walk_fingerprint(queries: Sequence[Mapping[str, Any]]) -> str:
+    """What makes two walks the same listing: every one of their queries, in order."""
+    raw = json.dumps([query_fingerprint(q) for q in queries], separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def encode_walk_token(
+    position: int, last_evaluated_key: Mapping[str, Any] | None, queries: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """The token of a walk stopped at `position`, inside that partition (a start key) or at its start."""
+    if position >= len(queries):
+        return None
+    payload = {
+        "p": position,
+        "k": deserialize(last_evaluated_key) if last_evaluated_key else None,
+        "q": walk_fingerprint(queries),
+    }
+    raw = json.dumps(payload, separators=(",", ":"), sort_keys=True)
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def decode_walk_token(
+    token: str | None, queries: Sequence[Mapping[str, Any]]
+) -> tuple[int, dict[str, Any] | None]:
+    """(partition position, start key or None) of a token issued for this walk; InvalidInput otherwise."""
+    if not token:
+        return 0, None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInput("next_token", _NOT_OURS) from exc
+    if not isinstance(payload, dict) or set(payload) != {"p", "k", "q"}:
+        raise InvalidInput("next_token", _NOT_OURS)
+    position, plain, fingerprint = payload["p"], payload["k"], payload["q"]
+    if not isinstance(fingerprint, str) or not isinstance(position, int) or isinstance(position, bool):
+        raise InvalidInput("next_token", _NOT_OURS)
+    if not hmac.compare_digest(fingerprint, walk_fingerprint(queries)):
+        raise InvalidInput("next_token", _OTHER_QUERY)
+    if not 0 <= position < len(queries):
+        raise InvalidInput("next_token", _NOT_OURS)
+    if plain is None:
+        return position, None
+    query = queries[position]
+    if not isinstance(plain, dict):
+        raise InvalidInput("next_token", _NOT_OURS)
+    if set(plain) != _key_attributes(query) or not all(
+        isinstance(v, str) and 0 < len(v.encode()) <= _MAX_KEY_BYTES for v in plain.values()
+    ):
+        raise InvalidInput("next_token", _NOT_OURS)
+    if not _inside_query(plain, query):
+        raise InvalidInput("next_token", _OTHER_QUERY)
+    return position, serialize(plain)

@@ -11,8 +11,9 @@ from typing import Any
 from fleetkeeper.domain.errors import Conflict, InvalidInput, NotFound, StaleWrite
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus, check_instance_transition
 from fleetkeeper.domain.models import AuditEvent, Instance, Worker, utcnow
+from fleetkeeper.domain.sharding import bucket_of
 from fleetkeeper.store import keys
-from fleetkeeper.store.codec import record_attributes
+from fleetkeeper.store.codec import load_record, record_attributes
 from fleetkeeper.store.schema import BY_KIND, BY_PARENT, BY_STATUS
 from fleetkeeper.store.table import Page, Refusal, TableAccess, current_status, refuse_missing, validated_copy
 
@@ -21,7 +22,7 @@ class InstanceRepository(TableAccess):
     def _instance_item(self, instance: Instance) -> dict[str, Any]:
         return {
             **keys.instance_key(instance.id),
-            **keys.instance_index_attributes(instance),
+            **keys.instance_index_attributes(instance, legacy=self.layout().legacy_writes),
             **record_attributes(instance),
         }
 
@@ -95,9 +96,53 @@ class InstanceRepository(TableAccess):
         limit: int = 50,
         next_token: str | None = None,
     ) -> Page[Instance]:
+        """One page of instances: of a worker (its own partition of by_parent), in a state, or all.
+
+        Once the table is migrated (store/layout.py) a state is split into write shards by the worker's
+        bucket; the listing reads them one after another, after the state's legacy partition, which
+        keeps instances written before the migration until the reconciler moves them.
+        """
+        if state is None and worker_id is not None:
+            return self._page(
+                Instance,
+                limit,
+                next_token,
+                IndexName=BY_PARENT,
+                KeyConditionExpression="GSI2PK = :pk AND begins_with(GSI2SK, :i)",
+                ExpressionAttributeValues={":pk": {"S": f"WORKER#{worker_id}"}, ":i": {"S": "INSTANCE#"}},
+            )
+        if not self.layout().done:
+            return self._legacy_instances(
+                state=state, worker_id=worker_id, limit=limit, next_token=next_token
+            )
+        states = [state] if state is not None else list(InstanceState)
+        queries: list[dict[str, Any]] = []
+        for each in states:
+            partitions = [keys.instance_state_partition(each, p) for p in range(keys.INDEX_PARTITIONS)]
+            if worker_id is not None:
+                partitions = [keys.instance_state_partition(each, keys.partition_of(bucket_of(worker_id)))]
+            for partition in [keys.legacy_instance_state_partition(each), *partitions]:
+                values: dict[str, Any] = {":pk": {"S": partition}}
+                condition = "GSI1PK = :pk"
+                if worker_id is not None:
+                    values[":prefix"] = {"S": f"{worker_id}#"}
+                    condition += " AND begins_with(GSI1SK, :prefix)"
+                queries.append(
+                    {
+                        "IndexName": BY_STATUS,
+                        "KeyConditionExpression": condition,
+                        "ExpressionAttributeValues": values,
+                    }
+                )
+        items, token = self._walk(limit, next_token, queries)
+        return Page([load_record(Instance, i) for i in items], token)
+
+    def _legacy_instances(
+        self, *, state: InstanceState | None, worker_id: str | None, limit: int, next_token: str | None
+    ) -> Page[Instance]:
         values: dict[str, Any] = {}
         if state is not None:
-            values[":pk"] = {"S": keys.instance_state_partition(state)}
+            values[":pk"] = {"S": keys.legacy_instance_state_partition(state)}
             condition = "GSI1PK = :pk"
             if worker_id is not None:
                 values[":prefix"] = {"S": f"{worker_id}#"}
@@ -108,17 +153,6 @@ class InstanceRepository(TableAccess):
                 next_token,
                 IndexName=BY_STATUS,
                 KeyConditionExpression=condition,
-                ExpressionAttributeValues=values,
-            )
-        if worker_id is not None:
-            values[":pk"] = {"S": f"WORKER#{worker_id}"}
-            values[":i"] = {"S": "INSTANCE#"}
-            return self._page(
-                Instance,
-                limit,
-                next_token,
-                IndexName=BY_PARENT,
-                KeyConditionExpression="GSI2PK = :pk AND begins_with(GSI2SK, :i)",
                 ExpressionAttributeValues=values,
             )
         values[":pk"] = {"S": keys.kind_partition("INSTANCE")}

@@ -14,20 +14,23 @@ record, so a worker write made from an older read neither sees nor clears it (se
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import AuditEvent, Worker, utcnow
-from fleetkeeper.domain.operations import Operation, OperationInFlight, OperationStatus
+from fleetkeeper.domain.operations import Operation, OperationInFlight, OperationStatus, operation_id_floor
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize
+from fleetkeeper.store.retention import expiration
 from fleetkeeper.store.schema import BY_STATUS
 from fleetkeeper.store.table import Page, TableAccess, current_status, validated_copy
 
 # The worker attribute naming its operation in flight (absent when none).
 OPERATION_LOCK: Final = "operation_in_flight"
 MAX_OPERATION_PAGE: Final = 100
+OPERATION_PREFIX: Final = "OPERATION#"
 _OPEN_STATUSES: Final = (OperationStatus.PENDING, OperationStatus.RUNNING)
 
 
@@ -36,7 +39,7 @@ class _LockNotOurs(Exception):
 
 
 def operation_key(worker_id: str, operation_id: str) -> dict[str, str]:
-    return {"PK": keys.worker_key(worker_id)["PK"], "SK": f"OPERATION#{operation_id}"}
+    return {"PK": keys.worker_key(worker_id)["PK"], "SK": f"{OPERATION_PREFIX}{operation_id}"}
 
 
 def operation_status_partition(status: OperationStatus) -> str:
@@ -49,6 +52,9 @@ class OperationRepository(TableAccess):
         if not op.finished:
             item["GSI1PK"] = operation_status_partition(op.status)
             item["GSI1SK"] = f"{op.worker_id}#{op.id}"
+        else:
+            # Counted from its end: an operation that is still open never expires under its waiters.
+            item.update(expiration(op.finished_at or op.updated_at, self.operation_retention_days))
         return item
 
     def _operation_audit(self, op: Operation, action: str, actor: str, reason: str | None) -> dict[str, Any]:
@@ -129,22 +135,29 @@ class OperationRepository(TableAccess):
             KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
             ExpressionAttributeValues={
                 ":pk": {"S": keys.worker_key(worker_id)["PK"]},
-                ":prefix": {"S": "OPERATION#"},
+                ":prefix": {"S": OPERATION_PREFIX},
             },
             ScanIndexForward=False,
             ConsistentRead=True,
         )
 
-    def operations_of(self, worker_id: str) -> list[Operation]:
-        """Every operation of a worker, newest first, read consistently from the table."""
-        items = self._query_all(
-            KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
+    def operations_since(
+        self, worker_id: str, since: datetime, *, limit: int = MAX_OPERATION_PAGE
+    ) -> list[Operation]:
+        """The worker's newest operations created at or after `since`, at most `limit`, newest first:
+        one consistent query of a key range (ids sort by creation time), however long the worker's
+        history is."""
+        items, _ = self._query(
+            KeyConditionExpression="PK = :pk AND SK BETWEEN :first AND :last",
             ExpressionAttributeValues={
                 ":pk": {"S": keys.worker_key(worker_id)["PK"]},
-                ":prefix": {"S": "OPERATION#"},
+                ":first": {"S": f"{OPERATION_PREFIX}{operation_id_floor(since)}"},
+                # Past every id: they all begin `op-` and a digit, and '~' sorts after the digits.
+                ":last": {"S": f"{OPERATION_PREFIX}op-~"},
             },
             ScanIndexForward=False,
             ConsistentRead=True,
+            Limit=min(limit, MAX_OPERATION_PAGE),
         )
         return [load_record(Operation, i) for i in items]
 

@@ -1,12 +1,14 @@
 """The slot counter: placing an instance takes a slot on its worker, ending it frees the slot.
 
-Each is one transaction over the instance, the worker and an audit item (docs/data-model.md):
+Each is one transaction over the instance, the worker, the worker's slot item and an audit item
+(docs/data-model.md):
 - the worker's `active_instances` changes under the invariant it touches (RUNNING and below capacity;
   above zero) and its `version` is bumped, so a writer holding an older read of the worker loses;
-- the worker's `active_instance_ids` string set gains or loses the instance's id in the same update,
-  so the set and the counter never disagree and "which instances are active on this worker" is
-  answered exactly from the worker item, not from an index that may lag behind a just-committed
-  placement.
+- a slot item per active instance (`PK = WORKER#<worker>`, `SK = SLOT#<instance>`) is put or deleted in
+  the same transaction, so the slots and the counter never disagree and "which instances are active on
+  this worker" is answered exactly by a consistent query of the worker's partition, not from an index
+  that may lag behind a just-committed placement. The ids live beside the worker, not in it: a list on
+  the worker item would grow with its capacity and be rewritten by every placement.
 """
 
 from __future__ import annotations
@@ -22,15 +24,22 @@ from fleetkeeper.domain.lifecycle import (
     WorkerStatus,
     check_instance_transition,
 )
-from fleetkeeper.domain.models import AuditEvent, DrainOutcome, Instance, Pool, Worker, utcnow
+from fleetkeeper.domain.models import AuditEvent, DrainOutcome, Instance, Worker, WorkerSummary, utcnow
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, serialize
 from fleetkeeper.store.instances import InstanceRepository
 from fleetkeeper.store.schema import BY_PARENT
-from fleetkeeper.store.table import Refusal, current_status, validated_copy
+from fleetkeeper.store.table import Refusal, validated_copy
 
-# The worker attribute holding the ids of its active instances (a string set; absent when empty).
+# The worker attribute where an earlier release kept the ids of its active instances (a string set):
+# still read, and emptied as those instances end, but no longer written.
 ACTIVE_IDS = "active_instance_ids"
+SLOT_PREFIX = "SLOT#"
+
+
+def slot_key(worker_id: str, instance_id: str) -> dict[str, str]:
+    """The item that says an instance holds a slot on its worker, in the worker's partition."""
+    return {"PK": keys.worker_key(worker_id)["PK"], "SK": f"{SLOT_PREFIX}{instance_id}"}
 
 
 class _CounterAtZero(Exception):
@@ -38,7 +47,7 @@ class _CounterAtZero(Exception):
 
 
 class SlotTransactions(InstanceRepository):
-    def place_instance(self, instance: Instance, worker: Worker, *, actor: str) -> Instance:
+    def place_instance(self, instance: Instance, worker: WorkerSummary, *, actor: str) -> Instance:
         """Put the instance and take a slot on its worker, in one transaction.
 
         The worker must be RUNNING with a free slot, and its pool (if any) active. Because a drain
@@ -61,19 +70,13 @@ class SlotTransactions(InstanceRepository):
                 "TableName": self.table_name,
                 "Key": serialize(keys.worker_key(worker.id)),
                 "UpdateExpression": "SET active_instances = active_instances + :one, "
-                "#v = #v + :one, updated_at = :now ADD #ids :id",
+                "#v = #v + :one, updated_at = :now",
                 "ConditionExpression": "#s = :running AND active_instances < #cap",
-                "ExpressionAttributeNames": {
-                    "#s": "status",
-                    "#v": "version",
-                    "#cap": "capacity",
-                    "#ids": ACTIVE_IDS,
-                },
+                "ExpressionAttributeNames": {"#s": "status", "#v": "version", "#cap": "capacity"},
                 "ExpressionAttributeValues": {
                     ":one": {"N": "1"},
                     ":running": {"S": str(ACCEPTS_INSTANCES)},
                     ":now": {"S": now.isoformat()},
-                    ":id": {"SS": [stored.id]},
                 },
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
@@ -97,18 +100,27 @@ class SlotTransactions(InstanceRepository):
             1: lambda current: _worker_refuses(worker.id, current),
         }
         if worker.pool:
-            pool_name = worker.pool
-            items.append(
-                self._condition_check(
-                    keys.pool_key(pool_name),
-                    "#s = :active",
-                    {":active": str(PoolStatus.ACTIVE)},
-                    {"#s": "status"},
-                )
-            )
-            refusals[3] = lambda current: _pool_refuses(pool_name, current)
+            items.append(self._pool_open(worker.pool, worker.id))
+            refusals[3] = _pool_refuses(worker.pool)
+        items.append(self._take_slot_item(worker.id, stored.id))
         self._transact(items, refusals, written=stored)
         return stored
+
+    def _pool_open(self, pool: str, worker_id: str) -> dict[str, Any]:
+        """The condition that the pool is active: on the gate of the worker's write shard once the table
+        is migrated (store/catalog.py), on the pool item before."""
+        key = keys.pool_gate_key(pool, keys.gate_of(worker_id)) if self.layout().done else keys.pool_key(pool)
+        return self._condition_check(
+            key, "#s = :active", {":active": str(PoolStatus.ACTIVE)}, {"#s": "status"}
+        )
+
+    def _take_slot_item(self, worker_id: str, instance_id: str) -> dict[str, Any]:
+        # Unconditional: the instance's own put (attribute_not_exists) already makes the placement once.
+        item = {**slot_key(worker_id, instance_id), "instance_id": instance_id}
+        return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
+
+    def _free_slot_item(self, worker_id: str, instance_id: str) -> dict[str, Any]:
+        return {"Delete": {"TableName": self.table_name, "Key": serialize(slot_key(worker_id, instance_id))}}
 
     def end_instance(
         self,
@@ -182,9 +194,10 @@ class SlotTransactions(InstanceRepository):
             return _CounterAtZero()
 
         refuse_instance = self._refuse_stale_instance(instance)
+        slot = self._free_slot_item(instance.worker_id, instance.id)
         try:
             self._transact(
-                [end, free_slot, audit({})], {0: refuse_instance, 1: worker_refuses}, written=updated
+                [end, free_slot, audit({}), slot], {0: refuse_instance, 1: worker_refuses}, written=updated
             )
         except _CounterAtZero:
             # The worker's counter is already at zero (or the worker is gone): end the instance anyway
@@ -195,7 +208,7 @@ class SlotTransactions(InstanceRepository):
                     raise DrainNoLongerActive(
                         instance.worker_id, drain_generation, None, "the worker is gone"
                     ) from None
-                self._transact([end, anomaly], {0: refuse_instance}, written=updated)
+                self._transact([end, anomaly, slot], {0: refuse_instance}, written=updated)
                 return updated
             forget_id = {
                 "Update": {
@@ -222,11 +235,13 @@ class SlotTransactions(InstanceRepository):
                 )
                 return over or NotFound("worker", instance.worker_id)
 
-            self._transact([end, forget_id, anomaly], {0: refuse_instance, 1: gone_or_over}, written=updated)
+            self._transact(
+                [end, forget_id, anomaly, slot], {0: refuse_instance, 1: gone_or_over}, written=updated
+            )
         return updated
 
     def move_instance(
-        self, instance: Instance, target: Worker, *, actor: str, drain_generation: int
+        self, instance: Instance, target: WorkerSummary, *, actor: str, drain_generation: int
     ) -> Instance:
         """Move a SCHEDULED instance from its draining worker to `target`, in one transaction.
 
@@ -283,14 +298,13 @@ class SlotTransactions(InstanceRepository):
                 "TableName": self.table_name,
                 "Key": serialize(keys.worker_key(target.id)),
                 "UpdateExpression": "SET active_instances = active_instances + :one, "
-                "#v = #v + :one, updated_at = :now ADD #ids :id",
+                "#v = #v + :one, updated_at = :now",
                 "ConditionExpression": "#s = :running AND active_instances < #cap AND #tpl = :tpl AND "
                 + same_pool,
                 "ExpressionAttributeNames": {
                     "#s": "status",
                     "#v": "version",
                     "#cap": "capacity",
-                    "#ids": ACTIVE_IDS,
                     "#tpl": "template",
                     "#pool": "pool",
                 },
@@ -298,7 +312,6 @@ class SlotTransactions(InstanceRepository):
                     ":one": {"N": "1"},
                     ":running": {"S": str(ACCEPTS_INSTANCES)},
                     ":now": {"S": now.isoformat()},
-                    ":id": {"SS": [instance.id]},
                     ":tpl": {"S": instance.template or target.template},
                     **({":pool": {"S": instance.pool}} if instance.pool else {}),
                 },
@@ -343,33 +356,37 @@ class SlotTransactions(InstanceRepository):
             2: target_refuses,
         }
         if instance.pool:
-            pool_name = instance.pool
-            items.append(
-                self._condition_check(
-                    keys.pool_key(pool_name),
-                    "#s = :active",
-                    {":active": str(PoolStatus.ACTIVE)},
-                    {"#s": "status"},
-                )
-            )
-            refusals[4] = lambda current: _pool_refuses(pool_name, current)
+            items.append(self._pool_open(instance.pool, target.id))
+            refusals[4] = _pool_refuses(instance.pool)
+        items += [self._free_slot_item(source_id, instance.id), self._take_slot_item(target.id, instance.id)]
         self._transact(items, refusals, written=moved)
         return moved
 
     def active_instances_of(self, worker_id: str) -> list[Instance]:
-        """The worker's instances that still hold a slot, exactly: read from the worker item, not an index.
+        """The worker's instances that still hold a slot, exactly: from its slot items, not an index.
 
-        The worker's `active_instance_ids` is written in the same transactions as its counter; the
-        instances are then read consistently. A worker stored before the set existed may hold active
-        instances the set does not name (its counter says how many): those are found through the
-        by_parent index and each re-read from its own item.
+        The slot items are written in the same transactions as the worker's counter and read with a
+        consistent query of the worker's partition (at most `capacity` of them); the instances are then
+        read consistently. A worker stored by an earlier release names its instances in a set on its item
+        instead, and one older still in neither: when the counter says more than were found, the rest are
+        looked up through the by_parent index and each re-read from its own item.
         """
         item = self._get(keys.worker_key(worker_id))
         if item is None:
             return self._active_from_index(worker_id, set())
         plain = deserialize(item)
-        ids = sorted(str(i) for i in plain.get(ACTIVE_IDS) or [])
-        active = [i for i in self._batch_get(Instance, [keys.instance_key(i) for i in ids]) if i.is_active]
+        slots = self._query_all(
+            KeyConditionExpression="PK = :pk AND begins_with(SK, :slot)",
+            ExpressionAttributeValues={
+                ":pk": {"S": keys.worker_key(worker_id)["PK"]},
+                ":slot": {"S": SLOT_PREFIX},
+            },
+            ConsistentRead=True,
+        )
+        ids = {str(s["SK"]["S"]).removeprefix(SLOT_PREFIX) for s in slots}
+        ids.update(str(i) for i in plain.get(ACTIVE_IDS) or [])
+        found = self._batch_get(Instance, [keys.instance_key(i) for i in sorted(ids)])
+        active = [i for i in found if i.is_active and i.worker_id == worker_id]
         if int(plain.get("active_instances", 0)) > len(active):
             active.extend(self._active_from_index(worker_id, {i.id for i in active}))
         return sorted(active, key=lambda i: i.id)
@@ -405,9 +422,16 @@ def _worker_refuses(worker_id: str, current: dict[str, Any] | None) -> Exception
     )
 
 
-def _pool_refuses(pool: str, current: dict[str, Any] | None) -> Exception:
-    status = current_status(Pool, current) if current else None
-    return Conflict("pool", pool, status, f"pool {pool} is {status or 'missing'}; it accepts no instances")
+def _pool_refuses(pool: str) -> Refusal:
+    """A closed pool, from its item or one of its gates (both carry the pool's status)."""
+
+    def refuse(current: dict[str, Any] | None) -> Exception:
+        status = str(deserialize(current).get("status")) if current else None
+        return Conflict(
+            "pool", pool, status, f"pool {pool} is {status or 'missing'}; it accepts no instances"
+        )
+
+    return refuse
 
 
 def _drain_still_active(generation: int | None) -> tuple[str, dict[str, str], dict[str, Any]]:

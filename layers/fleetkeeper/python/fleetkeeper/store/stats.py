@@ -1,5 +1,8 @@
 """Operational counters and a run lease, one small item each, beside the entities in the one table.
 
+Every call goes through `cloud/retry.with_backoff` (the conditional writes through
+`store.table.conditional_write`), the one retry layer of the DynamoDB client.
+
 Counters are added atomically (UpdateItem ADD), so concurrent Lambdas never lose an increment, and a
 whole cycle's counters cost one write. Items: PK `STATS#<scope>` / SK `STATS`, listed through
 by_kind (`KIND#STATS`); the lease is PK `LEASE#<name>` / SK `LEASE`.
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize
 from fleetkeeper.store.schema import BY_KIND
@@ -94,12 +98,15 @@ class StatsStore:
         expression = "SET " + ", ".join(sets)
         if adds:
             expression += " ADD " + ", ".join(adds)
-        self._client.update_item(
-            TableName=self.table_name,
-            Key=stats_key(scope),
-            UpdateExpression=expression,
-            ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values,
+        with_backoff(
+            lambda: self._client.update_item(
+                TableName=self.table_name,
+                Key=stats_key(scope),
+                UpdateExpression=expression,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            ),
+            name="UpdateItem",
         )
 
     def claim_timestamp(self, scope: str, name: str, *, now: datetime, free_before: datetime) -> bool:
@@ -133,7 +140,12 @@ class StatsStore:
 
     def read(self, scope: str) -> ScopeStats:
         """One scope's figures; an unknown scope reads as all zero."""
-        response = self._client.get_item(TableName=self.table_name, Key=stats_key(scope), ConsistentRead=True)
+        response = with_backoff(
+            lambda: self._client.get_item(
+                TableName=self.table_name, Key=stats_key(scope), ConsistentRead=True
+            ),
+            name="GetItem",
+        )
         item = response.get("Item")
         return _from_item(item) if item else ScopeStats(scope=scope)
 
@@ -150,7 +162,7 @@ class StatsStore:
             }
             if start:
                 request["ExclusiveStartKey"] = start
-            response = self._client.query(**request)
+            response = with_backoff(lambda request=request: self._client.query(**request), name="Query")  # type: ignore[misc]
             for item in response.get("Items", []):
                 stats = _from_item(item)
                 found[stats.scope] = stats

@@ -8,6 +8,7 @@ error its caller described for that item, built from the item's current state (A
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -15,19 +16,30 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ValidationError
 
-from fleetkeeper.cloud.retry import cancellation_reasons, error_code, with_backoff
-from fleetkeeper.domain.errors import InvalidInput, NotFound, StaleWrite
+from fleetkeeper.cloud.retry import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_BASE_SECONDS,
+    DEFAULT_CAP_SECONDS,
+    cancellation_reasons,
+    error_code,
+    full_jitter,
+    with_backoff,
+)
+from fleetkeeper.domain.errors import InvalidInput, NotFound, StaleWrite, Unavailable
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import (
     decode_page_token,
+    decode_walk_token,
     encode_page_token,
+    encode_walk_token,
     load_record,
     record_attributes,
     serialize,
     serialize_value,
 )
-from fleetkeeper.store.retention import audit_expiration
+from fleetkeeper.store.layout import Layout, LayoutCache
+from fleetkeeper.store.retention import audit_kept_days, expiration
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -36,8 +48,11 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 MAX_QUERY_PAGE = 1000
-# BatchGetItem reads at most 100 keys per call.
+# BatchGetItem reads at most 100 keys per call, BatchWriteItem writes at most 25 items.
 BATCH_GET_SIZE = 100
+# Queries one page of a walk may make beyond one per partition (filters can leave a query's page empty).
+WALK_EXTRA_CALLS = 8
+BATCH_WRITE_SIZE = 25
 CONDITION_FAILED = "ConditionalCheckFailed"
 # The error of a single write (PutItem, UpdateItem, DeleteItem) whose condition failed.
 CONDITIONAL_CHECK_FAILED = "ConditionalCheckFailedException"
@@ -102,12 +117,24 @@ class TableAccess:
     """The table and its client; the entity repositories build on these few operations."""
 
     def __init__(
-        self, client: DynamoDBClient, table_name: str, *, audit_retention_days: int | None = None
+        self,
+        client: DynamoDBClient,
+        table_name: str,
+        *,
+        audit_retention_days: int | None = None,
+        operation_retention_days: int | None = None,
     ) -> None:
         self._client = client
         self.table_name = table_name
-        # Audit items expire this many days after they were written (None or 0: kept for ever).
+        # Audit items expire this many days after they were written, finished operations this many days
+        # after they finished (None or 0: kept for ever; store/retention.py).
         self.audit_retention_days = audit_retention_days
+        self.operation_retention_days = operation_retention_days
+        self._layout = LayoutCache(client, table_name)
+
+    def layout(self) -> Layout:
+        """The table's index layout as this process knows it (store/layout.py)."""
+        return self._layout.get()
 
     # ---- reads -------------------------------------------------------------------------------
 
@@ -132,25 +159,49 @@ class TableAccess:
             raise NotFound(kind, identifier)
         return record
 
-    def _batch_get(self, model: type[M], keys_: Sequence[Mapping[str, str]]) -> list[M]:
-        """Consistent reads of many records; missing keys are skipped, order is not kept."""
-        found: list[M] = []
+    def _batch_get(
+        self, model: type[M], keys_: Sequence[Mapping[str, str]], *, consistent: bool = True
+    ) -> list[M]:
+        """Reads of many records (strongly consistent unless asked otherwise); missing keys are
+        skipped, order is not kept."""
+        return [load_record(model, item) for item in self._batch_get_items(keys_, consistent=consistent)]
+
+    def _batch_get_items(
+        self,
+        keys_: Sequence[Mapping[str, str]],
+        *,
+        consistent: bool = True,
+        projection: Sequence[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The items at these keys, 100 per BatchGetItem, unprocessed keys asked again (with backoff)."""
+        found: list[dict[str, Any]] = []
+        shape: dict[str, Any] = {"ConsistentRead": consistent}
+        if projection:
+            names = {f"#p{n}": name for n, name in enumerate(projection)}
+            shape["ProjectionExpression"] = ", ".join(names)
+            shape["ExpressionAttributeNames"] = names
+        # DynamoDB refuses a batch that names one key twice (ValidationException), and a listing merged
+        # from several index partitions can name a worker twice when it changed status during the walk.
+        keys_ = list({tuple(sorted(k.items())): k for k in keys_}.values())
         for start in range(0, len(keys_), BATCH_GET_SIZE):
             pending: dict[str, Any] = {
                 self.table_name: {
                     "Keys": [serialize(k) for k in keys_[start : start + BATCH_GET_SIZE]],
-                    "ConsistentRead": True,
+                    **shape,
                 }
             }
+            attempt = 0
             while pending:
+                if attempt:
+                    # DynamoDB hands back what it could not read under load: ask again, after a pause.
+                    time.sleep(full_jitter(attempt, DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS))
                 response = with_backoff(
                     lambda request=pending: self._client.batch_get_item(RequestItems=request),  # type: ignore[misc]
                     name="BatchGetItem",
                 )
-                found.extend(
-                    load_record(model, item) for item in response["Responses"].get(self.table_name, [])
-                )
+                found.extend(dict(item) for item in response["Responses"].get(self.table_name, []))
                 pending = dict(response.get("UnprocessedKeys") or {})
+                attempt += 1
         return found
 
     def _query(self, **kwargs: Any) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -180,6 +231,38 @@ class TableAccess:
                 raise InvalidInput("next_token", "is not a token this API issued") from exc
             raise
         return Page([load_record(model, i) for i in items], encode_page_token(last, query))
+
+    def _walk(
+        self, limit: int, next_token: str | None, queries: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of a listing over several partitions, read one after another (codec.py, "walks").
+
+        At most one page's worth of items, from at most one query per partition plus a few: a listing
+        whose filters match little returns a short page and a token rather than read on without bound.
+        """
+        if not 1 <= limit <= MAX_QUERY_PAGE:
+            raise InvalidInput("limit", f"must be between 1 and {MAX_QUERY_PAGE}")
+        position, start = decode_walk_token(next_token, queries)
+        items: list[dict[str, Any]] = []
+        calls = len(queries) - position + WALK_EXTRA_CALLS
+        while position < len(queries) and len(items) < limit and calls > 0:
+            calls -= 1
+            try:
+                found, last = self._query(
+                    Limit=limit - len(items),
+                    **queries[position],
+                    **({"ExclusiveStartKey": start} if start else {}),
+                )
+            except ClientError as exc:
+                if start and exc.response.get("Error", {}).get("Code") == "ValidationException":
+                    raise InvalidInput("next_token", "is not a token this API issued") from exc
+                raise
+            items.extend(found)
+            if last:
+                start = last
+            else:
+                position, start = position + 1, None
+        return items, encode_walk_token(position, start, queries)
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -247,7 +330,9 @@ class TableAccess:
         item = {
             **keys.audit_key(event),
             **record_attributes(event),
-            **audit_expiration(event.at, self.audit_retention_days),
+            **expiration(
+                event.at, audit_kept_days(event, self.audit_retention_days, self.operation_retention_days)
+            ),
         }
         return {"Put": {"TableName": self.table_name, "Item": serialize(item)}}
 
@@ -266,6 +351,38 @@ def conditional_write(call: Callable[[], object], *, name: str) -> ClientError |
             return exc
         raise
     return None
+
+
+def write_batches(
+    client: DynamoDBClient,
+    table_name: str,
+    requests: Sequence[Mapping[str, Any]],
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Send BatchWriteItem requests (`{"PutRequest": ...}` or `{"DeleteRequest": ...}`), 25 per call.
+
+    For items no condition guards (pages of ids written before anything refers to them, or no longer
+    referred to): each call is retried like every call, and what DynamoDB leaves unprocessed (throttled
+    partitions) is sent again after a jittered backoff; `Unavailable` when it is still left after the
+    attempts, with whatever was written staying written.
+    """
+    for start in range(0, len(requests), BATCH_WRITE_SIZE):
+        pending: dict[str, Any] = {table_name: list(requests[start : start + BATCH_WRITE_SIZE])}
+        for attempt in range(DEFAULT_ATTEMPTS):
+            response = with_backoff(
+                lambda batch=pending: client.batch_write_item(RequestItems=batch),  # type: ignore[misc]
+                name="BatchWriteItem",
+            )
+            pending = dict(response.get("UnprocessedItems") or {})
+            if not pending:
+                break
+            if attempt + 1 == DEFAULT_ATTEMPTS:
+                left = len(pending.get(table_name, []))
+                raise Unavailable(
+                    "BatchWriteItem", f"{left} items unprocessed after {DEFAULT_ATTEMPTS} attempts"
+                )
+            sleep(full_jitter(attempt, DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS))
 
 
 def put_next_version(

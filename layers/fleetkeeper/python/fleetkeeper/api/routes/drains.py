@@ -1,4 +1,5 @@
-"""Drains of one worker or a whole pool: start (or plan with dry_run), read, cancel."""
+"""Drains of one worker or a whole pool: start (or plan with dry_run), read, move the deadline, force,
+cancel."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
 from fleetkeeper.api.schemas import (
     CancelDrainRequest,
+    DrainDeadlineRequest,
     DrainRequest,
+    ForceDrainRequest,
     PoolDrainRequest,
     PoolView,
     WorkerView,
 )
-from fleetkeeper.services import drains
+from fleetkeeper.services import disruption, drains
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.drains import DrainStatus
 
@@ -50,6 +53,8 @@ def drain_worker(
             reschedule=request.reschedule,
             actor=actor,
         )
+        if plan.may_start:
+            plan.budget_exceeded = disruption.worker_drain_exceeds(default_context(), worker_id)
         return Response(status_code=HTTPStatus.OK, content_type=JSON, body=plan)
     status = drains.start_worker_drain(
         default_context(),
@@ -60,6 +65,7 @@ def drain_worker(
         then=request.then,
         reschedule=request.reschedule,
     )
+    status.budget_exceeded = disruption.worker_drain_exceeds(default_context(), worker_id)
     return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=status)
 
 
@@ -71,9 +77,71 @@ def get_drain(worker_id: WorkerId) -> DrainStatus:
     return drains.worker_drain_status(default_context(), worker_id)
 
 
+# Why a deadline move or a force may be refused; the contract and docs/drains.md say the same.
+_NOT_OPEN = (
+    "CONFLICT: the worker is not DRAINING, its drain ended (ERROR), or `generation` names another drain; "
+    "DRAIN_FINISHING: the drain's Finish step has begun (the worker is empty, its before-stop operations "
+    "and stop have started)"
+)
+MOVE_CONFLICT = (
+    f"{_NOT_OPEN}; DEADLINE_PASSED: the deadline has passed or the drain was forced, its force may have "
+    "begun; TOO_MANY_DEADLINE_MOVES: the deadline already moved as often as a drain allows; "
+    "REQUEST_IN_PROGRESS: a request with the same Idempotency-Key is still running"
+)
+FORCE_CONFLICT = f"{_NOT_OPEN}; REQUEST_IN_PROGRESS: a request with the same Idempotency-Key is still running"
+
+
+@router.patch(
+    "/api/v1/workers/<worker_id>/drain",
+    summary="Move a running drain's deadline, earlier or later",
+    responses=responses(
+        {200: ("the drain, with its new deadline", DrainStatus)}, 404, 409, conflict=MOVE_CONFLICT
+    ),
+)
+def move_drain_deadline(worker_id: WorkerId, body: Annotated[DrainDeadlineRequest, Body()]) -> DrainStatus:
+    return drains.move_worker_drain_deadline(
+        default_context(),
+        worker_id,
+        timeout_seconds=body.timeout_seconds,
+        actor=caller(router.current_event),
+        reason=body.reason,
+        generation=body.generation,
+    )
+
+
+@router.post(
+    "/api/v1/workers/<worker_id>/drain/force",
+    summary="Force a running drain now: what still runs ends with reason forced",
+    responses=responses({202: ("the drain, being forced", DrainStatus)}, 404, 409, conflict=FORCE_CONFLICT),
+)
+def force_drain(
+    worker_id: WorkerId, body: Annotated[ForceDrainRequest | None, Body()] = None
+) -> Response[DrainStatus]:
+    request = body or ForceDrainRequest()
+    status = drains.force_worker_drain(
+        default_context(),
+        worker_id,
+        actor=caller(router.current_event),
+        reason=request.reason,
+        generation=request.generation,
+    )
+    return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=status)
+
+
+# Why a cancel may be refused; the contract and docs/drains.md (Cancel) say the same.
+CANCEL_CONFLICT = (
+    "CONFLICT: the worker is not DRAINING (its drain ended, or another cancel won); DRAIN_FINISHING: the "
+    "drain's Finish step has begun its before-stop operations (e.g. releasing the license) and the stop, "
+    "which a cancel cannot undo, so the worker stops: start it again once it has; REQUEST_IN_PROGRESS: "
+    "a request with the same Idempotency-Key is still running"
+)
+
+
 @router.post(
     "/api/v1/workers/<worker_id>/cancel-drain",
-    responses=responses({200: ("the worker, drain cancelled", WorkerView)}, 404, 409),
+    responses=responses(
+        {200: ("the worker, drain cancelled", WorkerView)}, 404, 409, conflict=CANCEL_CONFLICT
+    ),
 )
 def cancel_drain(
     worker_id: WorkerId, body: Annotated[CancelDrainRequest | None, Body()] = None
@@ -100,7 +168,10 @@ def drain_pool(
         timeout_seconds=request.timeout_seconds,
         then=request.then,
     )
-    return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=PoolView.of(pool))
+    exceeds = disruption.pool_drain_exceeds(default_context(), pool)
+    return Response(
+        status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=PoolView.of(pool, budget_exceeded=exceeds)
+    )
 
 
 @router.post(

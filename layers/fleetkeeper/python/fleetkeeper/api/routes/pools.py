@@ -12,7 +12,7 @@ from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
-from fleetkeeper.services import catalog
+from fleetkeeper.services import catalog, disruption
 from fleetkeeper.services.context import default_context
 
 router = new_router()
@@ -36,6 +36,14 @@ def get_pool(name: ResourceName) -> PoolView:
     return PoolView.of(pool, active_instances=store.pool_active_instances(name))
 
 
+@router.get(
+    "/api/v1/pools/<name>/disruption",
+    responses=responses({200: ("the pool's disruption budgets now", disruption.PoolDisruptionView)}, 404),
+)
+def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
+    return disruption.pool_view(default_context(), name)
+
+
 @router.put(
     "/api/v1/pools/<name>",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
@@ -47,6 +55,7 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         actor=caller(router.current_event),
         description=body.description,
         status=PoolStatus(body.status) if body.status else None,
+        disruption=body.disruption,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
     return Response(status_code=status, content_type=JSON, body=PoolView.of(pool))

@@ -13,7 +13,9 @@ router = new_router()
 
 @router.get(
     "/api/v1/stats",
-    responses=responses({200: ("the fleet's figures", Stats)}),
+    responses=responses(
+        {200: ("the fleet's figures; EC2 event outcomes are metrics, not counters here", Stats)}
+    ),
 )
 def get_stats() -> Stats:
     return Stats.model_validate(stats.fleet_stats(default_context()))

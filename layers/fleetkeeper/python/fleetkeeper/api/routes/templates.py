@@ -11,6 +11,8 @@ from fleetkeeper.api.params import ResourceName
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
 from fleetkeeper.api.schemas import TemplateList, TemplateRequest, TemplateView
+from fleetkeeper.domain.errors import InvalidInput
+from fleetkeeper.domain.launch import refused_instance_type
 from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.services import catalog
 from fleetkeeper.services.context import default_context
@@ -45,6 +47,10 @@ def put_template(name: ResourceName, body: TemplateRequest) -> Response[Template
     context = default_context()
     # A before_stop name must be one of the stage's cleanup operations (422 naming before_stop.<i>).
     context.settings.operations_catalogue.check_before_stop(body.before_stop)
+    # IAM lets the reconciler launch only the stage's instance types: refuse any other now, not at launch.
+    refusal = refused_instance_type(body.instance_type, context.settings.instance_types)
+    if refusal:
+        raise InvalidInput("instance_type", refusal)
     store = context.store
     existed = store.find_template(name) is not None
     template = WorkerTemplate.model_validate({"name": name, **body.model_dump()})

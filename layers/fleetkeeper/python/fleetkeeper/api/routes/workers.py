@@ -36,11 +36,24 @@ def list_workers(
     region: Annotated[str | None, Query(max_length=32)] = None,
     pool: Annotated[str | None, Query(max_length=64)] = None,
     template: Annotated[str | None, Query(max_length=64)] = None,
+    drifted: Annotated[
+        bool | None,
+        Query(
+            description="true: only workers whose machine differs from their template (docs/rollouts.md); "
+            "false: only those that do not. Decided per worker read, so a page may hold fewer than `limit`"
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     next_token: PageToken = None,
 ) -> WorkerPage:
     page = default_context().store.list_workers(
-        status=status, region=region, pool=pool, template=template, limit=limit, next_token=next_token
+        status=status,
+        region=region,
+        pool=pool,
+        template=template,
+        drifted=drifted,
+        limit=limit,
+        next_token=next_token,
     )
     return WorkerPage(items=[WorkerView.of(w) for w in page.items], next_token=page.next_token)
 

@@ -6,11 +6,13 @@ is the source of truth; the workflow only sequences the steps and owns the deadl
     begin → await-empty (callback token, timeout = time left) → [force on timeout] → finish
 
 Whoever ends the last active instance sends the stored token at once. A cancel fails it with
-DrainCancelled. Every step re-reads the item and is safe to run twice, because Step Functions retries.
+DrainCancelled; a moved (or forced) deadline answers it with a re-arm, and the workflow waits again for
+the new deadline. Every step re-reads the item and is safe to run twice, because Step Functions retries.
 
-Modules: `contract` (the types that mirror the ASL), `commands` (start, plan, cancel, close, status),
-`steps` (the Task states), `signals` (ending a wait, the sweep), `pools` (pool drains), `watchdog`
-(drains whose execution is gone). Callers use the names re-exported here.
+Modules: `contract` (the types that mirror the ASL), `commands` (start, plan, cancel, close, status,
+move the deadline, force now), `steps` (the Task states), `signals` (ending a wait), `sweep` (the
+reconcile cycle's budgeted sweep of open drains), `pools` (pool drains), `watchdog` (drains whose
+execution is gone). Callers use the names re-exported here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 from fleetkeeper.services.drains.commands import (
     cancel_worker_drain,
     close_drain,
+    force_worker_drain,
     launch_worker_drain,
+    move_worker_drain_deadline,
     plan_worker_drain,
     start_worker_drain,
     status_of,
@@ -33,7 +37,7 @@ from fleetkeeper.services.drains.contract import (
     wait_plan,
 )
 from fleetkeeper.services.drains.pools import cancel_pool_drain, launch_pool_drain, start_pool_drain
-from fleetkeeper.services.drains.signals import signal_if_drained, sweep_waiting_drains
+from fleetkeeper.services.drains.signals import signal_if_drained
 from fleetkeeper.services.drains.steps import (
     await_empty,
     begin,
@@ -43,10 +47,12 @@ from fleetkeeper.services.drains.steps import (
     record_error,
     run_step,
 )
-from fleetkeeper.services.drains.watchdog import MAX_RESTARTS, run_watchdog
+from fleetkeeper.services.drains.sweep import SWEEP_COUNTS, run_watchdog, sweep_waiting_drains
+from fleetkeeper.services.drains.watchdog import MAX_RESTARTS
 
 __all__ = [
     "MAX_RESTARTS",
+    "SWEEP_COUNTS",
     "WORKFLOW_ACTOR",
     "DrainInput",
     "DrainStatus",
@@ -59,8 +65,10 @@ __all__ = [
     "execution_name",
     "finish",
     "force",
+    "force_worker_drain",
     "launch_pool_drain",
     "launch_worker_drain",
+    "move_worker_drain_deadline",
     "plan_worker_drain",
     "recheck",
     "record_error",

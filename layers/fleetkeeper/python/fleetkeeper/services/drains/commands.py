@@ -7,13 +7,20 @@ from typing import Any
 
 from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.drain_policy import (
+    MAX_DEADLINE_MOVES,
+    deadline_passed,
     drain_deadline,
     estimated_completion,
+    moved,
+    moved_deadline,
     worker_drain_timeout,
 )
 from fleetkeeper.domain.errors import (
     Conflict,
+    DeadlinePassed,
+    DrainFinishing,
     DrainInProgress,
+    TooManyDeadlineMoves,
     WorkflowUnavailable,
 )
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
@@ -29,6 +36,7 @@ from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, DrainStatus, execution_name
 from fleetkeeper.services.drains.reschedule import plan_moves
+from fleetkeeper.services.drains.signals import rearm_answer
 
 
 def _refusal(worker: Worker) -> Conflict | None:
@@ -79,9 +87,14 @@ def status_of(ctx: Context, worker: Worker, now: datetime | None = None) -> Drai
         left_instances=worker.active_instances,
         estimated_completion=estimate,
         execution_arn=record.execution_arn,
+        finishing_at=record.finishing_at,
         finished_at=record.finished_at,
         cancelled_by=record.cancelled_by,
         error=record.error,
+        deadline_moves=record.deadline_moves,
+        forced_at=record.forced_at,
+        forced_by=record.forced_by,
+        force_reason=record.force_reason,
     )
 
 
@@ -242,7 +255,10 @@ def _undo_unstarted_drain(ctx: Context, worker_id: str, generation: int, cause: 
 
 
 def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str, reason: str | None = None) -> Worker:
-    """Admin cancel: DRAINING → RUNNING, and the waiting workflow fails with DrainCancelled."""
+    """Admin cancel: DRAINING → RUNNING, and the waiting workflow fails with DrainCancelled.
+
+    Refused (DrainFinishing, a 409) once the drain's Finish step has begun: see docs/drains.md, Cancel.
+    """
     now = utcnow()
 
     def cancel() -> tuple[Worker, Worker]:
@@ -255,6 +271,10 @@ def cancel_worker_drain(ctx: Context, worker_id: str, *, actor: str, reason: str
                 f"worker {worker.id} is {worker.status}; only a DRAINING worker has a drain to cancel",
             )
         record = worker.drain
+        if record is not None and record.finishing_at is not None:
+            # Finish marked the drain (a conditional write, like this one) before it sent anything
+            # irreversible: whichever of the two writes comes second sees the other.
+            raise DrainFinishing(worker.id, record.generation, worker.status)
         changes: dict[str, Any] = {}
         audit_reason = "drain cancelled"
         if worker.desired_status in (WorkerStatus.STOPPED, WorkerStatus.TERMINATED):
@@ -324,3 +344,196 @@ def close_drain(ctx: Context, worker: Worker, *, outcome: DrainOutcome, reason: 
     if token:
         ctx.workflows.fail(token, "DrainCancelled", reason)
     return updated
+
+
+# ---- moving a running drain's deadline, forcing it now (docs/drains.md, "Moving the deadline") ------
+
+
+def _open_drain(worker: Worker, generation: int | None, *, verb: str, refused: str) -> DrainRecord:
+    """The running drain a deadline move or a force acts on, or the 409 that says why there is none."""
+    record = worker.drain
+    if worker.status != WorkerStatus.DRAINING or record is None:
+        raise Conflict(
+            "worker",
+            worker.id,
+            worker.status,
+            f"worker {worker.id} is {worker.status}; only a DRAINING worker has a drain to {verb}",
+        )
+    if generation is not None and record.generation != generation:
+        raise Conflict(
+            "worker",
+            worker.id,
+            worker.status,
+            f"drain {generation} is not the current drain of worker {worker.id}: "
+            f"drain {record.generation} is",
+        )
+    if record.finishing_at is not None:
+        raise DrainFinishing(worker.id, record.generation, worker.status, refused)
+    if record.outcome != DrainOutcome.RUNNING:
+        raise Conflict(
+            "worker",
+            worker.id,
+            worker.status,
+            f"drain {record.generation} of worker {worker.id} ended {record.outcome}: no workflow waits on "
+            "its deadline; cancel it, or drain the worker again",
+        )
+    return record
+
+
+def _rearm(ctx: Context, worker_id: str, token: str | None) -> None:
+    """End the wait armed for the old deadline, so the workflow arms the next one for the new deadline.
+
+    The write that moved the deadline cleared the stored token, so nothing else answers it. Without a
+    token (no wait under way, or it is between two waits) there is nothing to answer: the next wait
+    finds its plan's deadline stale and re-arms itself (steps.await_empty). If this call fails after
+    its retries, the old wait still ends at its heartbeat (no sweep heartbeats a cleared token) and the
+    re-check that follows reads the new deadline.
+    """
+    if token:
+        ctx.workflows.succeed(token, rearm_answer(worker_id))
+
+
+def move_worker_drain_deadline(
+    ctx: Context,
+    worker_id: str,
+    *,
+    timeout_seconds: int,
+    actor: str,
+    reason: str | None = None,
+    generation: int | None = None,
+) -> DrainStatus:
+    """Move the running drain's deadline, earlier or later, to its start plus `timeout_seconds`.
+
+    The running execution honours it without a restart (its wait is answered with a re-arm). A deadline
+    that would be past is now: the drain is forced at once, with reason `drain_timeout` as at any
+    deadline. The same timeout again changes nothing. Refused (409) when the worker is not DRAINING,
+    `generation` is not its current drain, the drain is finishing or ended, its deadline has passed, or
+    it already moved MAX_DEADLINE_MOVES times.
+    """
+
+    def move() -> tuple[Worker, DrainRecord | None]:
+        worker = ctx.store.get_worker(worker_id)
+        record = _open_drain(worker, generation, verb="move the deadline of", refused="a deadline move")
+        now = utcnow()
+        if deadline_passed(record.deadline, now):
+            if deadline_passed(drain_deadline(record.started_at, timeout_seconds), now):
+                # Asked for a deadline that has passed too (a retried request that forced the drain):
+                # the drain is being forced, as asked. Nothing to write or signal.
+                return worker, None
+            raise DeadlinePassed(worker.id, record.generation, worker.status, record.deadline.isoformat())
+        deadline, timeout = moved_deadline(record.started_at, timeout_seconds, now)
+        if deadline == record.deadline:
+            return worker, None  # already so: a repeated request writes and signals nothing
+        if record.deadline_moves >= MAX_DEADLINE_MOVES:
+            raise TooManyDeadlineMoves(worker.id, record.generation, worker.status, MAX_DEADLINE_MOVES)
+        after = _write_deadline(
+            ctx,
+            worker,
+            record,
+            (deadline, timeout, now),
+            {"deadline_moves": record.deadline_moves + 1},
+            actor=actor,
+            action="WorkerDrainDeadlineMoved",
+            reason=reason,
+        )
+        return after, record
+
+    worker, before = retry_conflicts(move)
+    if before is not None:
+        _announce(
+            ctx,
+            worker,
+            before,
+            "WorkerDrainDeadlineMoved",
+            moved_by=actor,
+            move_reason=reason,
+            deadline_moves=drain_of(worker).deadline_moves,
+        )
+        logger.info(
+            "drain deadline moved",
+            extra={
+                "worker_id": worker.id,
+                "from": before.deadline.isoformat(),
+                "to": drain_of(worker).deadline.isoformat(),
+            },
+        )
+    return status_of(ctx, worker)
+
+
+def force_worker_drain(
+    ctx: Context, worker_id: str, *, actor: str, reason: str | None = None, generation: int | None = None
+) -> DrainStatus:
+    """Force the running drain now: its deadline becomes now, and the workflow's force step ends every
+    active instance with reason `forced`; the drain ends TIMED_OUT (SUCCESS if the worker emptied first).
+
+    A drain already past its deadline (forced, or timed out) is being forced: the request changes
+    nothing and answers its status. Refused (409) when the worker is not DRAINING, `generation` is not
+    its current drain, or the drain is finishing or ended. A force is allowed however often the deadline
+    moved.
+    """
+
+    def mark() -> tuple[Worker, DrainRecord | None]:
+        worker = ctx.store.get_worker(worker_id)
+        record = _open_drain(worker, generation, verb="force", refused="a force")
+        now = utcnow()
+        if record.forced_at is not None or deadline_passed(record.deadline, now):
+            return worker, None  # its force is under way
+        deadline, timeout = moved_deadline(record.started_at, 0, now)
+        after = _write_deadline(
+            ctx,
+            worker,
+            record,
+            (deadline, timeout, now),
+            {"forced_at": now, "forced_by": actor, "force_reason": reason},
+            actor=actor,
+            action="WorkerDrainForced",
+            reason=reason,
+        )
+        return after, record
+
+    worker, before = retry_conflicts(mark)
+    if before is not None:
+        _announce(ctx, worker, before, "WorkerDrainForced", forced_by=actor, force_reason=reason)
+        logger.info("drain forced", extra={"worker_id": worker.id, "forced_by": actor})
+    return status_of(ctx, worker)
+
+
+def _write_deadline(
+    ctx: Context,
+    worker: Worker,
+    record: DrainRecord,
+    moved_to: tuple[datetime, int, datetime],
+    extra: dict[str, object],
+    *,
+    actor: str,
+    action: str,
+    reason: str | None,
+) -> Worker:
+    """Write the drain's new deadline (with `extra` on its record) and drop its stored task token, audited.
+
+    Conditional on the version read: a cancel, a completion, the workflow storing its token or a watchdog
+    restart that commits first makes this write fail, and the caller tries again on a fresh read.
+    `moved_to` is (deadline, timeout seconds, now).
+    """
+    deadline, timeout, now = moved_to
+    changes = moved(record, deadline, timeout, now, ctx.settings.drain_heartbeat_seconds)
+    update = {**changes, **extra, "task_token": None}
+    return ctx.store.update_worker(
+        worker,
+        {"drain": record.model_copy(update=update)},
+        actor=actor,
+        action=action,
+        reason=reason,
+        details={
+            "generation": record.generation,
+            "from": record.deadline.isoformat(),
+            "to": deadline.isoformat(),
+        },
+    )
+
+
+def _announce(ctx: Context, worker: Worker, before: DrainRecord, event: str, **detail: object) -> None:
+    """Answer the running execution's wait with a re-arm, so it honours the new deadline without a
+    restart, and publish the change."""
+    _rearm(ctx, worker.id, before.task_token)
+    emit(ctx, event, worker_detail(worker, from_deadline=before.deadline.isoformat(), **detail))

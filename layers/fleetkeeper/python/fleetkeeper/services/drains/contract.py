@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from fleetkeeper.domain.drain_policy import (
     deadline_passed,
     drain_deadline,
+    drain_heartbeat,
     recheck_heartbeat,
     seconds_left,
 )
@@ -23,6 +24,7 @@ from fleetkeeper.domain.models import (
     utcnow,
 )
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.disruption import BudgetExceeded
 
 WORKFLOW_ACTOR = "drain-workflow"
 _EXECUTION_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -56,12 +58,22 @@ class DrainStatus(BaseModel):
     left_instances: int | None = None
     estimated_completion: datetime | None = None
     execution_arn: str | None = None
+    # When Finish began (before-stop operations, then the stop): from then on a cancel is refused.
+    finishing_at: datetime | None = None
     finished_at: datetime | None = None
     cancelled_by: str | None = None
     error: str | None = None
+    # Moving the deadline, forcing (docs/drains.md): how often the deadline moved, and who forced the
+    # drain, when and why.
+    deadline_moves: int = 0
+    forced_at: datetime | None = None
+    forced_by: str | None = None
+    force_reason: str | None = None
     dry_run: bool = False
     may_start: bool | None = None
     refusal: str | None = None
+    # An operator's drain is never refused for a budget; its answer says which one it goes beyond.
+    budget_exceeded: BudgetExceeded | None = None
 
 
 class DrainInput(BaseModel):
@@ -165,19 +177,35 @@ def execution_name(kind: str, key: str, generation: int, restart: int = 0) -> st
     return f"{kind}-{digest}{suffix}"
 
 
-def wait_plan(
-    ctx: Context, deadline: datetime, timeout_seconds: int, now: datetime | None = None
-) -> dict[str, Any]:
-    """Timeout and heartbeat for the await-empty callback task.
+def wait_plan(deadline: datetime, heartbeat_seconds: int, now: datetime | None = None) -> dict[str, Any]:
+    """Timeout and heartbeat for the await-empty callback task, and the deadline they were armed for.
 
     The heartbeat is stretched for long drains so that their re-checks cannot exhaust the execution's
-    history (see domain/drain_policy.recheck_heartbeat).
+    history (see domain/drain_policy.recheck_heartbeat). The deadline goes back to await-empty, which
+    refuses to wait on a plan whose deadline has moved since (DrainDeadlineMoved).
     """
     now = now or utcnow()
     left = max(seconds_left(deadline, now), _MINIMUM_WAIT_SECONDS)
-    wanted = recheck_heartbeat(ctx.settings.drain_heartbeat_seconds, timeout_seconds)
-    heartbeat = max(1, min(wanted, left - 1))
-    return {"seconds_left": left, "heartbeat_seconds": heartbeat, "expired": deadline_passed(deadline, now)}
+    heartbeat = max(1, min(heartbeat_seconds, left - 1))
+    return {
+        "seconds_left": left,
+        "heartbeat_seconds": heartbeat,
+        "expired": deadline_passed(deadline, now),
+        "deadline": deadline.isoformat(),
+    }
+
+
+def worker_wait_plan(ctx: Context, record: DrainRecord, now: datetime | None = None) -> dict[str, Any]:
+    """The wait plan of a worker drain, with its heartbeat kept within its re-check budget."""
+    return wait_plan(record.deadline, drain_heartbeat(ctx.settings.drain_heartbeat_seconds, record), now)
+
+
+def pool_wait_plan(
+    ctx: Context, deadline: datetime, timeout_seconds: int, now: datetime | None = None
+) -> dict[str, Any]:
+    """The wait plan of a pool drain (whose deadline never moves)."""
+    heartbeat = recheck_heartbeat(ctx.settings.drain_heartbeat_seconds, timeout_seconds)
+    return wait_plan(deadline, heartbeat, now)
 
 
 # ---- the drain_tasks Lambda: one entry for every Task state of the state machine ---------------------
@@ -202,5 +230,8 @@ class StepRequest(BaseModel):
     ]
     drain: DrainInput
     task_token: str | None = None
+    # await_empty: the deadline its timeout was computed for (the wait plan's), to compare with the
+    # drain's deadline now. Absent from executions of an older definition: not compared.
+    armed_deadline: datetime | None = None
     error: dict[str, Any] | None = None
     timed_out: bool = False

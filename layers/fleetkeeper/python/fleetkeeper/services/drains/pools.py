@@ -28,7 +28,7 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import emit
 from fleetkeeper.services.drains.commands import launch_worker_drain, start_worker_drain
-from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, execution_name, wait_plan
+from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, execution_name, pool_wait_plan
 
 
 def start_pool_drain(
@@ -211,7 +211,7 @@ def pool_begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     pool = ctx.store.get_pool(drain.target)
     _current_pool_drain(pool, drain)
     return {
-        **wait_plan(ctx, drain.deadline, drain.timeout_seconds),
+        **pool_wait_plan(ctx, drain.deadline, drain.timeout_seconds),
         "empty": ctx.store.pool_active_instances(pool.name) == 0,
     }
 

@@ -22,7 +22,7 @@ from fleetkeeper.domain.errors import (
     Unavailable,
 )
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus
-from fleetkeeper.domain.models import Instance, Worker
+from fleetkeeper.domain.models import Instance, Worker, WorkerSummary
 from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
@@ -42,7 +42,7 @@ def scheduled_instances(ctx: Context, worker: Worker) -> list[Instance]:
     return [i for i in ctx.store.active_instances_of(worker.id) if i.state == InstanceState.SCHEDULED]
 
 
-def targets_for(ctx: Context, worker: Worker) -> dict[str, Worker]:
+def targets_for(ctx: Context, worker: Worker) -> dict[str, WorkerSummary]:
     """Workers that may take the draining worker's instances: same pool (or none) and template.
 
     None while the pool is closed (a pool drain): every move would be refused by the pool's condition.
@@ -89,7 +89,7 @@ def reschedule(ctx: Context, worker: Worker, generation: int) -> int:
 
 
 def _move(
-    ctx: Context, instance: Instance, source_id: str, targets: dict[str, Worker], generation: int
+    ctx: Context, instance: Instance, source_id: str, targets: dict[str, WorkerSummary], generation: int
 ) -> bool:
     """Move one instance to the best target, re-reading after each lost race; False if it stays."""
     current = instance
@@ -134,9 +134,7 @@ def _move(
             )
             return False
         else:
-            targets[target.id] = target.model_copy(
-                update={"active_instances": target.active_instances + 1, "version": target.version + 1}
-            )
+            targets[target.id] = target.model_copy(update={"active_instances": target.active_instances + 1})
             emit(
                 ctx,
                 "InstanceMoved",

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud.ec2 import is_missing_instance
 from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.drain_policy import deadline_passed
 from fleetkeeper.domain.errors import (
     DrainCancelled,
+    DrainDeadlineMoved,
     DrainNoLongerActive,
     DrainNotEmpty,
     DrainNotStartable,
@@ -19,6 +22,7 @@ from fleetkeeper.domain.errors import (
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import (
     DrainOutcome,
+    DrainRecord,
     DrainThen,
     Worker,
     utcnow,
@@ -27,10 +31,10 @@ from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import current_drain, drain_of, emit, worker_detail
-from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, StepRequest, wait_plan
+from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, StepRequest, worker_wait_plan
 from fleetkeeper.services.drains.pools import pool_await_empty, pool_begin, pool_finish, record_pool_error
 from fleetkeeper.services.drains.reschedule import reschedule
-from fleetkeeper.services.drains.signals import signal_if_drained
+from fleetkeeper.services.drains.signals import rearm_answer, signal_if_drained
 
 
 def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
@@ -69,21 +73,33 @@ def begin(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         current_drain(worker, drain.generation, drain.restart)
     # Reporting emptiness here lets the state machine skip the wait for a worker that is already empty.
     return {
-        **wait_plan(ctx, record.deadline, record.timeout_seconds),
+        **worker_wait_plan(ctx, record),
         "empty": worker.active_instances == 0,
     }
 
 
-def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
-    """Store the callback token on the worker; answer it at once if the worker is already empty."""
+def await_empty(
+    ctx: Context, drain: DrainInput, task_token: str, armed_deadline: datetime | None = None
+) -> None:
+    """Store the callback token on the worker; answer it at once if the worker is already empty.
 
-    def register() -> Worker:
+    `armed_deadline` is the deadline this wait's timeout was computed for. If the drain's deadline moved
+    since (a move or a force that found no token to answer), the wait would end at the wrong time: its
+    token is answered with a re-arm at once, without storing it, and the re-check arms the next wait for
+    the new deadline (or forces).
+    """
+
+    def register() -> Worker | None:
         worker = ctx.store.get_worker(drain.target)
         # A cancel that came before the token was stored wins here: raising fails the waiting task with
         # DrainCancelled at once, without the token.
         record = current_drain(worker, drain.generation, drain.restart)
         if worker.status != WorkerStatus.DRAINING:
             raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
+        # The write below is conditional on this read: a move that commits after it finds the token and
+        # answers it; one that committed before it is seen here.
+        if armed_deadline is not None and armed_deadline != record.deadline:
+            return None
         return ctx.store.update_worker(
             worker,
             {"drain": record.model_copy(update={"task_token": task_token})},
@@ -92,6 +108,9 @@ def await_empty(ctx: Context, drain: DrainInput, task_token: str) -> None:
         )
 
     worker = retry_conflicts(register)
+    if worker is None:
+        ctx.workflows.succeed(task_token, rearm_answer(drain.target))
+        return
     # The write above succeeded against this very count (its version matched), so if it is zero no
     # instance is left to send the token later: send it now.
     if worker.active_instances == 0:
@@ -103,11 +122,14 @@ def recheck(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     worker = ctx.store.get_worker(drain.target)
     record = current_drain(worker, drain.generation, drain.restart)
     return {
-        **wait_plan(ctx, record.deadline, record.timeout_seconds),
+        **worker_wait_plan(ctx, record),
         "empty": worker.active_instances == 0,
     }
 
 
+# The reasons force writes on the instances it ends: the deadline passed, or an operator forced the drain.
+TIMEOUT_REASON = "drain_timeout"
+FORCED_REASON = "forced"
 # Rounds of "read what is active, end it" before force gives up and lets Step Functions retry the step.
 # Each round ends every instance it read; only an instance that changed under it (a state report) is
 # left for the next round, so a few rounds settle any realistic race.
@@ -124,9 +146,20 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     that commits mid-way stops the terminations at once (DrainCancelled). An instance whose version
     changed under us (a state report) is still active: the next round reads it again and ends it. Force
     returns only when the worker's own counter says nothing is active.
+
+    An operator's force (POST .../drain/force) made the deadline now: its instances end with reason
+    `forced`, the deadline's with `drain_timeout`.
     """
     forced: list[str] = []
     record = current_drain(ctx.store.get_worker(drain.target), drain.generation, drain.restart)
+    if not deadline_passed(record.deadline, utcnow()):
+        # A move refuses a deadline that has passed, so this is a clock disagreement between the re-check
+        # and here, or a replayed step: nothing is ended before the deadline.
+        raise DrainDeadlineMoved(
+            f"the deadline of drain {drain.generation} of worker {drain.target} is "
+            f"{record.deadline.isoformat()}, not passed; waiting again"
+        )
+    reason = FORCED_REASON if record.forced_at else TIMEOUT_REASON
     for _ in range(FORCE_ROUNDS):
         worker = ctx.store.get_worker(drain.target)
         current_drain(worker, drain.generation, drain.restart)
@@ -141,7 +174,7 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
                     instance,
                     InstanceState.TERMINATED,
                     actor=WORKFLOW_ACTOR,
-                    reason="drain_timeout",
+                    reason=reason,
                     drain_generation=drain.generation,
                 )
             except DrainNoLongerActive as cancelled:
@@ -157,7 +190,7 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             emit(
                 ctx,
                 "InstanceForceTerminated",
-                {"instance_id": instance.id, "worker_id": worker.id, "reason": "drain_timeout"},
+                {"instance_id": instance.id, "worker_id": worker.id, "reason": reason},
                 "InstanceForceTerminated",
             )
     else:
@@ -169,7 +202,12 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
 
     timed_out = _record_forced(ctx, drain, forced)
     detail = worker_detail(timed_out, forced_instances=forced, deadline=record.deadline.isoformat())
-    ctx.notifier.notify(f"fleetkeeper: drain of worker {drain.target} timed out", detail)
+    if record.forced_at:
+        detail.update(forced_by=record.forced_by, force_reason=record.force_reason)
+        subject = f"fleetkeeper: drain of worker {drain.target} forced by {record.forced_by}"
+    else:
+        subject = f"fleetkeeper: drain of worker {drain.target} timed out"
+    ctx.notifier.notify(subject, detail)
     emit(ctx, "WorkerDrainTimedOut", detail, "DrainTimedOut")
     return {"forced_instances": len(forced)}
 
@@ -188,12 +226,13 @@ def _record_forced(ctx: Context, drain: DrainInput, forced: list[str]) -> Worker
             "forced_instances": record.forced_instances + len(forced),
             "timed_out_at": record.timed_out_at or utcnow(),
         }
+        why = f"drain forced by {record.forced_by}" if record.forced_at else "drain deadline passed"
         return ctx.store.update_worker(
             current,
             {"drain": record.model_copy(update=update)},
             actor=WORKFLOW_ACTOR,
             action="WorkerDrainTimedOut",
-            reason="drain deadline passed",
+            reason=why,
         )
 
     return retry_conflicts(mark_timed_out)
@@ -202,12 +241,14 @@ def _record_forced(ctx: Context, drain: DrainInput, forced: list[str]) -> Worker
 def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     """DRAINING → STOPPING (then=stop) or TERMINATING (then=terminate), and ask EC2 to do it.
 
-    Only an empty worker is finished. A success answer that came while work still runs (a replayed or
-    forged token, a race) raises DrainNotEmpty, which the state machine routes back to its re-check:
-    it waits again before the deadline and forces after it.
+    Only an empty worker is finished. A success answer that came while work still runs (a re-arm after
+    the deadline moved, a replayed or forged token, a race) raises DrainNotEmpty, which the state machine
+    routes back to its re-check: it waits again before the deadline and forces after it.
     """
 
-    def complete() -> Worker:
+    def finishable() -> tuple[Worker, DrainRecord | None]:
+        """The worker as read, and its drain record when this step still has to finish it (None: an
+        earlier attempt of this step did)."""
         worker = ctx.store.get_worker(drain.target)
         record = worker.drain
         if (
@@ -216,16 +257,38 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             and record.finished_at
             and record.outcome in (DrainOutcome.SUCCESS, DrainOutcome.TIMED_OUT)
         ):
-            return worker  # finished by an earlier attempt of this step
+            return worker, None
         record = current_drain(worker, drain.generation, drain.restart)
         if worker.status != WorkerStatus.DRAINING:
             raise DrainNotStartable(f"worker {worker.id} is {worker.status}, not DRAINING")
         if worker.active_instances > 0:
-            # The write below is conditional on this very read (version), so no instance can slip in
-            # between the check and the transition.
+            # The writes below are conditional on this very read (version), so no instance can slip in
+            # between the check and the write.
             raise DrainNotEmpty(
                 f"worker {worker.id} still has {worker.active_instances} active instances; waiting again"
             )
+        return worker, record
+
+    def mark_finishing() -> None:
+        # Before anything irreversible is sent, one conditional write marks the drain as finishing. A
+        # cancel is a conditional write on the same item: if it committed first, this read sees it
+        # (DrainCancelled, nothing sent); if this one did, the cancel's read sees the mark and refuses
+        # (DrainFinishing). A retry or a restarted execution finds the mark and goes on.
+        worker, record = finishable()
+        if record is None or record.finishing_at is not None:
+            return
+        ctx.store.update_worker(
+            worker,
+            {"drain": record.model_copy(update={"finishing_at": utcnow()})},
+            actor=WORKFLOW_ACTOR,
+            action="WorkerDrainFinishing",
+            reason="before-stop operations and the stop follow; the drain can no longer be cancelled",
+        )
+
+    def complete() -> Worker:
+        worker, record = finishable()
+        if record is None:
+            return worker  # finished by an earlier attempt of this step
         target = WorkerStatus.TERMINATING if record.then == DrainThen.TERMINATE else WorkerStatus.STOPPING
         outcome = DrainOutcome.TIMED_OUT if record.timed_out_at else DrainOutcome.SUCCESS
         done = record.model_copy(update={"outcome": outcome, "finished_at": utcnow(), "task_token": None})
@@ -239,6 +302,7 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             changes={"drain": done},
         )
 
+    retry_conflicts(mark_finishing)
     # The template's before_stop operations run on the emptied worker, before it may stop; their failure
     # is audited and alarmed there, and never keeps the worker from stopping.
     operations.run_before_stop(ctx, drain.target, drain.generation, actor=WORKFLOW_ACTOR)
@@ -298,11 +362,23 @@ def record_error(ctx: Context, drain: DrainInput, error: dict[str, Any] | None) 
             )
         else:
             failed = drain.record(outcome=DrainOutcome.ERROR, error=text, finished_at=utcnow())
-        return ctx.store.update_worker(
+        marked = ctx.store.update_worker(
             worker, {"drain": failed}, actor=WORKFLOW_ACTOR, action="WorkerDrainFailed", reason=text
         )
+        # Only the attempt whose write ended the drain audits its before-stop operations: a retried
+        # step finds the drain already ended and says nothing twice.
+        failed_here.append(True)
+        return marked
 
+    failed_here: list[bool] = []
     worker = retry_conflicts(mark)
+    if failed_here:
+        try:
+            # A drain marked finishing that ends here is stopped by the reconciler without its
+            # before-stop operations (a transient failure that outlasted the step's retries).
+            operations.abandon_before_stop(ctx, worker, drain.generation, text)
+        except Exception:  # the DrainFailed alarm below still fires
+            logger.exception("before-stop operations of a failed drain not audited", worker_id=worker.id)
     emit(ctx, "WorkerDrainFailed", worker_detail(worker, error=text), "DrainFailed")
     logger.error("drain failed", extra={"worker_id": worker.id, "error": text})
     return {"outcome": "ERROR"}
@@ -324,7 +400,7 @@ def run_step(ctx: Context, request: StepRequest) -> dict[str, Any]:
             if not request.task_token:
                 raise DrainNotStartable(f"{request.step} needs the task token")
             if request.step == "await_empty":
-                await_empty(ctx, drain, request.task_token)
+                await_empty(ctx, drain, request.task_token, request.armed_deadline)
             else:
                 pool_await_empty(ctx, drain, request.task_token)
             return {"registered": True}

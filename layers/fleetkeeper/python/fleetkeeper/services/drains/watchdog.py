@@ -3,8 +3,8 @@
 A drain record that says RUNNING is a promise that some execution will finish it. That promise breaks
 when the execution never started (a crash between the status write and StartExecution), ended without
 recording its outcome (RecordError failed too), or was stopped by Step Functions itself (States.Runtime,
-the history limit, the one-year limit, an operator's StopExecution). The reconcile cycle runs this
-every cycle: it describes each open drain's execution and
+the history limit, the one-year limit, an operator's StopExecution). The reconcile cycle's drain sweep
+(services/drains/sweep.py) describes each open drain's execution when it is due and
 
 - running: nothing to do;
 - missing, aborted, timed out, failed with anything but the workflow's own DrainFailed, or succeeded
@@ -19,16 +19,15 @@ out of placement for an operator (docs/drains.md).
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import datetime, timedelta
 from typing import Literal
 
 from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.cloud.workflows import ExecutionState
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, Pool, Worker, utcnow
-from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
+from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Pool, Worker, utcnow
 from fleetkeeper.observability import logger, metrics
+from fleetkeeper.services import operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import emit, worker_detail
 from fleetkeeper.services.drains.commands import launch_worker_drain
@@ -48,37 +47,23 @@ _WORKFLOW_GAVE_UP = "DrainFailed"
 Verdict = Literal["running", "young", "restarted", "closed", "settled"]
 
 
-def run_watchdog(
-    ctx: Context,
-    *,
-    now: datetime | None = None,
-    grace: timedelta = START_GRACE,
-    shard: Shard = WHOLE_FLEET,
-) -> Counter[str]:
-    """Check every open worker and pool drain against Step Functions; counts per verdict (+ errors).
+def is_young(restarts: int, started_at: datetime | None, now: datetime, grace: timedelta) -> bool:
+    """A drain whose request may still be starting its first execution: not described yet."""
+    return restarts == 0 and started_at is not None and now - started_at < grace
 
-    One drain that cannot be checked (a throttled describe, a bad record) is logged and counted; the
-    others are still checked. A shard checks its own workers' drains; the lead checks the pools'.
-    """
-    now = now or utcnow()
-    counts: Counter[str] = Counter()
-    for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING]):
-        if worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING or not shard.owns(worker.id):
-            continue
-        try:
-            counts[_watch_worker(ctx, worker.id, now, grace)] += 1
-        except Exception:
-            logger.exception("drain watchdog failed on a worker", extra={"worker_id": worker.id})
-            counts["errors"] += 1
-    for pool in ctx.store.list_pools() if shard.leads else ():
-        if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
-            continue
-        try:
-            counts[_watch_pool(ctx, pool.name, now, grace)] += 1
-        except Exception:
-            logger.exception("drain watchdog failed on a pool", extra={"pool": pool.name})
-            counts["errors"] += 1
-    return counts
+
+def worker_execution_arn(ctx: Context, worker_id: str, record: DrainRecord) -> str:
+    """The execution that serves this worker drain (the newest restart's)."""
+    return record.execution_arn or ctx.workflows.execution_arn(
+        execution_name("drain", worker_id, record.generation, record.restarts)
+    )
+
+
+def pool_execution_arn(ctx: Context, pool: Pool) -> str:
+    """The execution that serves the pool's drain (the newest restart's)."""
+    return pool.drain_execution_arn or ctx.workflows.execution_arn(
+        execution_name("pool", pool.name, pool.drain_generation, pool.drain_restarts)
+    )
 
 
 def _problem(execution: ExecutionState | None) -> str | None:
@@ -98,15 +83,13 @@ def _gave_up(execution: ExecutionState | None) -> bool:
 # ---- worker drains -------------------------------------------------------------------------------
 
 
-def _watch_worker(ctx: Context, worker_id: str, now: datetime, grace: timedelta) -> Verdict:
-    worker = ctx.store.get_worker(worker_id)  # the index may lag; decide on the item
+def watch_worker(ctx: Context, worker: Worker, now: datetime, grace: timedelta) -> Verdict:
+    """The verdict on one worker drain, given its worker as read from the item (never the index)."""
     record = worker.drain
     if worker.status != WorkerStatus.DRAINING or record is None or record.outcome != DrainOutcome.RUNNING:
         return "settled"
-    arn = record.execution_arn or ctx.workflows.execution_arn(
-        execution_name("drain", worker.id, record.generation, record.restarts)
-    )
-    if record.restarts == 0 and now - record.started_at < grace:
+    arn = worker_execution_arn(ctx, worker.id, record)
+    if is_young(record.restarts, record.started_at, now, grace):
         return "young"  # its request may still be starting it
     execution = ctx.workflows.describe(arn)
     problem = _problem(execution)
@@ -182,6 +165,12 @@ def _close_worker_drain(ctx: Context, worker_id: str, generation: int, lost_arn:
     worker = retry_conflicts(close)
     if worker is None:
         return
+    try:
+        # A drain closed after it was marked finishing is stopped by the reconciler without its
+        # before-stop operations: each one that did not finish is said to have not run.
+        operations.abandon_before_stop(ctx, worker, generation, text)
+    except Exception:  # the alert below still goes out
+        logger.exception("before-stop operations of a closed drain not audited", worker_id=worker.id)
     metrics.add_metric(name=METRIC_EXECUTION_LOST, unit="Count", value=1)
     detail = worker_detail(worker, error=text, lost_execution=lost_arn)
     emit(ctx, "WorkerDrainFailed", detail, "DrainFailed")
@@ -192,14 +181,12 @@ def _close_worker_drain(ctx: Context, worker_id: str, generation: int, lost_arn:
 # ---- pool drains ---------------------------------------------------------------------------------
 
 
-def _watch_pool(ctx: Context, name: str, now: datetime, grace: timedelta) -> Verdict:
-    pool = ctx.store.get_pool(name)
+def watch_pool(ctx: Context, pool: Pool, now: datetime, grace: timedelta) -> Verdict:
+    """The verdict on one pool drain, given the pool as read from its item."""
     if pool.status != PoolStatus.DRAINING or pool.drain_outcome != DrainOutcome.RUNNING:
         return "settled"
-    arn = pool.drain_execution_arn or ctx.workflows.execution_arn(
-        execution_name("pool", pool.name, pool.drain_generation, pool.drain_restarts)
-    )
-    if pool.drain_restarts == 0 and now - (pool.drain_started_at or now) < grace:
+    arn = pool_execution_arn(ctx, pool)
+    if is_young(pool.drain_restarts, pool.drain_started_at or now, now, grace):
         return "young"  # its request may still be starting it
     execution = ctx.workflows.describe(arn)
     problem = _problem(execution)

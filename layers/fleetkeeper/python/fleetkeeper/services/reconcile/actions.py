@@ -50,8 +50,14 @@ class Work:
             or step.outcome == Outcome.RETRY
             or self.scale_down is not None
             or "idle_since" in step.changes
+            or "drift" in step.changes
             or (self.worker.reconcile_attempts > 0 and step.outcome != Outcome.SKIP)
         )
+
+
+# A launch request that needs no repeating: it was answered (the machine is recorded), refused by EC2
+# (no machine holds its token), or given up with its worker.
+LAUNCH_FORGOTTEN: dict[str, Any] = {"launch_token": None, "launch_image_id": None}
 
 
 def reset_backoff(worker: Worker) -> dict[str, Any]:
@@ -145,6 +151,9 @@ def back_off(
                 "next_reconcile_at": retry_at,
                 "last_reconcile_error": error[:500],
                 "launch_claimed_at": None,
+                # A refused launch started nothing: the next one picks the newest image afresh. Any
+                # other failure may have lost a launch that went through: it is repeated as it was.
+                **(LAUNCH_FORGOTTEN if final else {}),
             },
             actor=ACTOR,
             action="ReconcileRetry",
@@ -162,7 +171,7 @@ def fail(ctx: Context, worker: Worker, reason: str, counters: Counter[str]) -> O
         cause=Cause.CONTROL,
         actor=ACTOR,
         reason=reason,
-        changes={"status_reason": reason[:500], "launch_claimed_at": None},
+        changes={"status_reason": reason[:500], "launch_claimed_at": None, **LAUNCH_FORGOTTEN},
     )
     counters["provision_failures"] += 1
     logger.warning("worker failed", worker_id=worker.id, reason=reason)

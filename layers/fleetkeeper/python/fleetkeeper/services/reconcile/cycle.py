@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,15 +38,19 @@ from fleetkeeper.domain.reconcile import (
     Step,
     decide,
     is_due,
-    newest_per_worker,
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.layout import keep_layout
+from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
-from fleetkeeper.services.reconcile.scale_down import plan_steady_running, scale_down
+from fleetkeeper.services.reconcile.drift import plan_drift
+from fleetkeeper.services.reconcile.expiry import replace_expired
+from fleetkeeper.services.reconcile.scale_down import FleetView, plan_steady_running, scale_down
+from fleetkeeper.services.rollout_engine import advance_rollouts
 
 LEASE_NAME = "reconcile"
 STATS_SCOPE = "reconcile"
@@ -150,11 +153,12 @@ def reconcile_fleet(
     try:
         try:
             _run_cycle(ctx, report, now, remaining)
+            _advance_rollouts(ctx, report, remaining)
         except Exception:
             # Even a cycle that could not read its workers keeps the waiting drains alive.
-            _sweep_drains(ctx, report)
+            _sweep_drains(ctx, report, remaining)
             raise
-        _sweep_drains(ctx, report)
+        _sweep_drains(ctx, report, remaining)
     finally:
         stats.release_lease(lease, owner, now=utcnow())
         report.duration_seconds = time.monotonic() - started
@@ -162,10 +166,11 @@ def reconcile_fleet(
     return report
 
 
-def _sweep_drains(ctx: Context, report: CycleReport) -> None:
-    """Keep waiting drains alive and complete those whose last signal was lost (see services/drains)."""
+def _sweep_drains(ctx: Context, report: CycleReport, remaining: Callable[[], float]) -> None:
+    """Keep waiting drains alive and complete those whose last signal was lost (see services/drains), in
+    what is left of the invocation after the cycle's own work."""
     try:
-        swept = drains.sweep_waiting_drains(ctx, report.shard)
+        swept = drains.sweep_waiting_drains(ctx, report.shard, time_left=remaining)
     except Exception:  # the sweep runs again next cycle
         # The drains' own heartbeat re-check remains meanwhile.
         logger.exception("sweep of waiting drains failed")
@@ -178,25 +183,38 @@ def _sweep_drains(ctx: Context, report: CycleReport) -> None:
     report.counters["drain_executions_restarted"] += swept.get("restarted", 0)
     report.counters["drain_executions_closed"] += swept.get("closed", 0)
     report.counters["drain_sweep_errors"] += swept.get("errors", 0)
+    # Drains with a call due that did not fit the time left: first in line next cycle.
+    report.counters["drain_sweep_deferred"] += swept.get("deferred", 0)
+
+
+def _advance_rollouts(ctx: Context, report: CycleReport, remaining: Callable[[], float]) -> None:
+    """Rollouts span shards: the leading shard alone advances them, after the workers' own steps."""
+    if not report.shard.leads:
+        return
+    try:
+        advance_rollouts(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
+    except Exception:  # the rollouts wait a cycle; nothing else depends on them
+        logger.exception("rollout steps failed")
+        report.counters["rollout_errors"] += 1
 
 
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
     shard = report.shard
-    # Every shard reads the whole status index: the fleet-wide counts the scale-down guards need come
-    # with it, and a shard's workers are a hash of their ids, which no index key carries.
+    # A shard reads its own buckets of the status index, and the fleet-wide counts the scale-down
+    # guards need from the exact counters (store/counters.py); while the table is being migrated to
+    # that layout, every shard reads the whole index instead, as before (store/layout.py).
     # Wall-clock times (whatever `now` the cycle decides with) for the scale-down ledger: when this
     # view was read, and by when this invocation is gone.
-    view_read_at = utcnow()
-    deadline = view_read_at + timedelta(seconds=max(remaining(), 0.0))
-    fleet = newest_per_worker(ctx.store.iter_workers_by_status(RECONCILE_STATUSES))
-    workers = [w for w in fleet if shard.owns(w.id)]
+    read = ctx.store.reconcile_read(RECONCILE_STATUSES, shard)
+    deadline = read.read_at + timedelta(seconds=max(remaining(), 0.0))
+    workers = read.workers
     report.workers = len(workers)
-    report.by_status = Counter(w.status for w in fleet)
+    report.by_status = read.counts.by_status
     due = [w for w in workers if is_due(w, now)]
     report.counters["outcome_skip"] += len(workers) - len(due)
     report.counters["backoff_waiting"] += len(workers) - len(due)
 
-    observations, unreadable = _observe(ctx, due, report, fleet=fleet)
+    observations, unreadable = _observe(ctx, due, report, shard=shard)
     readings = _collect_metrics(ctx, due, now, report)
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     try:
@@ -206,13 +224,19 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
             readings,
             now,
             report.counters,
-            fleet=fleet,
-            view_read_at=view_read_at,
+            view=FleetView(read.counts, read.read_at, read.statuses),
             deadline=deadline,
         )
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1
+        report.counters["reconcile_errors"] += 1
+    try:
+        # After scale-down, which rewrites the changes of the steps it plans (services/reconcile/drift.py).
+        plan_drift(ctx, work, now, report.counters)
+    except Exception:  # drift waits a cycle; every step still runs
+        logger.exception("drift planning failed")
+        report.counters["drift_errors"] += 1
         report.counters["reconcile_errors"] += 1
 
     for item in work:
@@ -226,10 +250,19 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
             return Outcome.REQUEUE, Counter(deferred=1)
         return act(ctx, item, now)
 
-    with ThreadPoolExecutor(max_workers=PARALLELISM) as pool:
+    with ContextThreadPool(max_workers=PARALLELISM) as pool:
         for outcome, counters in pool.map(act_in_time, busy):
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
+
+    try:
+        # After the workers' own steps: a replacement never delays them (services/reconcile/expiry.py).
+        replace_expired(
+            ctx, work, now, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+        )
+    except Exception:  # the replacements wait a cycle; the worker steps above already ran
+        logger.exception("replacing expired workers failed")
+        report.counters["expiry_errors"] += 1
 
     try:
         # After the workers' own steps, so an operation never delays them (services/operations.py).
@@ -245,6 +278,14 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     except Exception:  # the operations wait a cycle; the worker steps above already ran
         logger.exception("worker operations failed")
         report.counters["operation_errors"] += 1
+
+    if shard.leads:
+        try:
+            # After everything else, within what is left of the invocation (services/layout.py).
+            keep_layout(ctx, report.counters, time_left=remaining)
+        except Exception:  # the migration waits a cycle; nothing else depends on it
+            logger.exception("table layout step failed")
+            report.counters["layout_errors"] += 1
 
     report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
     report.completed = True
@@ -294,18 +335,18 @@ def _to_observation(instance: Ec2Instance | None, at: datetime) -> Observation:
 
 
 def _observe(
-    ctx: Context, workers: list[Worker], report: CycleReport, *, fleet: list[Worker] | None = None
+    ctx: Context, workers: list[Worker], report: CycleReport, *, shard: Shard
 ) -> tuple[dict[str, Observation], dict[str, BaseException]]:
     """instance id -> observation, and the regions EC2 could not be read in (with the error).
 
-    `fleet` (every worker, when this cycle is one shard) tells how many instances each region has, so
-    a shard reads its own by id instead of listing the whole region's."""
+    A shard of several holds about its share of each region's instances, so it reads its own by id
+    instead of listing the whole region's (cloud/fleet_reads.describe_instances)."""
     wanted: dict[str, set[str]] = defaultdict(set)
     for worker in workers:
         if worker.ec2_instance_id:
             wanted[worker.region].add(worker.ec2_instance_id)
     at = utcnow()
-    managed = Counter(w.region for w in fleet if w.ec2_instance_id) if fleet is not None else None
+    managed = {region: len(ids) * shard.count for region, ids in wanted.items()} if shard.count > 1 else None
     reads = read_instances(ctx.ec2, wanted, managed=managed)
     for region, error in reads.failed.items():
         logger.error(
@@ -458,7 +499,7 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
         )
     if report.completed:
         if shard.leads:
-            # Every shard reads the whole fleet; one of them reports it.
+            # Every shard has the whole fleet's counts; one of them reports them.
             for status in RECONCILE_STATUSES:
                 metrics.add_metric(
                     name=workers_metric(status), unit=MetricUnit.Count, value=report.by_status[status]

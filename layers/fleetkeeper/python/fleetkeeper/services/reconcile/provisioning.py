@@ -11,13 +11,20 @@ from typing import Any
 
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.launch import refused_instance_type
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile.actions import ACTOR, apply_transition, fail, reset_backoff
+from fleetkeeper.services.reconcile.actions import (
+    ACTOR,
+    LAUNCH_FORGOTTEN,
+    apply_transition,
+    fail,
+    reset_backoff,
+)
 
 # EC2 states of a machine that is gone or going: nothing to adopt or to terminate.
 _ENDING_STATES = frozenset({"terminated", "shutting-down"})
@@ -51,6 +58,10 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
     template = ctx.store.find_template(worker.template)
     if template is None:
         return fail(ctx, worker, f"template '{worker.template}' not found", counters)
+    # A template older than the stage's instance_types: IAM would deny the launch, say why instead.
+    refusal = refused_instance_type(template.instance_type, ctx.settings.instance_types)
+    if refusal:
+        return fail(ctx, worker, f"template '{template.name}': {refusal}", counters)
     configs = ctx.settings.region_configs
     region = configs.get(worker.region)
     if configs and region is None:
@@ -66,25 +77,38 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
         if adopted is not None:
             return _provisioned(ctx, worker, adopted, now, counters, adopted=True)
 
-    image_id = gateway.newest_image(template.ami_name_filter, owners=ctx.settings.ami_owners)
-    if image_id is None:
-        return fail(ctx, worker, f"no AMI matches '{template.ami_name_filter}'", counters)
+    # An earlier launch whose answer may be lost is repeated as it was sent: same token, same image.
+    image_id = worker.launch_image_id if worker.launch_token else None
+    token = worker.launch_token
+    if image_id is None or token is None:
+        image_id = gateway.newest_image(template.ami_name_filter, owners=ctx.settings.ami_owners)
+        if image_id is None:
+            return fail(ctx, worker, f"no AMI matches '{template.ami_name_filter}'", counters)
+        token = f"fk-{worker.id}-{image_id}"[:64]
 
-    # The claim: of two reconcilers that read the same PENDING worker, only one wins this write.
+    # The claim: of two reconcilers that read the same PENDING worker, only one wins this write. It
+    # carries the launch's ClientToken, so whoever repeats the launch repeats this very request.
     claimed = ctx.store.update_worker(
-        worker, {"launch_claimed_at": now}, actor=ACTOR, action="LaunchClaimed", reason=image_id
+        worker,
+        {"launch_claimed_at": now, "launch_token": token, "launch_image_id": image_id},
+        actor=ACTOR,
+        action="LaunchClaimed",
+        reason=image_id,
     )
     instance = gateway.run_instance(
         image_id=image_id,
         instance_type=template.instance_type,
         tags=launch_tags(ctx, worker, template.tags),
-        # Same worker and image -> same token: a retried RunInstances returns the first machine.
-        client_token=f"fk-{worker.id}-{image_id}"[:64],
+        # The same token returns the machine an earlier attempt started instead of starting another.
+        client_token=token,
         subnet_id=region.subnet_id if region else None,
         security_group_ids=region.security_group_ids if region else (),
         key_name=region.key_name if region else None,
+        instance_profile=ctx.settings.worker_instance_profile,
     )
-    return _provisioned(ctx, claimed, instance, now, counters, image_id=image_id)
+    return _provisioned(
+        ctx, claimed, instance, now, counters, image_id=image_id, instance_type=template.instance_type
+    )
 
 
 def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:
@@ -107,7 +131,7 @@ def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[
         logger.info(
             "machine of an abandoned launch terminated", worker_id=worker.id, instance_id=machine.instance_id
         )
-    changes: dict[str, Any] = {"launch_claimed_at": None}
+    changes: dict[str, Any] = {"launch_claimed_at": None, **LAUNCH_FORGOTTEN}
     if machines:
         # The worker keeps the machine's id, so its history shows what was ended.
         # Its time makes any older event about the machine stale.
@@ -132,8 +156,16 @@ def _provisioned(
     counters: Counter[str],
     *,
     image_id: str | None = None,
+    instance_type: str | None = None,
     adopted: bool = False,
 ) -> Outcome:
+    # What the machine runs, recorded with the launch itself: drift (domain/drift.py) compares it with
+    # what the template would launch now. An adopted machine says for itself what it was launched with.
+    launched = {
+        "image_id": image_id or instance.image_id,
+        "instance_type": instance.instance_type or instance_type,
+        "launched_at": instance.launch_time or now,
+    }
     ctx.store.transition_worker(
         worker,
         WorkerStatus.PROVISIONING,
@@ -146,7 +178,9 @@ def _provisioned(
             "ec2_state": instance.state,
             "ec2_observed_at": now,
             "launch_claimed_at": None,
+            **LAUNCH_FORGOTTEN,
             **reset_backoff(worker),
+            **launched,
         },
     )
     counters["provisioned_count"] += 1
@@ -159,8 +193,8 @@ def _provisioned(
             "region": worker.region,
             "pool": worker.pool,
             "ec2_instance_id": instance.instance_id,
-            "image_id": image_id or instance.image_id,
-            "instance_type": instance.instance_type,
+            "image_id": launched["image_id"],
+            "instance_type": launched["instance_type"],
             "adopted": adopted,
         },
     )

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 
+from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.disruption import (
+    BudgetBlock,
+    DisruptionPolicy,
+    DisruptionReason,
+    Waiting,
+    assess,
+    pool_loads,
+)
 from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, WorkerMetrics, utcnow
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
@@ -22,9 +33,15 @@ from fleetkeeper.domain.scale_down import (
     next_idle_since,
     scope_of,
 )
-from fleetkeeper.domain.scale_down_ledger import InFlight, admit, in_flight, still_needed, view_too_old
+from fleetkeeper.domain.scale_down_ledger import (
+    InFlight,
+    Limits,
+    Refusal,
+    admit_scale_down,
+    still_needed,
+)
 from fleetkeeper.observability import logger
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import disruption, drain_hooks
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.actions import ACTOR, Work, call_ec2
 from fleetkeeper.services.reconcile.provisioning import scaling_audit
@@ -46,6 +63,20 @@ def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
     )
 
 
+@dataclass(frozen=True)
+class FleetView:
+    """What a cycle read of the fleet for the guards: its counts, when, and (when the read saw every
+    worker) every worker's status; without them, each entry into the ledger reads what it needs."""
+
+    counts: FleetCounts
+    read_at: datetime
+    statuses: Mapping[str, WorkerStatus] | None = None
+
+    @classmethod
+    def of(cls, workers: Sequence[Worker], read_at: datetime) -> FleetView:
+        return cls(FleetCounts.of(workers), read_at, {w.id: w.status for w in workers})
+
+
 def plan_steady_running(
     ctx: Context,
     work: list[Work],
@@ -53,8 +84,7 @@ def plan_steady_running(
     now: datetime,
     counters: Counter[str],
     *,
-    fleet: Sequence[Worker] | None = None,
-    view_read_at: datetime | None = None,
+    view: FleetView | None = None,
     deadline: datetime | None = None,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
@@ -63,14 +93,16 @@ def plan_steady_running(
     the scale-downs already chosen in this cycle. A worker whose evaluation raises (a bad record, a
     failed read) gets the error on its work item and no scale-down; the others are decided as usual.
 
-    `work` is this shard's workers and `fleet` every worker the cycle read (its view), read from
-    `view_read_at` on; the cycle's invocation ends by `deadline`. The guards count the whole fleet,
-    and each chosen scale-down must then be admitted by the ledger (domain/scale_down_ledger.py),
-    which also counts what other cycles chose that this view cannot show yet, and win its scope's
-    cooldown, so the limits hold exactly however many cycles decide at once.
+    `work` is this shard's workers and `view` what the cycle read of the whole fleet (by default, the
+    workers of `work` as the whole fleet); the cycle's invocation ends by `deadline`. The guards count
+    the whole fleet, and each chosen scale-down must then be admitted by the ledger
+    (domain/scale_down_ledger.py), within the budgets (the pool's, else the stage default), which also
+    counts what other cycles chose that this view cannot show yet, and win its scope's cooldown, so the
+    limits hold exactly however many cycles decide at once.
     """
     policy = scale_down_policy(ctx.settings)
-    view = list(fleet) if fleet is not None else [item.worker for item in work]
+    wall = utcnow()
+    view = view or FleetView.of([item.worker for item in work], wall)
     steady = [
         item
         for item in work
@@ -80,19 +112,24 @@ def plan_steady_running(
         and item.step.call is None
         and item.step.drain_then is None
     ]
-    running_in_scope: Counter[str] = Counter(scope_of(w) for w in view if w.status == WorkerStatus.RUNNING)
-    draining = sum(1 for w in view if w.status == WorkerStatus.DRAINING)
-    fleet_size = sum(1 for w in view if w.status in (WorkerStatus.RUNNING, WorkerStatus.DRAINING))
-    tally = _Tally(policy, Counter(running_in_scope), draining, fleet_size)
-    wall = utcnow()
+    counts = view.counts
+    tally = _Tally(policy, Counter(counts.running_in_scope), counts.draining, counts.fleet_size)
+    limits = Limits(
+        at=now,
+        default=policy.budget,
+        fleet_size=counts.fleet_size,
+        draining=counts.draining,
+        policies=_policies(ctx, steady) if policy.enabled else {},
+        loads=pool_loads(counts.cells),
+    )
     claims = _Claims(
         ctx,
         policy,
         now=now,
-        statuses={w.id: w.status for w in view},
-        running_in_scope=running_in_scope,
-        fleet_size=fleet_size,
-        view_read_at=view_read_at or wall,
+        view=view,
+        statuses=view.statuses or {},
+        running_in_scope=counts.running_in_scope,
+        limits=limits,
         deadline=deadline or wall + DEFAULT_INVOCATION,
     )
     if policy.enabled:
@@ -101,7 +138,7 @@ def plan_steady_running(
 
     for item in steady:
         try:
-            _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
+            _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters, claims=claims)
             if item.scale_down is not None:
                 refused_by = claims.take(item.worker, item.scale_down.action)
                 if refused_by is not None:
@@ -117,43 +154,59 @@ def plan_steady_running(
             tally.last_by_scope[scope] = now
             if item.scale_down.action is Action.DRAIN:
                 tally.draining += 1
+    if claims.waiting:
+        counters["disruption_waiting_unrecorded"] += disruption.record_waiting(ctx, claims.waiting, now)
+
+
+def _policies(ctx: Context, steady: Sequence[Work]) -> dict[str, DisruptionPolicy]:
+    """The budgets of the candidates' pools, read from the pool items (not an index) once a cycle."""
+    names = sorted({item.worker.pool for item in steady if item.worker.pool})
+    pools = (ctx.store.find_pool(name) for name in names)
+    return {pool.name: pool.disruption for pool in pools if pool is not None and pool.disruption.budgets}
 
 
 # Without a deadline from the caller (a test, a by-hand run), a cycle is taken to end within this.
 DEFAULT_INVOCATION = timedelta(minutes=15)
-# Turns a cycle takes at the ledger before leaving the worker for the next cycle.
-LEDGER_ATTEMPTS = 5
+LEDGER_ATTEMPTS = disruption.LEDGER_ATTEMPTS
 
 
 @dataclass
 class _Claims:
-    """What a chosen scale-down must win before it is acted on: a place in the ledger, then (with a
-    cooldown) its scope's cooldown, a conditional write on the `scale-down` stats item.
+    """What a chosen scale-down must win before it is acted on: a place in the ledger, within the
+    budgets (the pool's, else the stage default), then (with a cooldown) its scope's cooldown, a
+    conditional write on the `scale-down` stats item.
+
+    A decision is taken with the cycle's view when it saw every worker; with the counters as the view,
+    each entry into the ledger reads the statuses it needs and the counts afresh (`_look`), and they
+    replace `statuses`, `running_in_scope` and the counts in `limits`.
 
     The ledger comes first; a place won for a scale-down that then loses its cooldown is given back,
-    so it does not hold the budget or the scope for nothing.
+    so it does not hold the budget or the scope for nothing. A budget's refusals are kept as what
+    waits on it (`waiting`, by pool), for GET /api/v1/pools/{name}/disruption.
     """
 
     ctx: Context
     policy: ScaleDownPolicy
     now: datetime
+    view: FleetView
     statuses: Mapping[str, WorkerStatus]
     running_in_scope: Mapping[str, int]
-    fleet_size: int
-    view_read_at: datetime
+    limits: Limits
     deadline: datetime
-    # Once the ledger refused a drain for the budget, no later drain of this cycle can fit.
-    budget_spent: bool = False
+    # Once the ledger refused for a budget, no later disruption of this cycle that the same budget
+    # counts can fit (a cycle only adds to what is in use): the stage default's drains (key None) or a
+    # pool's scale-downs (key: the pool).
+    spent: dict[str | None, BudgetBlock] = field(default_factory=dict)
+    waiting: dict[str, list[Waiting]] = field(default_factory=dict)
 
     def take(self, worker: Worker, action: Action) -> Guard | None:
         """None when this scale-down may go ahead; else the guard that refused it."""
-        if action is Action.DRAIN and self.budget_spent:
-            return Guard.DISRUPTION_BUDGET
-        refused = self._enter(worker, action)
-        if refused is Guard.DISRUPTION_BUDGET:
-            self.budget_spent = True
-        if refused is not None:
-            return refused
+        refusal = self._spent(worker, action) or self._enter(worker, action)
+        if refusal is not None:
+            if refusal.block is not None:
+                self.spent[None if refusal.guard is Guard.DISRUPTION_BUDGET else worker.pool] = refusal.block
+                self.wait(worker, action, refusal.block)
+            return refusal.guard
         if self.policy.cooldown > timedelta(0) and not self.ctx.stats.claim_timestamp(
             SCALE_DOWN_SCOPE, scope_of(worker), now=self.now, free_before=self.now - self.policy.cooldown
         ):
@@ -161,51 +214,80 @@ class _Claims:
             return Guard.COOLDOWN
         return None
 
+    def governed_by_pool(self, worker: Worker) -> bool:
+        """Whether a budget of the worker's pool applies to scale-down now (the stage default does not)."""
+        policy = self.limits.policies.get(worker.pool or "")
+        if policy is None:
+            return False
+        return assess(policy, DisruptionReason.SCALE_DOWN, self.now, members=0, in_use=0).allowed is not None
+
+    def wait(self, worker: Worker, action: Action, block: BudgetBlock) -> None:
+        if worker.pool is not None:
+            self.waiting.setdefault(worker.pool, []).append(
+                Waiting.of(worker.id, str(action), block, self.now)
+            )
+
+    def _spent(self, worker: Worker, action: Action) -> Refusal | None:
+        if self.governed_by_pool(worker):
+            block = self.spent.get(worker.pool)
+            return Refusal(Guard.POOL_BUDGET, block) if block else None
+        block = self.spent.get(None)
+        return Refusal(Guard.DISRUPTION_BUDGET, block) if block and action is Action.DRAIN else None
+
     def _mine(self, entry: InFlight, worker: Worker) -> bool:
         return entry.worker_id == worker.id and entry.until == self.deadline
 
-    def _enter(self, worker: Worker, action: Action) -> Guard | None:
-        ledger = self.ctx.ledger
-        for _ in range(LEDGER_ATTEMPTS):
-            wall = utcnow()
-            if view_too_old(self.view_read_at, wall):
-                return Guard.STALE_VIEW
-            current = ledger.read()
-            if any(self._mine(e, worker) for e in current.entries):
-                return None  # our own write landed, though its answer was lost and the retry refused
-            refused = admit(
+    def _enter(self, worker: Worker, action: Action) -> Refusal | None:
+        def decide(entries: list[InFlight]) -> Refusal | None:
+            return admit_scale_down(
                 worker,
                 action,
-                entries=in_flight(current, self.view_read_at),
+                entries=entries,
                 statuses=self.statuses,
                 running_in_scope=self.running_in_scope,
                 policy=self.policy,
-                fleet_size=self.fleet_size,
+                limits=self.limits,
             )
-            if refused is not None:
-                return refused
-            entry = InFlight(worker_id=worker.id, scope=scope_of(worker), action=action, until=self.deadline)
-            try:
-                ledger.save(current, [*still_needed(current, wall), entry])
-            except StaleWrite:
-                continue  # another cycle entered first: decide again with its entry counted
-            return None
-        logger.info("scale-down ledger busy; the worker waits for the next cycle", worker_id=worker.id)
-        return Guard.IN_FLIGHT
+
+        return disruption.enter_ledger(
+            self.ctx,
+            worker,
+            action,
+            DisruptionReason.SCALE_DOWN,
+            until=self.deadline,
+            view_read_at=self.view.read_at,
+            decide=decide,
+            look=self._look if self.view.statuses is None else None,
+        )
+
+    def _look(self, worker_ids: set[str]) -> datetime:
+        """Read these workers' statuses, then the counters (in that order: domain/scale_down_ledger.admit),
+        as the view the next decision is taken with; when they were read."""
+        read_at = utcnow()
+        store = self.ctx.store
+        self.statuses = store.worker_statuses(worker_ids)
+        counts = store.fleet_counts()
+        self.running_in_scope = counts.running_in_scope
+        self.limits = replace(
+            self.limits,
+            fleet_size=counts.fleet_size,
+            draining=counts.draining,
+            loads=pool_loads(counts.cells),
+        )
+        return read_at
 
     def _leave(self, worker: Worker) -> None:
         """Give this cycle's place back; if the ledger stays busy, the place lapses at its deadline."""
         ledger = self.ctx.ledger
-        for _ in range(LEDGER_ATTEMPTS):
+
+        def attempt() -> None:
             current = ledger.read()
             kept = [e for e in still_needed(current, utcnow()) if not self._mine(e, worker)]
-            if len(kept) == len(current.entries):
-                return
-            try:
+            if len(kept) != len(current.entries):
                 ledger.save(current, kept)
-            except StaleWrite:
-                continue
-            return
+
+        with contextlib.suppress(StaleWrite):
+            retry_conflicts(attempt, LEDGER_ATTEMPTS)
 
 
 @dataclass
@@ -227,6 +309,7 @@ def _plan_one(
     now: datetime,
     tally: _Tally,
     counters: Counter[str],
+    claims: _Claims,
 ) -> None:
     policy = tally.policy
     worker = item.worker
@@ -258,7 +341,13 @@ def _plan_one(
         draining_now=tally.draining,
         fleet_size=tally.fleet,
         timeslot_starts=partial(timeslot_starts, ctx, worker),
+        # The pool's budgets, when one applies, are checked exactly at the ledger instead.
+        stage_budget=not claims.governed_by_pool(worker),
     )
+    if verdict.refused_by is Guard.DISRUPTION_BUDGET:
+        allowed = policy.budget.allowed(tally.fleet)
+        block = BudgetBlock(worker.pool, DisruptionReason.SCALE_DOWN, None, allowed, tally.draining)
+        claims.wait(worker, Action.DRAIN, block)
     if verdict.refused_by is not None:
         counters[f"scale_down_refused_{verdict.refused_by}"] += 1
         logger.debug("scale-down refused", worker_id=worker.id, guard=str(verdict.refused_by))

@@ -1,0 +1,124 @@
+"""Rollouts: start one (or plan it with dry_run), list and read them, pause, resume, cancel."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Annotated
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.params import PageToken
+from fleetkeeper.api.principal import caller
+from fleetkeeper.api.routes import new_router
+from fleetkeeper.domain.rollouts import MAX_ID_LENGTH, MAX_REASON_LENGTH, RolloutRequest
+from fleetkeeper.services import rollouts
+from fleetkeeper.services.context import default_context
+from fleetkeeper.services.rollouts import RolloutPlan, RolloutView
+
+router = new_router()
+
+RolloutId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, examples=["ro-0123456789abcdef"])]
+
+START_CONFLICT = (
+    "CONFLICT: another active rollout (RUNNING, PAUSED or ROLLING_BACK) already covers one of the workers; "
+    "details name the worker and that rollout; REQUEST_IN_PROGRESS: a request with the same "
+    "Idempotency-Key is still running"
+)
+MOVE_CONFLICT = (
+    "CONFLICT: the rollout's status does not allow the move (pause: RUNNING only; resume: PAUSED only; "
+    "cancel: RUNNING or PAUSED); current_status names it"
+)
+
+
+class RolloutPage(BaseModel):
+    items: list[RolloutView]
+    next_token: str | None
+
+
+class RolloutControlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "error rate up"}]})
+
+    reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+
+
+@router.post(
+    "/api/v1/rollouts",
+    summary="Replace a template's workers (or those named) wave by wave",
+    responses=responses(
+        {
+            200: ("dry_run: the plan, its waves and their workers; nothing was written", RolloutPlan),
+            202: ("the rollout, RUNNING: the reconciler advances it", RolloutView),
+        },
+        409,
+        503,
+        conflict=START_CONFLICT,
+    ),
+)
+def start_rollout(body: Annotated[RolloutRequest, Body()]) -> Response[RolloutView | RolloutPlan]:
+    if body.dry_run:
+        plan = rollouts.plan(default_context(), body)
+        return Response(status_code=HTTPStatus.OK, content_type=JSON, body=plan)
+    started = rollouts.start(default_context(), body, actor=caller(router.current_event))
+    return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=RolloutView.of(started))
+
+
+@router.get(
+    "/api/v1/rollouts",
+    responses=responses({200: ("one page of rollouts, newest first", RolloutPage)}),
+)
+def list_rollouts(
+    limit: Annotated[int, Query(ge=1, le=100)] = 50,
+    next_token: PageToken = None,
+) -> RolloutPage:
+    found = rollouts.page(default_context(), limit=limit, next_token=next_token)
+    return RolloutPage(items=[RolloutView.of(r) for r in found.items], next_token=found.next_token)
+
+
+@router.get(
+    "/api/v1/rollouts/<rollout_id>",
+    responses=responses({200: ("the rollout", RolloutView)}, 404),
+)
+def get_rollout(rollout_id: RolloutId) -> RolloutView:
+    return RolloutView.of(rollouts.get(default_context(), rollout_id))
+
+
+@router.post(
+    "/api/v1/rollouts/<rollout_id>/pause",
+    summary="Pause a RUNNING rollout: no new step until it is resumed",
+    responses=responses({200: ("the rollout, PAUSED", RolloutView)}, 404, 409, conflict=MOVE_CONFLICT),
+)
+def pause_rollout(
+    rollout_id: RolloutId, body: Annotated[RolloutControlRequest | None, Body()] = None
+) -> RolloutView:
+    reason = body.reason if body else None
+    actor = caller(router.current_event)
+    return RolloutView.of(rollouts.pause(default_context(), rollout_id, actor=actor, reason=reason))
+
+
+@router.post(
+    "/api/v1/rollouts/<rollout_id>/resume",
+    summary="Resume a PAUSED rollout (at a checkpoint: pass it)",
+    responses=responses({200: ("the rollout, RUNNING", RolloutView)}, 404, 409, conflict=MOVE_CONFLICT),
+)
+def resume_rollout(
+    rollout_id: RolloutId, body: Annotated[RolloutControlRequest | None, Body()] = None
+) -> RolloutView:
+    reason = body.reason if body else None
+    actor = caller(router.current_event)
+    return RolloutView.of(rollouts.resume(default_context(), rollout_id, actor=actor, reason=reason))
+
+
+@router.post(
+    "/api/v1/rollouts/<rollout_id>/cancel",
+    summary="Cancel a rollout: no new wave starts; drains and replacements already started go on",
+    responses=responses({200: ("the rollout, CANCELLED", RolloutView)}, 404, 409, conflict=MOVE_CONFLICT),
+)
+def cancel_rollout(
+    rollout_id: RolloutId, body: Annotated[RolloutControlRequest | None, Body()] = None
+) -> RolloutView:
+    reason = body.reason if body else None
+    actor = caller(router.current_event)
+    return RolloutView.of(rollouts.cancel(default_context(), rollout_id, actor=actor, reason=reason))

@@ -1,0 +1,485 @@
+"""Disruption budgets of a pool: how many of its workers voluntary disruptions may take at once, and when.
+
+A budget is `{"max": 2 | "10%", "reasons": [...], "schedule": "0 9 * * mon-fri", "duration": "8h",
+"timezone": "Europe/Berlin"}`. docs/disruption.md is the operator's account; the rules are:
+
+- Without a schedule a budget always applies. With one, it applies for `duration` after each match of
+  the cron schedule, read in `timezone` (UTC by default). Windows are half-open: a window that starts at
+  09:00 for 8h applies at 09:00 and no longer at 17:00. Overlapping windows (a duration longer than the
+  schedule's period) make one window.
+- Time zones and DST: the schedule is matched in local time as Debian's cron does (cronsim). A start at a
+  local time that does not exist (spring forward) moves to the first instant after the gap; a start at a
+  local time that exists twice (fall back) happens once, at the first of the two. Schedules that run
+  every hour or more often just follow the clock: they skip the missing hour and run in both copies of
+  the repeated one. `duration` is elapsed time, so an 8h window is 8 real hours even across a change.
+- `reasons` (all four when left out) say which voluntary disruptions a budget holds back. What a budget
+  counts is every worker of the pool being disrupted at once, whatever the cause: a worker drained by
+  an operator, interrupted by EC2 or stopped by scale-down is one fewer that voluntary disruptions may
+  take. The most restrictive budget that applies to a reason wins; `max: 0` in a window is a freeze.
+- A percentage is of the pool's members (RUNNING workers and those being disrupted), rounded up, like
+  Karpenter's budgets and the stage's MAX_CONCURRENT_DRAINS: 10% of 3 workers is 1, 0% is 0.
+- When none of a pool's budgets applies to a reason at an instant (a pool without budgets, or outside
+  every window that names the reason), the stage default MAX_CONCURRENT_DRAINS bounds its drains
+  fleet-wide, as it bounds every pool without budgets.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+
+from fleetkeeper.domain.durations import parse_duration
+from fleetkeeper.domain.lifecycle import WorkerStatus
+
+
+class DisruptionReason(StrEnum):
+    """Why fleetkeeper itself would take a worker out of service (never an operator's own drain)."""
+
+    ROLLOUT = "rollout"
+    EXPIRED = "expired"
+    SCALE_DOWN = "scale_down"
+    DRIFT = "drift"
+
+
+ALL_REASONS: tuple[DisruptionReason, ...] = tuple(DisruptionReason)
+# A pool item carries its budgets; this keeps it small (each budget is about 150 bytes).
+MAX_BUDGETS = 20
+MAX_BUDGET_COUNT = 100_000
+MIN_WINDOW = timedelta(minutes=1)
+MAX_WINDOW = timedelta(days=366)
+# Workers being taken out of service: what a budget counts as in use.
+DISRUPTING = frozenset({WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING})
+# A pool's members, the base of a percentage: in service, or on their way out of it.
+MEMBERS = DISRUPTING | {WorkerStatus.RUNNING}
+# A disruption whose worker shows one of these is over: it no longer holds a place in a budget.
+DISRUPTED = frozenset({WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
+# How far ahead the end of a window made of overlapping ones is followed ("* * * * *" for "1h" never
+# ends): the answer is then the end found so far, a moment until which the budget applies at least.
+_MAX_WINDOW_STEPS = 500
+_HORIZON = timedelta(days=366)
+# How many changes of the applying budgets `blocked_until` looks through.
+_MAX_CHANGES = 64
+
+_PERCENT = re.compile(r"^(\d{1,3})%$")
+_COUNT = re.compile(r"^\d{1,6}$")
+
+
+def _budget_max(value: Any) -> Any:
+    """A count (2, or "2") or a percentage ("10%"); a count is held as an int, a percentage as text."""
+    if isinstance(value, bool):
+        raise ValueError('a count such as 2 or a percentage such as "10%"')
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_BUDGET_COUNT:
+            raise ValueError(f"a count from 0 to {MAX_BUDGET_COUNT}")
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if _COUNT.match(text):
+            return _budget_max(int(text))
+        match = _PERCENT.match(text)
+        if match is not None and int(match.group(1)) <= 100:
+            return f"{int(match.group(1))}%"
+        raise ValueError('a count such as 2 or a percentage from "0%" to "100%"')
+    raise ValueError('a count such as 2 or a percentage such as "10%"')
+
+
+BudgetMax = Annotated[int | str, BeforeValidator(_budget_max)]
+
+
+def zone_of(name: str) -> ZoneInfo:
+    """The IANA time zone `name`; ValueError naming it when there is no such zone."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"'{name}' is not an IANA time zone, e.g. Europe/Berlin or UTC") from exc
+
+
+class _Record(BaseModel):
+    # domain/models.Record's rules; models.Pool holds a DisruptionPolicy, so this module cannot import it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class Budget(_Record):
+    """One budget of a pool (see the module's docstring)."""
+
+    max: BudgetMax = Field(description='a count (2) or a percentage of the pool\'s members ("10%")')
+    reasons: list[DisruptionReason] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=len(ALL_REASONS),
+        description="the voluntary disruptions it holds back; all of them when left out",
+    )
+    schedule: str | None = Field(
+        default=None,
+        max_length=200,
+        description="a five-field cron expression (minute hour day month weekday) when windows start",
+        examples=["0 9 * * mon-fri"],
+    )
+    # Checked even when left out, so that a schedule without a duration names the missing field.
+    duration: str | None = Field(
+        default=None,
+        max_length=32,
+        validate_default=True,
+        description="how long each window lasts: 8h, 90m, 1h30m, 1d; required with a schedule",
+    )
+    timezone: str | None = Field(
+        default=None, max_length=64, description="the IANA time zone of the schedule; UTC by default"
+    )
+
+    @field_validator("reasons")
+    @classmethod
+    def _distinct(cls, value: list[DisruptionReason] | None) -> list[DisruptionReason] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("names a reason twice")
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        text = " ".join(value.split())
+        # cronsim also reads a sixth field of seconds; windows are planned to the minute.
+        if len(text.split(" ")) != 5:
+            raise ValueError("five fields: minute hour day-of-month month day-of-week, e.g. 0 9 * * mon-fri")
+        try:
+            first = next(CronSim(text, datetime(2000, 1, 1, tzinfo=UTC)), None)
+        except CronSimError as exc:
+            raise ValueError(f"not a cron expression: {exc}") from exc
+        if first is None:
+            raise ValueError("never matches")
+        return text
+
+    @field_validator("duration")
+    @classmethod
+    def _window(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # A schedule that failed its own check is absent from info.data: nothing to pair with then.
+        if "schedule" in info.data and (info.data["schedule"] is None) != (value is None):
+            if value is None:
+                raise ValueError("required with a schedule: how long each window lasts, e.g. 8h")
+            raise ValueError("only applies to a schedule")
+        if value is None:
+            return None
+        length = parse_duration(value)
+        if length is None:
+            raise ValueError("a duration such as 8h, 90m, 1h30m or 1d")
+        if not MIN_WINDOW <= length <= MAX_WINDOW:
+            raise ValueError("from 1m to 366d")
+        return value.strip()
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        zone_of(value)
+        if info.data.get("schedule", "") is None:
+            raise ValueError("only applies to a schedule")
+        return value
+
+    @property
+    def window_length(self) -> timedelta | None:
+        return parse_duration(self.duration) if self.duration else None
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return zone_of(self.timezone or "UTC")
+
+    def covers(self, reason: DisruptionReason) -> bool:
+        return self.reasons is None or reason in self.reasons
+
+    def allowed(self, members: int) -> int:
+        """How many of `members` may be disrupted at once under this budget."""
+        if isinstance(self.max, int):
+            return self.max
+        percent = int(self.max.removesuffix("%"))
+        return math.ceil(percent * members / 100)
+
+    def window_at(self, at: datetime) -> Window:
+        return window_at(self, at)
+
+
+class DisruptionPolicy(_Record):
+    """A pool's disruption budgets (`PUT /api/v1/pools/{name}`, field `disruption`)."""
+
+    budgets: list[Budget] = Field(default_factory=list, max_length=MAX_BUDGETS)
+
+
+# ---- windows ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """Whether a budget applies at an instant, until when, or when it applies next (all UTC).
+
+    `until` is None for a budget without a schedule (it always applies); `next_start` is None when it
+    applies now, or when its schedule never matches again within cronsim's search (50 years).
+    """
+
+    active: bool
+    until: datetime | None = None
+    next_start: datetime | None = None
+
+
+def _matches(schedule: str, zone: ZoneInfo, start: datetime, *, reverse: bool) -> Iterable[datetime]:
+    """Matches strictly after (or, reversed, strictly before) `start`, in UTC."""
+    for match in CronSim(schedule, start.astimezone(zone), reverse=reverse):
+        yield match.astimezone(UTC)
+
+
+def _latest_match(schedule: str, zone: ZoneInfo, at: datetime) -> datetime | None:
+    """The last match at or before `at`."""
+    return next(iter(_matches(schedule, zone, at + timedelta(microseconds=1), reverse=True)), None)
+
+
+def window_at(budget: Budget, at: datetime) -> Window:
+    """The budget's window at `at`. Every comparison and sum is done in UTC: Python compares and adds
+    datetimes of one zone in wall time, which would be wrong by the DST offset."""
+    at = at.astimezone(UTC)
+    length = budget.window_length
+    if budget.schedule is None or length is None:
+        return Window(active=True)
+    zone = budget.zone
+    latest = _latest_match(budget.schedule, zone, at)
+    if latest is None or latest + length <= at:
+        upcoming = next(iter(_matches(budget.schedule, zone, at, reverse=False)), None)
+        return Window(active=False, next_start=upcoming)
+    end = latest + length
+    # A window that starts before this one ends extends it: jump to the last start within it.
+    for _ in range(_MAX_WINDOW_STEPS):
+        if end - at > _HORIZON:
+            break
+        last_start = _latest_match(budget.schedule, zone, end)
+        if last_start is None or last_start + length <= end:
+            break
+        end = last_start + length
+    return Window(active=True, until=end)
+
+
+# ---- assessing a pool ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """One budget of a pool at an instant: its window and what it allows the pool's members."""
+
+    index: int
+    budget: Budget
+    window: Window
+    allowed: int
+
+    @property
+    def active(self) -> bool:
+        return self.window.active
+
+    @property
+    def change(self) -> datetime | None:
+        """When this budget next starts or stops applying."""
+        return self.window.until if self.window.active else self.window.next_start
+
+
+def budget_states(policy: DisruptionPolicy, at: datetime, members: int) -> list[BudgetState]:
+    return [
+        BudgetState(index, budget, window_at(budget, at), budget.allowed(members))
+        for index, budget in enumerate(policy.budgets)
+    ]
+
+
+def next_change(states: Sequence[BudgetState]) -> datetime | None:
+    """The next moment a budget of the pool starts or stops applying."""
+    return min((s.change for s in states if s.change is not None), default=None)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What a pool's budgets say about one reason at one instant.
+
+    `allowed` is the most restrictive applying budget's count and `limiting` its index; both are None
+    when no budget of the pool applies to the reason (the stage default governs it then).
+    """
+
+    reason: DisruptionReason
+    at: datetime
+    members: int
+    in_use: int
+    budgets: tuple[BudgetState, ...]
+    applying: tuple[int, ...]
+    allowed: int | None
+    limiting: int | None
+    next_change: datetime | None
+
+    @property
+    def admits(self) -> bool:
+        """Whether one more disruption of this reason fits."""
+        return self.allowed is None or self.in_use < self.allowed
+
+    @property
+    def available(self) -> int | None:
+        return None if self.allowed is None else max(self.allowed - self.in_use, 0)
+
+
+def assess(
+    policy: DisruptionPolicy, reason: DisruptionReason, at: datetime, *, members: int, in_use: int
+) -> Assessment:
+    """The pool's budgets for `reason` at `at`, with `members` workers of which `in_use` are being
+    disrupted."""
+    states = budget_states(policy, at, members)
+    applying = [s for s in states if s.active and s.budget.covers(reason)]
+    # The most restrictive wins; on a tie, the first listed.
+    limiting = min(applying, key=lambda s: (s.allowed, s.index), default=None)
+    return Assessment(
+        reason=reason,
+        at=at,
+        members=members,
+        in_use=in_use,
+        budgets=tuple(states),
+        applying=tuple(s.index for s in applying),
+        allowed=limiting.allowed if limiting else None,
+        limiting=limiting.index if limiting else None,
+        next_change=next_change(states),
+    )
+
+
+def blocked_until(
+    policy: DisruptionPolicy, reason: DisruptionReason, at: datetime, *, members: int, in_use: int
+) -> datetime | None:
+    """The first moment after `at` at which the pool's budgets would admit one more disruption of
+    `reason` with as many in use as now; None when only disruptions in progress ending can free a place
+    (no window ahead changes the answer)."""
+    moment = at
+    for _ in range(_MAX_CHANGES):
+        upcoming = next_change(budget_states(policy, moment, members))
+        if upcoming is None:
+            return None
+        if assess(policy, reason, upcoming, members=members, in_use=in_use).admits:
+            return upcoming
+        moment = upcoming
+    return None
+
+
+def exceeded(policy: DisruptionPolicy, at: datetime, *, members: int, in_use: int) -> BudgetState | None:
+    """The most restrictive budget applying at `at` (to any reason) that `in_use` disruptions go
+    beyond; what an operator's drain, which no budget refuses, reports."""
+    over = [s for s in budget_states(policy, at, members) if s.active and in_use > s.allowed]
+    return min(over, key=lambda s: (s.allowed, s.index), default=None)
+
+
+# ---- counting a pool -------------------------------------------------------------------------------
+
+
+def pool_of_scope(scope: str) -> str | None:
+    """The pool of a scale-down scope (`<template>#<pool>`, `-` for none; domain/scale_down.scope_of).
+    Neither a template nor a pool name can hold `#`, and no pool is named `-`."""
+    pool = scope.partition("#")[2]
+    return None if pool in ("", "-") else pool
+
+
+@dataclass(frozen=True)
+class PoolLoad:
+    """What a view shows of one pool: its members and how many of them are being disrupted."""
+
+    members: int = 0
+    disrupting: int = 0
+
+
+def pool_loads(cells: Mapping[tuple[str, WorkerStatus], int]) -> dict[str, PoolLoad]:
+    """Each pool's load from worker counts by (scope, status)."""
+    members: dict[str, int] = {}
+    disrupting: dict[str, int] = {}
+    for (scope, status), count in cells.items():
+        pool = pool_of_scope(scope)
+        if pool is None:
+            continue
+        if status in MEMBERS:
+            members[pool] = members.get(pool, 0) + count
+        if status in DISRUPTING:
+            disrupting[pool] = disrupting.get(pool, 0) + count
+    return {pool: PoolLoad(members.get(pool, 0), disrupting.get(pool, 0)) for pool in members}
+
+
+@dataclass(frozen=True)
+class BudgetBlock:
+    """Why a voluntary disruption waits: the budget that holds it back (None: the stage default),
+    what it allows and how many are in use, and when a window change lets one more through (None:
+    when disruptions in progress end)."""
+
+    pool: str | None
+    reason: DisruptionReason
+    budget: int | None
+    allowed: int
+    in_use: int
+    until: datetime | None = None
+
+
+# ---- what waits on a pool's budgets ----------------------------------------------------------------
+
+# A refusal is shown as waiting this long: the reconciler looks at an idle worker every cycle (a
+# minute), so a worker still held back is refused again well within it.
+WAITING_WINDOW = timedelta(minutes=10)
+# At most this many refusals are kept per pool, the newest: the item stays small whatever the pool's size.
+MAX_WAITING = 50
+
+
+class Waiting(_Record):
+    """A voluntary disruption a budget held back: which worker, why, by which budget and when."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker_id: str
+    reason: DisruptionReason
+    action: str
+    budget: int | None = Field(
+        default=None, description="the budget's index in the pool's list; null: the stage default"
+    )
+    allowed: int
+    in_use: int
+    refused_at: datetime
+    until: datetime | None = None
+
+    @classmethod
+    def of(cls, worker_id: str, action: str, block: BudgetBlock, at: datetime) -> Waiting:
+        return cls(
+            worker_id=worker_id,
+            reason=block.reason,
+            action=action,
+            budget=block.budget,
+            allowed=block.allowed,
+            in_use=block.in_use,
+            refused_at=at,
+            until=block.until,
+        )
+
+
+class WaitingList(_Record):
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = Field(default=0, ge=0)
+    entries: list[Waiting] = Field(default_factory=list)
+
+
+def still_waiting(entries: Iterable[Waiting], now: datetime) -> list[Waiting]:
+    """The refusals recent enough to show, newest first."""
+    recent = [e for e in entries if now - e.refused_at <= WAITING_WINDOW]
+    return sorted(recent, key=lambda e: e.refused_at, reverse=True)
+
+
+def with_refusals(current: Sequence[Waiting], refusals: Sequence[Waiting], now: datetime) -> list[Waiting]:
+    """`current` with `refusals` added: a worker's newest refusal replaces its older one; stale ones
+    and those beyond MAX_WAITING (the oldest) are dropped."""
+    newest: dict[str, Waiting] = {}
+    for entry in [*current, *refusals]:
+        kept = newest.get(entry.worker_id)
+        if kept is None or entry.refused_at >= kept.refused_at:
+            newest[entry.worker_id] = entry
+    return still_waiting(newest.values(), now)[:MAX_WAITING]

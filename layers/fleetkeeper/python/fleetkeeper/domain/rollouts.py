@@ -1,0 +1,346 @@
+"""Rollouts: replacing a scope of workers (a template, optionally in one pool, or a list of workers) wave
+by wave, never more than `max_unavailable` of them out of placement at once (docs/rollouts.md).
+
+Pure: the request, the plan (waves), the statuses and their transitions, the record the store keeps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from enum import StrEnum
+from itertools import pairwise
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+)
+
+from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.models import Name, UtcDatetime
+
+# The most workers one rollout covers: its record (ids, per-worker progress) stays far inside the
+# table's item budget (store/item_size.py), and the lock of each is one conditional write.
+MAX_ROLLOUT_WORKERS: Final = 1000
+# The most workers one wave takes (a percentage resolves to at most this): the wave's progress is kept
+# per worker in the rollout's item, and with the scope's ids it must stay inside the item budget.
+MAX_WAVE_WORKERS: Final = 500
+MAX_REASON_LENGTH: Final = 500
+# A bake or a checkpoint's wait longer than a week is a typo, not a policy.
+MAX_WAIT_SECONDS: Final = 7 * 24 * 3600
+MIN_DRAIN_TIMEOUT_SECONDS: Final = 60
+MAX_DRAIN_TIMEOUT_SECONDS: Final = 7 * 24 * 3600
+MAX_ID_LENGTH: Final = 64
+DEFAULT_MAX_UNAVAILABLE: Final = "10%"
+PERCENT_PATTERN: Final = r"^([1-9][0-9]?|100)%$"
+_PERCENT = re.compile(PERCENT_PATTERN)
+
+
+class RolloutStrategy(StrEnum):
+    # The replacement is created first; the old worker drains once its replacement is RUNNING.
+    SURGE = "surge"
+    # The old worker drains first; its replacement is created once the drain has finished.
+    DRAIN_FIRST = "drain_first"
+
+
+class RolloutStatus(StrEnum):
+    RUNNING = "RUNNING"
+    PAUSED = "PAUSED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    ROLLING_BACK = "ROLLING_BACK"
+    ROLLED_BACK = "ROLLED_BACK"
+
+
+# Every move a rollout's status may make; anything else is an IllegalTransition (409 at the API).
+TRANSITIONS: Final[dict[RolloutStatus, frozenset[RolloutStatus]]] = {
+    RolloutStatus.RUNNING: frozenset(
+        {
+            RolloutStatus.PAUSED,
+            RolloutStatus.SUCCEEDED,
+            RolloutStatus.FAILED,
+            RolloutStatus.CANCELLED,
+            RolloutStatus.ROLLING_BACK,
+        }
+    ),
+    RolloutStatus.PAUSED: frozenset(
+        {RolloutStatus.RUNNING, RolloutStatus.CANCELLED, RolloutStatus.ROLLING_BACK}
+    ),
+    RolloutStatus.ROLLING_BACK: frozenset({RolloutStatus.ROLLED_BACK, RolloutStatus.FAILED}),
+    RolloutStatus.SUCCEEDED: frozenset(),
+    RolloutStatus.FAILED: frozenset(),
+    RolloutStatus.CANCELLED: frozenset(),
+    RolloutStatus.ROLLED_BACK: frozenset(),
+}
+ACTIVE: Final = frozenset({RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.ROLLING_BACK})
+FINISHED: Final = frozenset(s for s, moves in TRANSITIONS.items() if not moves)
+
+
+def can_move(current: RolloutStatus, target: RolloutStatus) -> bool:
+    return target in TRANSITIONS[current]
+
+
+def check_move(rollout_id: str, current: RolloutStatus, target: RolloutStatus) -> None:
+    """Raise Conflict (409, naming the current status) unless the table allows the move."""
+    if not can_move(current, target):
+        raise Conflict(
+            "rollout",
+            rollout_id,
+            str(current),
+            f"rollout {rollout_id} is {current}; it cannot move to {target}",
+        )
+
+
+def _one_error(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """One error naming the field, not one per member of the union."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        raise ValueError(
+            f'a count from 1 to {MAX_WAVE_WORKERS} such as 2, or a percentage from "1%" to "100%"'
+        ) from exc
+
+
+MaxUnavailable = Annotated[
+    Annotated[int, Strict(), Field(ge=1, le=MAX_WAVE_WORKERS)]
+    | Annotated[str, Field(pattern=PERCENT_PATTERN)],
+    WrapValidator(_one_error),
+    Field(
+        description="how many of the scope's workers may be out of placement at once: a count "
+        f"(1 to {MAX_WAVE_WORKERS}) or a percentage of the scope ('1%' to '100%', rounded down, at least 1, "
+        f"at most {MAX_WAVE_WORKERS})",
+        examples=[1, "25%"],
+    ),
+]
+WaitSeconds = Annotated[int, Strict(), Field(ge=0, le=MAX_WAIT_SECONDS)]
+WorkerId = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
+
+
+class RolloutRequest(BaseModel):
+    """POST /api/v1/rollouts: what to replace and how fast."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "template": "lab-small",
+                    "pool": "labs",
+                    "max_unavailable": "25%",
+                    "strategy": "surge",
+                    "checkpoints": [50],
+                    "checkpoint_delay_seconds": None,
+                    "bake_seconds": 300,
+                    "reason": "AMI 2026-11",
+                }
+            ]
+        },
+    )
+
+    template: Name | None = Field(
+        default=None,
+        description="the template whose workers are replaced (required unless worker_ids names them); "
+        "replacements are of this template",
+    )
+    pool: Name | None = Field(default=None, description="only the template's workers in this pool")
+    worker_ids: (
+        Annotated[
+            list[WorkerId],
+            Field(min_length=1, max_length=MAX_ROLLOUT_WORKERS, json_schema_extra={"uniqueItems": True}),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description=f"these workers instead of a template's (at most {MAX_ROLLOUT_WORKERS}, each once); "
+        "each replacement is of its worker's template and pool",
+    )
+    max_unavailable: MaxUnavailable = DEFAULT_MAX_UNAVAILABLE
+    strategy: RolloutStrategy = RolloutStrategy.SURGE
+    checkpoints: Annotated[
+        list[Annotated[int, Strict(), Field(ge=1, le=99)]],
+        Field(max_length=99, json_schema_extra={"uniqueItems": True}),
+    ] = Field(
+        default_factory=list,
+        description="percentages of the scope replaced at which the rollout pauses (ascending, each once)",
+    )
+    checkpoint_delay_seconds: WaitSeconds | None = Field(
+        default=None,
+        description="how long a checkpoint waits before going on by itself; null waits for a resume",
+    )
+    bake_seconds: WaitSeconds = Field(
+        default=0, description="how long a finished wave settles before the next"
+    )
+    drain_timeout_seconds: (
+        Annotated[int, Strict(), Field(ge=MIN_DRAIN_TIMEOUT_SECONDS, le=MAX_DRAIN_TIMEOUT_SECONDS)] | None
+    ) = Field(default=None, description="each drain's deadline; default: the template's")
+    replace: Annotated[bool, Strict()] = Field(
+        default=True, description="false drains the workers without creating replacements"
+    )
+    reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+    dry_run: Annotated[bool, Strict()] = False
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _ascending(cls, value: list[int]) -> list[int]:
+        if any(b <= a for a, b in pairwise(value)):
+            raise ValueError("checkpoints must be ascending, each percentage once")
+        return value
+
+    @field_validator("worker_ids")
+    @classmethod
+    def _unique(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each worker once")
+        return value
+
+
+def resolve_max_unavailable(spec: int | str, scope_size: int) -> int:
+    """A count as it is; a percentage of the scope's size rounded down, at least 1; at most
+    MAX_WAVE_WORKERS either way."""
+    if isinstance(spec, int):
+        return min(max(spec, 1), MAX_WAVE_WORKERS)
+    match = _PERCENT.match(spec)
+    if match is None:
+        raise ValueError(f"'{spec}' is neither a count nor a percentage")
+    return min(max(math.floor(int(match.group(1)) * scope_size / 100), 1), MAX_WAVE_WORKERS)
+
+
+def plan_waves(worker_ids: Sequence[str], max_unavailable: int) -> list[list[str]]:
+    """The waves a rollout replaces, in order: the workers sorted (so the plan is stable whatever order
+    the index returned them in), cut into groups of at most `max_unavailable`."""
+    if max_unavailable < 1:
+        raise ValueError("max_unavailable must be at least 1")
+    ordered = sorted(set(worker_ids))
+    return [ordered[i : i + max_unavailable] for i in range(0, len(ordered), max_unavailable)]
+
+
+def percent_done(replaced: int, total: int) -> int:
+    """The share of the scope replaced, in whole percent rounded down (100 only when all are)."""
+    return 100 if total == 0 else replaced * 100 // total
+
+
+def checkpoint_reached(
+    checkpoints: Sequence[int], passed: Sequence[int], replaced: int, total: int
+) -> int | None:
+    """The highest checkpoint the rollout has reached and not yet passed, if any."""
+    done = percent_done(replaced, total)
+    reached = [c for c in checkpoints if c <= done and c not in passed]
+    return max(reached) if reached else None
+
+
+class WorkerPhase(StrEnum):
+    """Where one worker of the current wave stands."""
+
+    # In the wave, nothing started yet (drain_first: its drain waits for the disruption budgets).
+    WAITING = "waiting"
+    # surge: its replacement is created; its drain waits for the replacement to be RUNNING, then for
+    # the disruption budgets.
+    REPLACING = "replacing"
+    # Its drain (then terminate) has started.
+    DRAINING = "draining"
+    # drain_first: drained; its replacement is created and not RUNNING yet.
+    REPLACED_PENDING = "replaced_pending"
+    DONE = "done"
+    # It was gone or could not be drained: counted, not retried.
+    SKIPPED = "skipped"
+
+
+class WorkerProgress(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    phase: WorkerPhase
+    replacement_id: str | None = None
+    since: UtcDatetime
+
+
+BlockedReason = Literal["budget", "window", "capacity", "launch_failed", "drain_waiting", "checkpoint"]
+
+
+class Blocked(BaseModel):
+    """Why a rollout is not progressing now."""
+
+    reason: BlockedReason
+    detail: str
+    since: UtcDatetime
+
+
+class Rollout(BaseModel):
+    """The stored rollout: its request as resolved, and where it stands."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    version: int = Field(default=0, ge=0)
+    status: RolloutStatus = RolloutStatus.RUNNING
+    template: Name | None = None
+    pool: Name | None = None
+    # The scope, sorted: the waves are plan_waves(worker_ids, max_unavailable).
+    worker_ids: list[str] = Field(max_length=MAX_ROLLOUT_WORKERS)
+    max_unavailable: int = Field(ge=1)
+    max_unavailable_requested: int | str
+    strategy: RolloutStrategy
+    checkpoints: list[int] = Field(default_factory=list)
+    checkpoint_delay_seconds: int | None = None
+    bake_seconds: int = 0
+    drain_timeout_seconds: int | None = None
+    replace: bool = True
+    reason: str | None = None
+    started_by: str
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+    finished_at: UtcDatetime | None = None
+    # The wave in progress (an index into the plan), and its workers' progress.
+    wave: int = Field(default=0, ge=0)
+    progress: dict[str, WorkerProgress] = Field(default_factory=dict)
+    replaced: int = Field(default=0, ge=0)
+    skipped: int = Field(default=0, ge=0)
+    # When the last wave finished (its bake counts from then), and the checkpoints passed.
+    wave_done_at: UtcDatetime | None = None
+    checkpoints_passed: list[int] = Field(default_factory=list)
+    paused_at_checkpoint: int | None = None
+    paused_at: UtcDatetime | None = None
+    blocked: Blocked | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.worker_ids)
+
+    @property
+    def waves(self) -> list[list[str]]:
+        return plan_waves(self.worker_ids, self.max_unavailable)
+
+    @property
+    def in_progress(self) -> int:
+        return sum(
+            1 for p in self.progress.values() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)
+        )
+
+    @property
+    def remaining(self) -> int:
+        return max(self.total - self.replaced - self.skipped - self.in_progress, 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+def event_detail(rollout: Rollout, **extra: Any) -> dict[str, Any]:
+    """What every rollout event on the audit bus carries."""
+    return {
+        "rollout_id": rollout.id,
+        "status": str(rollout.status),
+        "template": rollout.template,
+        "pool": rollout.pool,
+        "total": rollout.total,
+        "replaced": rollout.replaced,
+        **extra,
+    }

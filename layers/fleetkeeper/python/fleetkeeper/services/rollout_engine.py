@@ -1,0 +1,388 @@
+"""The rollout engine: the leading reconcile shard advances each RUNNING rollout one step per cycle
+(docs/rollouts.md, "How a rollout advances").
+
+A step reads the rollout and the workers of its current wave, does what is due (create replacements,
+ask the pool's disruption budgets, start drains), and writes the rollout back under a condition on
+the version it read: a step that loses to an operator's pause or cancel is dropped, its effects are
+found again next cycle (a drain already started, a replacement with the id the step chose).
+
+Out of placement at once: only the current wave's workers are ever drained, and a wave is at most
+`max_unavailable` workers; the next wave starts once every worker of this one is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from fleetkeeper.domain.disruption import DisruptionReason
+from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Worker, utcnow
+from fleetkeeper.domain.rollouts import (
+    MAX_REASON_LENGTH,
+    Blocked,
+    BlockedReason,
+    Rollout,
+    RolloutStatus,
+    RolloutStrategy,
+    WorkerPhase,
+    WorkerProgress,
+    checkpoint_reached,
+    percent_done,
+)
+from fleetkeeper.observability import logger
+from fleetkeeper.services import disruption, drains, workers
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.rollouts import emit
+
+# Rollouts one cycle advances at most (and PAUSED ones it looks at for a checkpoint's delay): the
+# rest wait for the next cycle.
+MAX_ROLLOUTS_PER_CYCLE: Final = 20
+# Replacements created and drains asked for in one step at most: a wide wave (up to MAX_WAVE_WORKERS)
+# starts over a few cycles rather than spend one cycle's time on it.
+MAX_STARTS_PER_STEP: Final = 25
+ACTOR_PREFIX: Final = "rollout:"
+# A drain of the old worker has ended once it is out of the fleet or stopped.
+_GONE: Final = frozenset({WorkerStatus.TERMINATED, WorkerStatus.STOPPED})
+# A replacement that reached one of these will never run.
+_FAILED: Final = frozenset(
+    {
+        WorkerStatus.FAILED,
+        WorkerStatus.STOPPING,
+        WorkerStatus.STOPPED,
+        WorkerStatus.TERMINATING,
+        WorkerStatus.TERMINATED,
+    }
+)
+_DISRUPTED: Final = frozenset(
+    {WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING, WorkerStatus.TERMINATED}
+)
+
+
+def replacement_id(rollout_id: str, worker_id: str) -> str:
+    """The replacement's id, the same every time it is chosen: a step whose write was lost creates
+    it again with this id and finds it there."""
+    return "w-" + hashlib.sha256(f"{rollout_id}:{worker_id}".encode()).hexdigest()[:16]
+
+
+def advance_rollouts(
+    ctx: Context,
+    counters: Counter[str],
+    *,
+    time_left: Callable[[], float],
+    margin_seconds: float,
+    now: datetime | None = None,
+) -> None:
+    """One step of each RUNNING rollout, and the end of the checkpoint waits that have passed."""
+    now = now or utcnow()
+    store = ctx.rollouts
+    for rollout_id in list(store.active_ids(RolloutStatus.PAUSED, limit=MAX_ROLLOUTS_PER_CYCLE)):
+        if time_left() < margin_seconds:
+            counters["rollouts_deferred"] += 1
+            return
+        _resume_after_delay(ctx, rollout_id, now, counters)
+    for rollout_id in list(store.active_ids(RolloutStatus.RUNNING, limit=MAX_ROLLOUTS_PER_CYCLE)):
+        if time_left() < margin_seconds:
+            counters["rollouts_deferred"] += 1
+            return
+        try:
+            rollout = store.find(rollout_id)
+            if rollout is None or rollout.status != RolloutStatus.RUNNING:
+                continue
+            step(ctx, rollout, now)
+            counters["rollout_steps"] += 1
+        except StaleWrite:
+            # An operator paused or cancelled it meanwhile: the step is dropped, the next cycle decides.
+            counters["rollout_step_conflicts"] += 1
+        except Exception:  # one rollout's failure never stops the others; it is tried again next cycle
+            logger.exception("rollout step failed", rollout_id=rollout_id)
+            counters["rollout_errors"] += 1
+
+
+def _resume_after_delay(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
+    rollout = ctx.rollouts.find(rollout_id)
+    if (
+        rollout is None
+        or rollout.status != RolloutStatus.PAUSED
+        or rollout.paused_at_checkpoint is None
+        or rollout.checkpoint_delay_seconds is None
+        or rollout.paused_at is None
+        or now < rollout.paused_at + timedelta(seconds=rollout.checkpoint_delay_seconds)
+    ):
+        return
+    passed = sorted({*rollout.checkpoints_passed, rollout.paused_at_checkpoint})
+    try:
+        saved = ctx.rollouts.save(
+            rollout,
+            {
+                "status": RolloutStatus.RUNNING,
+                "paused_at": None,
+                "paused_at_checkpoint": None,
+                "checkpoints_passed": passed,
+                "blocked": None,
+            },
+            actor=ACTOR_PREFIX + rollout.id,
+            action="RolloutResumed",
+            reason=f"checkpoint {rollout.paused_at_checkpoint}% waited {rollout.checkpoint_delay_seconds} s",
+        )
+    except StaleWrite:
+        counters["rollout_step_conflicts"] += 1
+        return
+    emit(ctx, "RolloutResumed", saved, actor=ACTOR_PREFIX + rollout.id)
+    counters["rollouts_resumed"] += 1
+
+
+class _Step:
+    """What one step changes: the progress of the wave, and why it waits."""
+
+    def __init__(self, ctx: Context, rollout: Rollout, now: datetime) -> None:
+        self.ctx = ctx
+        self.rollout = rollout
+        self.now = now
+        self.actor = ACTOR_PREFIX + rollout.id
+        self.progress = dict(rollout.progress)
+        self.blocked: list[tuple[BlockedReason, str]] = []
+        self.failed: str | None = None
+        self.starts = 0
+
+    def may_start(self) -> bool:
+        """Whether this step may create one more replacement or ask for one more drain."""
+        if self.starts >= MAX_STARTS_PER_STEP:
+            return False
+        self.starts += 1
+        return True
+
+    def set(self, worker_id: str, phase: WorkerPhase, replacement: str | None = None) -> None:
+        old = self.progress.get(worker_id)
+        self.progress[worker_id] = WorkerProgress(
+            phase=phase,
+            replacement_id=replacement if replacement is not None else (old.replacement_id if old else None),
+            since=self.now,
+        )
+
+    def block(self, reason: BlockedReason, detail: str) -> None:
+        self.blocked.append((reason, detail))
+
+    def create_replacement(self, old: Worker) -> str:
+        new_id = replacement_id(self.rollout.id, old.id)
+        # A Conflict: created by a step whose write was lost; it is the same replacement.
+        with contextlib.suppress(Conflict):
+            workers.create_worker(
+                self.ctx.store,
+                template=self.rollout.template or old.template,
+                region=old.region,
+                pool=old.pool,
+                actor=self.actor,
+                worker_id=new_id,
+            )
+        return new_id
+
+    def admit_and_drain(self, old: Worker) -> bool:
+        """Ask the pool's budgets for the old worker's drain and start it; False while it must wait."""
+        if old.status in _DISRUPTED:
+            return True  # started by a step whose write was lost
+        if not self.may_start():
+            return False  # the next cycle asks
+        refusal = disruption.admit(self.ctx, old.id, DisruptionReason.ROLLOUT, now=self.now)
+        if refusal is not None:
+            block = refusal.block
+            if block is not None and block.until is not None:
+                self.block("window", f"worker {old.id}: a budget window holds rollouts until {block.until}")
+            elif block is not None:
+                self.block(
+                    "budget",
+                    f"worker {old.id}: pool {block.pool} budget {block.budget} allows {block.allowed}, "
+                    f"{block.in_use} in use",
+                )
+            else:
+                self.block("budget", f"worker {old.id}: {refusal.guard}")
+            return False
+        drains.start_worker_drain(
+            self.ctx,
+            old.id,
+            actor=self.actor,
+            reason=_drain_reason(self.rollout),
+            timeout_seconds=self.rollout.drain_timeout_seconds,
+            then=DrainThen.TERMINATE,
+        )
+        return True
+
+
+def step(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
+    """Advance one RUNNING rollout by what is due now, and write it back (StaleWrite if it moved)."""
+    waves = rollout.waves
+    work = _Step(ctx, rollout, now)
+    if rollout.wave < len(waves) and not rollout.progress:
+        for worker_id in waves[rollout.wave]:
+            work.set(worker_id, WorkerPhase.WAITING)
+    current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
+    found = {w.id: w for w in ctx.store.get_workers(current)}
+    for worker_id in current:
+        _advance_worker(work, worker_id, found.get(worker_id))
+    return _finish_step(ctx, rollout, work)
+
+
+def _advance_worker(work: _Step, worker_id: str, old: Worker | None) -> None:
+    rollout = work.rollout
+    progress = work.progress[worker_id]
+    phase = progress.phase
+    surge = rollout.strategy == RolloutStrategy.SURGE and rollout.replace
+    if phase == WorkerPhase.WAITING:
+        # A worker gone or not in service when its wave comes is left alone. One already leaving for
+        # another reason (its expiry, which replaces it itself; an operator's or a scale-down's drain)
+        # is left alone too: a replacement here would add a worker the scope never lost. Only this
+        # rollout's own drain, started by a step whose write was lost, is followed.
+        if (
+            old is None
+            or old.status in _GONE
+            or old.status not in (_DISRUPTED | {WorkerStatus.RUNNING})
+            or (old.status in _DISRUPTED and not _drained_by(rollout, old))
+        ):
+            work.set(worker_id, WorkerPhase.SKIPPED)
+            return
+        if surge:
+            if not work.may_start():
+                return  # the next cycle creates it
+            work.set(worker_id, WorkerPhase.REPLACING, work.create_replacement(old))
+            phase = WorkerPhase.REPLACING
+        elif work.admit_and_drain(old):
+            work.set(worker_id, WorkerPhase.DRAINING)
+            return
+        else:
+            return
+    if phase == WorkerPhase.REPLACING:
+        new = _replacement(work, progress.replacement_id or replacement_id(rollout.id, worker_id))
+        if new is None or new.status in _FAILED:
+            work.failed = f"replacement of worker {worker_id} failed to launch"
+            work.block("launch_failed", work.failed)
+            return
+        if new.status != WorkerStatus.RUNNING:
+            work.block("capacity", f"replacement {new.id} of worker {worker_id} is {new.status}")
+            return
+        if old is None:
+            work.set(worker_id, WorkerPhase.DONE)
+            return
+        if work.admit_and_drain(old):
+            work.set(worker_id, WorkerPhase.DRAINING)
+        return
+    if phase == WorkerPhase.DRAINING:
+        if old is None or old.status == WorkerStatus.RUNNING:
+            # Its drain was cancelled by an operator (or its record is gone): the rollout leaves it.
+            work.set(worker_id, WorkerPhase.SKIPPED)
+            return
+        if old.status not in _GONE:
+            work.block("drain_waiting", f"worker {worker_id} is {old.status}")
+            return
+        if rollout.replace and not surge:
+            if work.may_start():
+                work.set(worker_id, WorkerPhase.REPLACED_PENDING, work.create_replacement(old))
+            return
+        work.set(worker_id, WorkerPhase.DONE)
+        return
+    if phase == WorkerPhase.REPLACED_PENDING:
+        new = _replacement(work, progress.replacement_id or replacement_id(rollout.id, worker_id))
+        if new is None or new.status in _FAILED:
+            work.failed = f"replacement of worker {worker_id} failed to launch"
+            work.block("launch_failed", work.failed)
+        elif new.status == WorkerStatus.RUNNING:
+            work.set(worker_id, WorkerPhase.DONE)
+        else:
+            work.block("capacity", f"replacement {new.id} of worker {worker_id} is {new.status}")
+
+
+def _drain_reason(rollout: Rollout) -> str:
+    """The reason of the drains this rollout starts: its id first, whole, so its drains are its own."""
+    return (f"rollout {rollout.id}" + (f": {rollout.reason}" if rollout.reason else ""))[:MAX_REASON_LENGTH]
+
+
+def _drained_by(rollout: Rollout, worker: Worker) -> bool:
+    """Whether the worker's current drain is one this rollout started (it is the drain's requester)."""
+    return worker.drain is not None and worker.drain.requested_by == ACTOR_PREFIX + rollout.id
+
+
+def _replacement(work: _Step, worker_id: str) -> Worker | None:
+    try:
+        return work.ctx.store.get_worker(worker_id)
+    except NotFound:
+        return None
+
+
+def _finish_step(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
+    now = work.now
+    progress = work.progress
+    done = sum(1 for p in progress.values() if p.phase == WorkerPhase.DONE)
+    skipped = sum(1 for p in progress.values() if p.phase == WorkerPhase.SKIPPED)
+    wave_over = bool(progress) and done + skipped == len(progress)
+    changes: dict[str, Any] = {"progress": progress}
+    blocked: Blocked | None = None
+    if work.blocked:
+        reason, detail = work.blocked[0]
+        since = rollout.blocked.since if rollout.blocked and rollout.blocked.reason == reason else now
+        blocked = Blocked(reason=reason, detail=detail, since=since)
+    if work.failed is not None:
+        changes |= {"status": RolloutStatus.FAILED, "finished_at": now, "blocked": blocked}
+        saved = ctx.rollouts.save(
+            rollout, changes, actor=work.actor, action="RolloutFailed", reason=work.failed
+        )
+        emit(ctx, "RolloutFailed", saved, reason=work.failed)
+        return saved
+    if wave_over:
+        replaced = rollout.replaced + done
+        skipped_total = rollout.skipped + skipped
+        wave_done_at = rollout.wave_done_at or now
+        changes |= {"wave_done_at": wave_done_at}
+        last = rollout.wave + 1 >= len(rollout.waves)
+        reached = checkpoint_reached(rollout.checkpoints, rollout.checkpoints_passed, replaced, rollout.total)
+        if last:
+            changes |= {
+                "status": RolloutStatus.SUCCEEDED,
+                "finished_at": now,
+                "replaced": replaced,
+                "skipped": skipped_total,
+                "progress": {},
+                "blocked": None,
+            }
+            saved = ctx.rollouts.save(rollout, changes, actor=work.actor, action="RolloutSucceeded")
+            emit(ctx, "RolloutSucceeded", saved)
+            return saved
+        next_wave = {"wave": rollout.wave + 1, "progress": {}, "replaced": replaced, "skipped": skipped_total}
+        if reached is not None:
+            changes |= next_wave | {
+                "status": RolloutStatus.PAUSED,
+                "paused_at": now,
+                "paused_at_checkpoint": reached,
+                "wave_done_at": None,
+                "blocked": Blocked(
+                    reason="checkpoint",
+                    detail=f"{percent_done(replaced, rollout.total)}% replaced: checkpoint {reached}% "
+                    + (
+                        "waits for a resume"
+                        if rollout.checkpoint_delay_seconds is None
+                        else f"goes on after {rollout.checkpoint_delay_seconds} s"
+                    ),
+                    since=now,
+                ),
+            }
+            saved = ctx.rollouts.save(
+                rollout, changes, actor=work.actor, action="RolloutPaused", reason=f"checkpoint {reached}%"
+            )
+            emit(ctx, "RolloutCheckpointReached", saved, checkpoint=reached)
+            emit(ctx, "RolloutPaused", saved, checkpoint=reached)
+            return saved
+        if now < wave_done_at + timedelta(seconds=rollout.bake_seconds):
+            # Baking: the finished wave settles before the next one starts.
+            if rollout.wave_done_at is not None and progress == rollout.progress:
+                return rollout  # nothing changed: no write
+            changes |= {"blocked": None}
+            return ctx.rollouts.save(rollout, changes, actor=work.actor)
+        changes |= next_wave | {"wave_done_at": None, "blocked": None}
+        return ctx.rollouts.save(rollout, changes, actor=work.actor)
+    changes |= {"blocked": blocked}
+    if changes["progress"] == rollout.progress and blocked == rollout.blocked:
+        return rollout  # nothing changed: no write
+    return ctx.rollouts.save(rollout, changes, actor=work.actor)

@@ -1,0 +1,253 @@
+"""Rollouts: start one (or plan it with dry_run), read them, pause, resume and cancel them
+(docs/rollouts.md). The reconcile cycle advances the running ones (services/rollout_engine.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.errors import InvalidInput
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import new_id, utcnow
+from fleetkeeper.domain.rollouts import (
+    MAX_ROLLOUT_WORKERS,
+    Blocked,
+    Rollout,
+    RolloutRequest,
+    RolloutStatus,
+    RolloutStrategy,
+    check_move,
+    event_detail,
+    percent_done,
+    plan_waves,
+    resolve_max_unavailable,
+)
+from fleetkeeper.services.context import Context
+from fleetkeeper.store.rollouts import RolloutStore
+from fleetkeeper.store.table import Page
+
+
+def store_of(ctx: Context) -> RolloutStore:
+    return ctx.rollouts
+
+
+class RolloutView(BaseModel):
+    """A rollout as the API shows it."""
+
+    id: str
+    status: RolloutStatus
+    template: str | None
+    pool: str | None
+    strategy: RolloutStrategy
+    max_unavailable: int = Field(description="resolved against the scope's size at the start")
+    total: int = Field(description="the workers the rollout covers")
+    replaced: int
+    in_progress: int = Field(description="workers of the current wave not finished yet")
+    remaining: int = Field(description="workers no wave has reached yet")
+    skipped: int = Field(description="workers gone or not drainable when their wave came")
+    percent: int = Field(description="the share of the scope replaced, rounded down")
+    wave: int = Field(description="the wave in progress, from 0")
+    waves: int
+    checkpoint: int | None = Field(description="the checkpoint it waits at, if paused at one")
+    checkpoints: list[int]
+    replace: bool
+    started_by: str
+    reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    blocked: Blocked | None = Field(description="why it is not progressing now; null when it is")
+
+    @classmethod
+    def of(cls, rollout: Rollout) -> RolloutView:
+        return cls(
+            id=rollout.id,
+            status=rollout.status,
+            template=rollout.template,
+            pool=rollout.pool,
+            strategy=rollout.strategy,
+            max_unavailable=rollout.max_unavailable,
+            total=rollout.total,
+            replaced=rollout.replaced,
+            in_progress=rollout.in_progress,
+            remaining=rollout.remaining,
+            skipped=rollout.skipped,
+            percent=percent_done(rollout.replaced, rollout.total),
+            wave=rollout.wave,
+            waves=len(rollout.waves),
+            checkpoint=rollout.paused_at_checkpoint,
+            checkpoints=rollout.checkpoints,
+            replace=rollout.replace,
+            started_by=rollout.started_by,
+            reason=rollout.reason,
+            created_at=rollout.created_at,
+            updated_at=rollout.updated_at,
+            finished_at=rollout.finished_at,
+            blocked=rollout.blocked,
+        )
+
+
+class RolloutWave(BaseModel):
+    index: int
+    worker_ids: list[str]
+
+
+class RolloutPlan(BaseModel):
+    """dry_run: the rollout that would start; nothing was written."""
+
+    template: str | None
+    pool: str | None
+    strategy: RolloutStrategy
+    max_unavailable: int
+    total: int
+    waves: list[RolloutWave]
+    checkpoints: list[int]
+
+
+def _scope(ctx: Context, request: RolloutRequest) -> list[str]:
+    """The RUNNING workers the request covers, sorted; InvalidInput naming the field that is wrong."""
+    if request.worker_ids is not None:
+        if request.template is not None or request.pool is not None:
+            field = "template" if request.template is not None else "pool"
+            raise InvalidInput(field, "name either worker_ids or a template (and pool), not both")
+        found = {w.id: w for w in ctx.store.get_workers(request.worker_ids)}
+        unknown = [w for w in request.worker_ids if w not in found]
+        if unknown:
+            raise InvalidInput("worker_ids", f"unknown workers: {', '.join(unknown[:10])}")
+        not_running = [w for w in request.worker_ids if found[w].status != WorkerStatus.RUNNING]
+        if not_running:
+            first = found[not_running[0]]
+            raise InvalidInput(
+                "worker_ids", f"worker {first.id} is {first.status}; a rollout replaces RUNNING workers"
+            )
+        return sorted(request.worker_ids)
+    if request.template is None:
+        raise InvalidInput("template", "required unless worker_ids names the workers")
+    if ctx.store.find_template(request.template) is None:
+        raise InvalidInput("template", f"unknown template '{request.template}'")
+    if request.pool is not None and ctx.store.find_pool(request.pool) is None:
+        raise InvalidInput("pool", f"unknown pool '{request.pool}'")
+    found_ids = sorted(
+        {w.id for w in ctx.store.placement_candidates(template=request.template, pool=request.pool)}
+    )
+    field = "pool" if request.pool is not None else "template"
+    if not found_ids:
+        raise InvalidInput(field, "no RUNNING worker of this template (in this pool) to replace")
+    if len(found_ids) > MAX_ROLLOUT_WORKERS:
+        raise InvalidInput(
+            field,
+            f"{len(found_ids)} workers in scope; a rollout covers at most {MAX_ROLLOUT_WORKERS}: narrow it "
+            "with pool or worker_ids",
+        )
+    return found_ids
+
+
+def plan(ctx: Context, request: RolloutRequest) -> RolloutPlan:
+    workers = _scope(ctx, request)
+    limit = resolve_max_unavailable(request.max_unavailable, len(workers))
+    return RolloutPlan(
+        template=request.template,
+        pool=request.pool,
+        strategy=request.strategy,
+        max_unavailable=limit,
+        total=len(workers),
+        waves=[RolloutWave(index=i, worker_ids=w) for i, w in enumerate(plan_waves(workers, limit))],
+        checkpoints=request.checkpoints,
+    )
+
+
+def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
+    """Store a RUNNING rollout over the request's scope; 409 when an active rollout covers one of them."""
+    workers = _scope(ctx, request)
+    now = utcnow()
+    rollout = Rollout(
+        id=new_id("ro"),
+        template=request.template,
+        pool=request.pool,
+        worker_ids=workers,
+        max_unavailable=resolve_max_unavailable(request.max_unavailable, len(workers)),
+        max_unavailable_requested=request.max_unavailable,
+        strategy=request.strategy,
+        checkpoints=request.checkpoints,
+        checkpoint_delay_seconds=request.checkpoint_delay_seconds,
+        bake_seconds=request.bake_seconds,
+        drain_timeout_seconds=request.drain_timeout_seconds,
+        replace=request.replace,
+        reason=request.reason,
+        started_by=actor,
+        created_at=now,
+        updated_at=now,
+    )
+    stored = store_of(ctx).start(rollout, actor=actor)
+    emit(ctx, "RolloutStarted", stored, actor=actor)
+    return stored
+
+
+def get(ctx: Context, rollout_id: str) -> Rollout:
+    return store_of(ctx).get(rollout_id)
+
+
+def page(ctx: Context, *, limit: int, next_token: str | None) -> Page[Rollout]:
+    return store_of(ctx).page(limit=limit, next_token=next_token)
+
+
+def emit(ctx: Context, detail_type: str, rollout: Rollout, **extra: Any) -> None:
+    ctx.audit.publish(detail_type, event_detail(rollout, **extra))
+
+
+def _move(
+    ctx: Context,
+    rollout_id: str,
+    target: RolloutStatus,
+    *,
+    actor: str,
+    action: str,
+    reason: str | None,
+    changes: Sequence[tuple[str, Any]] = (),
+) -> Rollout:
+    def write() -> Rollout:
+        current = store_of(ctx).get(rollout_id)
+        check_move(current.id, current.status, target)
+        now = utcnow()
+        update: dict[str, Any] = {"status": target, **dict(changes)}
+        if target == RolloutStatus.PAUSED:
+            update |= {"paused_at": now}
+            if current.paused_at_checkpoint is None:
+                update["blocked"] = Blocked(reason="checkpoint", detail="paused by an operator", since=now)
+        elif target == RolloutStatus.RUNNING:
+            # A resume passes the checkpoint it waited at.
+            passed = current.checkpoints_passed
+            if current.paused_at_checkpoint is not None and current.paused_at_checkpoint not in passed:
+                passed = [*passed, current.paused_at_checkpoint]
+            update |= {
+                "paused_at": None,
+                "paused_at_checkpoint": None,
+                "blocked": None,
+                "checkpoints_passed": passed,
+            }
+        else:
+            update |= {"finished_at": now, "blocked": None}
+        return store_of(ctx).save(current, update, actor=actor, action=action, reason=reason)
+
+    saved = retry_conflicts(write)
+    emit(ctx, action, saved, actor=actor, reason=reason)
+    return saved
+
+
+def pause(ctx: Context, rollout_id: str, *, actor: str, reason: str | None = None) -> Rollout:
+    return _move(ctx, rollout_id, RolloutStatus.PAUSED, actor=actor, action="RolloutPaused", reason=reason)
+
+
+def resume(ctx: Context, rollout_id: str, *, actor: str, reason: str | None = None) -> Rollout:
+    return _move(ctx, rollout_id, RolloutStatus.RUNNING, actor=actor, action="RolloutResumed", reason=reason)
+
+
+def cancel(ctx: Context, rollout_id: str, *, actor: str, reason: str | None = None) -> Rollout:
+    """No new wave starts; drains and replacements already started go on by themselves."""
+    return _move(
+        ctx, rollout_id, RolloutStatus.CANCELLED, actor=actor, action="RolloutCancelled", reason=reason
+    )

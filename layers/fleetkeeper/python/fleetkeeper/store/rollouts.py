@@ -1,0 +1,278 @@
+"""Rollouts in the single table (docs/rollouts.md, docs/data-model.md).
+
+- The rollout: `PK = ROLLOUT#<id>`, `SK = ROLLOUT`, replaced whole under a condition on its version
+  and status. Listed newest first from the by_kind index (`GSI3PK = KIND#ROLLOUT`, `GSI3SK` its creation
+  time and id). While it is not finished it also carries `GSI1PK = ROLLOUT#<status>` so the reconciler
+  finds the running ones without a scan; a finished one leaves that index.
+- One lock per worker it covers: `PK = ROLLOUTLOCK#<worker id>`, `SK = LOCK`, naming the rollout. A
+  rollout takes each lock with a conditional write (absent, already ours, or held by a rollout that has
+  finished), so two active rollouts never cover the same worker, whatever their scopes. A finished
+  rollout's locks are not removed: the next rollout of those workers takes them over, and they expire
+  with the audit retention.
+
+A rollout covers at most MAX_ROLLOUT_WORKERS workers, so its item (ids and the current wave's
+progress) stays far inside the item budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any, Final
+
+from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
+from fleetkeeper.domain.models import AuditEvent, utcnow
+from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
+from fleetkeeper.store.codec import deserialize, record_attributes, serialize
+from fleetkeeper.store.retention import expiration
+from fleetkeeper.store.schema import BY_KIND, BY_STATUS
+from fleetkeeper.store.table import Page, TableAccess, conditional_write, current_status
+
+MAX_ROLLOUT_PAGE: Final = 100
+# Locks taken per transaction: DynamoDB allows 100 items in one, the rollout's own item is one of them.
+LOCKS_PER_TRANSACTION: Final = 99
+ROLLOUT_KIND: Final = "ROLLOUT"
+# How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
+_LOCK_DAYS_DEFAULT: Final = 90
+
+
+def rollout_key(rollout_id: str) -> dict[str, str]:
+    return {"PK": f"ROLLOUT#{rollout_id}", "SK": "ROLLOUT"}
+
+
+def rollout_lock_key(worker_id: str) -> dict[str, str]:
+    return {"PK": f"ROLLOUTLOCK#{worker_id}", "SK": "LOCK"}
+
+
+def rollout_status_partition(status: RolloutStatus) -> str:
+    return f"ROLLOUT#{status}"
+
+
+class RolloutCovered(Conflict):
+    """Another active rollout already covers one of the workers."""
+
+    def __init__(self, worker_id: str, holder: str, holder_status: str | None) -> None:
+        super().__init__(
+            "rollout",
+            holder,
+            holder_status,
+            f"worker {worker_id} is covered by rollout {holder}, which is {holder_status}; "
+            "cancel it or wait for it to finish",
+        )
+        self.worker_id = worker_id
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "worker_id": self.worker_id}
+
+
+class _LockTaken(Exception):
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class RolloutStore(TableAccess):
+    def _item(self, rollout: Rollout) -> dict[str, Any]:
+        item = {
+            **rollout_key(rollout.id),
+            **record_attributes(rollout),
+            "GSI3PK": f"KIND#{ROLLOUT_KIND}",
+            "GSI3SK": f"{rollout.created_at.isoformat()}#{rollout.id}",
+        }
+        if rollout.status in ACTIVE:
+            item["GSI1PK"] = rollout_status_partition(rollout.status)
+            item["GSI1SK"] = rollout.id
+        return item
+
+    def _audit(
+        self, rollout: Rollout, action: str, actor: str, reason: str | None, previous: str | None
+    ) -> dict[str, Any]:
+        return self._audit_put(
+            AuditEvent(
+                entity="rollout",
+                entity_id=rollout.id,
+                action=action,
+                actor=actor,
+                from_status=previous,
+                to_status=str(rollout.status),
+                reason=reason,
+                details={"total": rollout.total, "replaced": rollout.replaced, "wave": rollout.wave},
+            )
+        )
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def find(self, rollout_id: str) -> Rollout | None:
+        return self._find(Rollout, rollout_key(rollout_id))
+
+    def get(self, rollout_id: str) -> Rollout:
+        return self._fetch(Rollout, rollout_key(rollout_id), "rollout", rollout_id)
+
+    def page(self, *, limit: int = 50, next_token: str | None = None) -> Page[Rollout]:
+        """One page of rollouts, newest first (the index is eventually consistent)."""
+        return self._page(
+            Rollout,
+            min(limit, MAX_ROLLOUT_PAGE),
+            next_token,
+            IndexName=BY_KIND,
+            KeyConditionExpression="GSI3PK = :pk",
+            ExpressionAttributeValues={":pk": {"S": f"KIND#{ROLLOUT_KIND}"}},
+            ScanIndexForward=False,
+        )
+
+    def active_ids(self, status: RolloutStatus, *, limit: int) -> Iterator[str]:
+        """Ids of rollouts in `status` (an active one), oldest first, at most `limit`; the index may lag,
+        so callers read each rollout again before acting on it."""
+        items, _ = self._query(
+            IndexName=BY_STATUS,
+            KeyConditionExpression="GSI1PK = :pk",
+            ExpressionAttributeValues={":pk": {"S": rollout_status_partition(status)}},
+            Limit=limit,
+        )
+        for item in items:
+            yield str(item["GSI1SK"]["S"])
+
+    def lock_holder(self, worker_id: str) -> str | None:
+        item = self._get(rollout_lock_key(worker_id))
+        return str(deserialize(item)["rollout_id"]) if item else None
+
+    def _lock_holders(self, worker_ids: Sequence[str]) -> dict[str, str]:
+        """The rollout named by each of these workers' locks, read consistently; free ones left out."""
+        items = self._batch_get_items([rollout_lock_key(w) for w in worker_ids])
+        holders = {}
+        for item in items:
+            plain = deserialize(item)
+            holders[str(plain["PK"]).removeprefix("ROLLOUTLOCK#")] = str(plain["rollout_id"])
+        return holders
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    def _lock_put(self, worker_id: str, rollout: Rollout, holder: str | None) -> dict[str, Any]:
+        """Take the worker's lock: absent, already ours, or (when `holder` is given) held by that rollout,
+        which has finished."""
+        days = self.audit_retention_days or _LOCK_DAYS_DEFAULT
+        item = {
+            **rollout_lock_key(worker_id),
+            "rollout_id": rollout.id,
+            **expiration(rollout.created_at + timedelta(days=1), days),
+        }
+        condition = "attribute_not_exists(PK) OR rollout_id = :me"
+        values: dict[str, Any] = {":me": rollout.id}
+        if holder is not None:
+            condition += " OR rollout_id = :finished"
+            values[":finished"] = holder
+        return self._put(item, condition, values)
+
+    def _take_locks(
+        self, rollout: Rollout, worker_ids: Sequence[str], finished: dict[str, str]
+    ) -> int | None:
+        """Put one chunk of locks; None when all were taken, else the index of one held by another."""
+        puts = [self._lock_put(w, rollout, finished.get(w)) for w in worker_ids]
+        try:
+            self._transact(puts, {i: (lambda _, i=i: _LockTaken(i)) for i in range(len(puts))})  # type: ignore[misc]
+        except _LockTaken as taken:
+            return taken.index
+        return None
+
+    def _delete_lock(self, worker_id: str, rollout_id: str) -> None:
+        """Give back a lock this rollout took, only if it still names it."""
+        conditional_write(
+            lambda: self._client.delete_item(
+                TableName=self.table_name,
+                Key=serialize(rollout_lock_key(worker_id)),
+                ConditionExpression="rollout_id = :me",
+                ExpressionAttributeValues={":me": {"S": rollout_id}},
+            ),
+            name="DeleteItem",
+        )
+
+    def start(self, rollout: Rollout, *, actor: str) -> Rollout:
+        """Take the lock of every worker the rollout covers, then store it RUNNING with its audit item.
+
+        RolloutCovered (409) when an active rollout holds one of the locks; the locks taken meanwhile
+        are given back. A lock held by a finished rollout is taken over."""
+        if rollout.total > MAX_ROLLOUT_WORKERS:
+            raise ValueError("a rollout covers at most MAX_ROLLOUT_WORKERS workers")
+        now = utcnow()
+        stored = rollout.model_copy(update={"version": 1, "created_at": now, "updated_at": now})
+        taken: list[str] = []
+        ids = stored.worker_ids
+        for start in range(0, len(ids), LOCKS_PER_TRANSACTION):
+            chunk = ids[start : start + LOCKS_PER_TRANSACTION]
+            finished: dict[str, str] = {}
+            # Locks can be refused by finished rollouts' leftovers: read every holder of the chunk and,
+            # when all are finished, take their locks over on the condition that each still names its
+            # holder. A lock that changed meanwhile refuses again and is read again.
+            for _ in range(3):
+                refused = self._take_locks(stored, chunk, finished)
+                if refused is None:
+                    taken.extend(chunk)
+                    break
+                finished = {}
+                # A rollout's locks name it many times: each holder is read once.
+                read: dict[str, Rollout | None] = {}
+                for worker_id, holder in sorted(self._lock_holders(chunk).items()):
+                    if holder == stored.id:
+                        continue
+                    if holder not in read:
+                        read[holder] = self.find(holder)
+                    other = read[holder]
+                    if other is not None and not other.finished:
+                        self._release_all(stored, taken)
+                        raise RolloutCovered(worker_id, holder, str(other.status))
+                    finished[worker_id] = holder
+            else:
+                self._release_all(stored, taken)
+                raise StaleWrite("rollout", stored.id, None, "the workers' locks kept changing; try again")
+        self._transact(
+            [
+                self._put(self._item(stored), "attribute_not_exists(PK)"),
+                self._audit(stored, "RolloutStarted", actor, stored.reason, None),
+            ],
+            {0: lambda _: Conflict("rollout", stored.id, None, f"rollout {stored.id} already exists")},
+            written=stored,
+        )
+        return stored
+
+    def _release_all(self, rollout: Rollout, worker_ids: Sequence[str]) -> None:
+        for worker_id in worker_ids:
+            self._delete_lock(worker_id, rollout.id)
+
+    def save(
+        self,
+        rollout: Rollout,
+        changes: dict[str, Any],
+        *,
+        actor: str,
+        action: str | None = None,
+        reason: str | None = None,
+    ) -> Rollout:
+        """Write a rollout read at `rollout.version` in `rollout.status`; StaleWrite (409, naming the
+        status now) when it moved since, NotFound when it is gone."""
+        now = utcnow()
+        updated = Rollout.model_validate(
+            {**rollout.model_dump(), **changes, "version": rollout.version + 1, "updated_at": now}
+        )
+        put = self._put(
+            self._item(updated),
+            "#v = :v AND #s = :s",
+            {":v": rollout.version, ":s": str(rollout.status)},
+            {"#v": "version", "#s": "status"},
+        )
+
+        def stale(current: dict[str, Any] | None) -> Exception:
+            if current is None:
+                return NotFound("rollout", rollout.id)
+            status = current_status(Rollout, current)
+            return StaleWrite(
+                "rollout",
+                rollout.id,
+                status,
+                f"rollout {rollout.id} changed concurrently; it is now {status}",
+            )
+
+        items = [put]
+        if action is not None:
+            previous = str(rollout.status) if rollout.status != updated.status else None
+            items.append(self._audit(updated, action, actor, reason, previous))
+        self._transact(items, {0: stale}, written=updated)
+        return updated

@@ -1,0 +1,309 @@
+"""The request recorder: every AWS request a function makes is evaluated against its deployed policies.
+
+Two botocore handlers, installed through the fault layer's mechanism (`faults.installed_hooks`): the API
+parameters are kept when the request is built (`before-parameter-build`), and at `before-call` the
+request is translated into what AWS authorizes (requests.py), each authorization is evaluated for the
+function's role (policies.py, evaluator.py), and the outcome is recorded. A denied request fails as AWS
+fails it, with the service's own error (EC2's UnauthorizedOperation, SNS's AuthorizationError, the JSON
+services' AccessDeniedException), and never reaches the emulator; with `enforce=False` it is only
+recorded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import CodeType
+from typing import Any, Final
+
+import fleetkeeper
+from fleetkeeper.settings import Settings, SettingsError, get_settings
+from fleetkeeper_local.faults import HookSpec, HttpAnswer, installed_hooks, service_and_operation
+from fleetkeeper_local.iam.attribution import acting_as, current_function
+from fleetkeeper_local.iam.emulator import Emulator, Lookups
+from fleetkeeper_local.iam.evaluator import Decision, Evaluator
+from fleetkeeper_local.iam.policies import CANONICAL, PolicyModel
+from fleetkeeper_local.iam.record import Summary
+from fleetkeeper_local.iam.requests import (
+    Authorization,
+    Environment,
+    Localizer,
+    MissingResource,
+    Request,
+    Unmodelled,
+    authorizations,
+)
+from fleetkeeper_local.stack import provisioned
+
+_PARAMS: Final = "fleetkeeper_iam_params"
+_PACKAGE: Final = str(Path(fleetkeeper.__file__).resolve().parent) + "/"
+_ADAPTERS: Final = ("cloud/", "store/")
+_IDEMPOTENCY: Final = "aws_lambda_powertools/utilities/idempotency/"
+
+# How each service answers a request its caller may not make.
+_DENIAL_ANSWERS: Final = {
+    "ec2": ("UnauthorizedOperation", 403),
+    "sns": ("AuthorizationError", 403),
+    "cloudwatch": ("AccessDenied", 403),
+}
+
+
+def referenced_keys(model: PolicyModel) -> frozenset[str]:
+    """Every condition key (lower case) any of the model's policies reads, in conditions or variables."""
+    found: set[str] = set()
+
+    def walk(value: Any, in_condition: bool) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if in_condition and isinstance(item, Mapping):
+                    found.update(str(k).lower() for k in item)
+                walk(item, in_condition or key == "Condition")
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, in_condition)
+        elif isinstance(value, str) and "${" in value:
+            found.update(part.split("}", 1)[0].lower() for part in value.split("${")[1:])
+
+    for document in model.identity_documents():
+        walk(document["policy"], False)
+    for document in model.resource_documents().values():
+        walk(document, False)
+    return frozenset(found)
+
+
+def code_path() -> str:
+    """Where in fleetkeeper the current request comes from: the use case, then the adapter it called."""
+    frame = sys._getframe(1)
+    site: str | None = None
+    idempotency = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if site is None and _IDEMPOTENCY in filename:
+            idempotency = True
+        if filename.startswith(_PACKAGE):
+            relative = filename.removeprefix(_PACKAGE)
+            where = f"{relative}:{_qualname(frame.f_code)}"
+            if site is None:
+                site = where
+                if not relative.startswith(_ADAPTERS):
+                    break
+            elif not relative.startswith(_ADAPTERS):
+                return f"{where} -> {site}"
+        frame = frame.f_back  # type: ignore[assignment]
+    path = site or "outside fleetkeeper"
+    return f"{path} (idempotency record)" if idempotency else path
+
+
+def _qualname(code: CodeType) -> str:
+    return code.co_qualname.split(".<locals>", 1)[0]
+
+
+def _resource_account(resource: str, caller: str) -> str:
+    parts = resource.split(":", 5)
+    return parts[4] if len(parts) > 5 and parts[4] else caller
+
+
+class Recorder:
+    """Evaluates and records the requests made inside a function (see attribution.py)."""
+
+    def __init__(
+        self,
+        model: PolicyModel,
+        *,
+        summary: Summary,
+        enforce: bool = True,
+        evaluator: Evaluator | None = None,
+        lookups: Lookups | None = None,
+    ) -> None:
+        self.model = model
+        self.summary = summary
+        self.enforce = enforce
+        self.evaluator = evaluator or Evaluator()
+        self.lookups = lookups or Emulator()
+        self.evaluator.define(model.set_id, model.identity_documents(), model.resource_documents())
+        self._keys = referenced_keys(model)
+        self.enabled = True
+        self._lock = threading.Lock()
+        self._localizer_key: tuple[Any, ...] | None = None
+        self._localizer_cache = Localizer(None)
+
+    # ---- botocore handlers ------------------------------------------------------------------------
+
+    def specs(self) -> list[HookSpec]:
+        return [("before-parameter-build", self.remember_params), ("before-call", self.before_call)]
+
+    def remember_params(self, params: Mapping[str, Any], context: Any = None, **_: Any) -> None:
+        if self.enabled and isinstance(context, dict) and current_function() is not None:
+            context[_PARAMS] = params
+
+    def before_call(
+        self, event_name: str, context: Any = None, request_signer: Any = None, **_: Any
+    ) -> tuple[HttpAnswer, dict[str, Any]] | None:
+        function = current_function()
+        if function is None or not self.enabled:
+            return None
+        started = time.thread_time()
+        service, operation = service_and_operation(event_name)
+        params = context.get(_PARAMS, {}) if isinstance(context, dict) else {}
+        region = getattr(request_signer, "region_name", None) or CANONICAL.region
+        try:
+            return self.check(function, Request(service, operation, params, region), path=code_path())
+        finally:
+            spent = time.thread_time() - started
+            with self._lock:
+                self.summary.add_cost("hook_cpu_seconds", spent)
+
+    # ---- evaluation -------------------------------------------------------------------------------
+
+    def _localizer(self) -> Localizer:
+        try:
+            settings: Settings | None = get_settings()
+        except SettingsError:
+            settings = None
+        stage = provisioned()
+        key = (
+            (
+                settings.table_name,
+                settings.audit_bus_name,
+                settings.drain_state_machine_arn,
+                settings.notification_topic_arn,
+                settings.worker_instance_profile,
+            )
+            if settings is not None
+            else None,
+            tuple(sorted((kind, len(found)) for kind, found in stage.items())),
+        )
+        with self._lock:
+            if self._localizer_key != key:
+                self._localizer_cache = Localizer(settings, stage)
+                self._localizer_key = key
+            return self._localizer_cache
+
+    def check(
+        self, function: str, request: Request, *, path: str = "test"
+    ) -> tuple[HttpAnswer, dict[str, Any]] | None:
+        """Evaluate one request of `function`; the denial answer when it is denied and enforced."""
+        operation = f"{request.service}:{request.operation}"
+        identity = self.model.functions.get(function)
+        if identity is None:
+            with self._lock:
+                self.summary.not_modelled(function, operation, f"the template has no function {function}")
+            return None
+        try:
+            decisions = self.decisions(function, request)
+        except Unmodelled as exc:
+            with self._lock:
+                self.summary.not_modelled(function, operation, f"no authorization model for {exc}")
+            return None
+        except MissingResource:
+            with self._lock:
+                self.summary.missing[f"{function}|{operation}"] += 1
+            return None
+        denied = [(one, decision) for one, decision in decisions if not decision.allowed]
+        with self._lock:
+            self.summary.requests += 1
+            self.summary.by_function[function] += 1
+            for one, decision in decisions:
+                for statement in decision.grants or ("?",):
+                    if decision.allowed:
+                        self.summary.allowed(function, one.action, statement, path)
+            for one, decision in denied:
+                context = json.dumps(dict(one.context), sort_keys=True, default=list)
+                self.summary.deny(
+                    function,
+                    one.action,
+                    one.resource,
+                    operation=operation,
+                    why="; ".join(decision.denials),
+                    path=path,
+                    context=context,
+                )
+            if denied:
+                self.summary.denied_requests += 1
+        if not denied or not self.enforce:
+            return None
+        one, decision = denied[0]
+        return denial_answer(request.service, identity.principal, one, decision)
+
+    def decisions(
+        self, function: str, request: Request, *, localizer: Localizer | None = None
+    ) -> list[tuple[Authorization, Decision]]:
+        """Each authorization the request needs, with the evaluator's decision for `function`'s role.
+
+        Raises Unmodelled or MissingResource when the request cannot be evaluated.
+        """
+        env = Environment(self.lookups, localizer or self._localizer(), self.model)
+        with acting_as(None):  # the lookups are not the function's requests
+            needed = authorizations(request, env)
+        return [(one, self.decide(function, one)) for one in needed]
+
+    def decide(self, function: str, authorization: Authorization) -> Decision:
+        """The evaluator's decision for one authorization of `function`'s role."""
+        identity = self.model.functions[function]
+        context = {k: v for k, v in authorization.context.items() if k.lower() in self._keys}
+        return self.evaluator.evaluate(
+            self.model.set_id,
+            principal=identity.principal,
+            action=authorization.action,
+            resource=authorization.resource,
+            account=_resource_account(authorization.resource, CANONICAL.account),
+            context=context,
+            identity=[policy.name for policy in identity.policies],
+            resource_policy=self.model.resource_policy_for(authorization.resource),
+        )
+
+    @contextmanager
+    def installed(self) -> Iterator[Recorder]:
+        """Record (and with `enforce`, refuse) the requests of every client created inside the block."""
+        try:
+            with installed_hooks(self.specs()):
+                yield self
+        finally:
+            self.evaluator.close()
+            with self._lock:
+                self.summary.add_cost("evaluator_cpu_seconds", self.evaluator.cpu_seconds)
+                self.summary.add_cost("evaluations", self.evaluator.evaluations)
+
+
+def denial_answer(
+    service: str, principal: str, authorization: Authorization, decision: Decision
+) -> tuple[HttpAnswer, dict[str, Any]]:
+    """The error AWS answers when `principal` may not make this request, in the service's shape."""
+    code, status = _DENIAL_ANSWERS.get(service, ("AccessDeniedException", 400))
+    explicit = decision.result == "ExplicitlyDenied"
+    kind = (
+        "identity-based"
+        if any("identity" in d for d in decision.denials) or not decision.denials
+        else "resource-based"
+    )
+    because = (
+        f"with an explicit deny in a {kind} policy"
+        if explicit
+        else f"because no {kind} policy allows the {authorization.action} action"
+    )
+    message = (
+        f"User: {principal} is not authorized to perform: {authorization.action} on resource: "
+        f"{authorization.resource} {because}"
+    )
+    if service == "ec2":
+        # EC2 hides the details in an encoded message (sts:DecodeAuthorizationMessage); this one is plain.
+        encoded = base64.b64encode(
+            json.dumps(
+                {"allowed": False, "explicitDeny": explicit, "matchedStatements": list(decision.denials)}
+            ).encode()
+        ).decode()
+        message = (
+            f"You are not authorized to perform this operation. {message}. "
+            f"Encoded authorization failure message: {encoded}"
+        )
+    body = {
+        "Error": {"Code": code, "Message": message},
+        "ResponseMetadata": {"HTTPStatusCode": status, "RetryAttempts": 0},
+    }
+    return HttpAnswer(status), body

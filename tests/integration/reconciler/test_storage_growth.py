@@ -1,0 +1,42 @@
+"""How fast a steady fleet fills the table: one simulated hour of reconcile cycles, counted item by
+item. Every item a steady worker adds is an operation or its audit trail, and every one expires."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetkeeper.domain.models import utcnow
+from fleetkeeper_local.storage import steady_hour
+from tests.integration.operations.conftest import CATALOGUE
+from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WORKERS = 4
+
+
+def test_given_a_steady_fleet_for_an_hour_then_each_worker_adds_four_items_and_every_one_expires(
+    make_ctx: ContextFactory, live_worker: LiveWorkerFactory
+) -> None:
+    ctx = make_ctx(
+        OPERATIONS_CATALOGUE=json.dumps(CATALOGUE),
+        SYSTEM_INFO_INTERVAL_SECONDS="3600",
+        OPERATION_RETENTION_DAYS="14",
+        AUDIT_RETENTION_DAYS="30",
+    )
+    for _ in range(WORKERS):
+        live_worker(registered=True)  # their machines answer collect-system-info
+
+    growth = steady_hour(ctx, WORKERS, start=utcnow())
+
+    # One collect-system-info a worker: the operation, its request and success, the information stored.
+    assert growth.created == {
+        "operation collect-system-info": WORKERS,
+        "audit OperationRequested": WORKERS,
+        "audit OperationSucceeded": WORKERS,
+        "audit WorkerSystemInfoCollected": WORKERS,
+    }
+    assert growth.per_worker_day == 96
+    assert growth.kept_forever == 0

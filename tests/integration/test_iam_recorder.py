@@ -1,0 +1,130 @@
+"""The IAM recorder on the local stack: a request the function's role does not allow fails as on AWS."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from fleetkeeper.cloud.clients import client
+from fleetkeeper.cloud.ec2 import Ec2Gateway
+from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
+from fleetkeeper.services.pool import ContextThreadPool
+from fleetkeeper_local.iam import acting_as
+from fleetkeeper_local.iam import session as iam_session
+from fleetkeeper_local.iam.policies import CANONICAL, load_model
+from fleetkeeper_local.iam.record import Summary
+from fleetkeeper_local.iam.recorder import Recorder
+from fleetkeeper_local.stack import LocalStack
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def record(local_stack: LocalStack) -> Iterator[Summary]:
+    """A recorder of this test's own, enforcing; the session's recorder looks away meanwhile, so the
+    denials provoked here are not the run's."""
+    summary = Summary()
+    with iam_session.paused(), Recorder(load_model(), summary=summary).installed():
+        yield summary
+
+
+def machine(ec2: Any, *, managed: bool) -> str:
+    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    tags = (
+        [{"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE}]
+        if managed
+        else [{"Key": "team", "Value": "data"}]
+    )
+    launched = ec2.run_instances(
+        ImageId=image,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    return str(launched["Instances"][0]["InstanceId"])
+
+
+def state(ec2: Any, instance_id: str) -> str:
+    reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservations[0]["Instances"][0]["State"]["Name"])
+
+
+def test_given_a_machine_without_the_managed_tag_when_a_drain_stops_it_then_ec2_refuses_as_on_aws(
+    record: Summary, ec2: Any
+) -> None:
+    foreign = machine(ec2, managed=False)
+
+    with acting_as("drain-tasks"), pytest.raises(ClientError) as refused:
+        Ec2Gateway(client("ec2")).stop(foreign)
+
+    error = refused.value.response
+    assert error["Error"]["Code"] == "UnauthorizedOperation"
+    assert error["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert "is not authorized to perform: ec2:StopInstances" in error["Error"]["Message"]
+    assert state(ec2, foreign) == "running"  # the request never reached EC2
+    assert (record.requests, record.denied_requests) == (1, 1)
+    (denial,) = record.denials.values()
+    assert (denial["function"], denial["action"]) == ("drain-tasks", "ec2:StopInstances")
+    assert denial["resource"] == f"arn:aws:ec2:{CANONICAL.region}:{CANONICAL.account}:instance/{foreign}"
+    assert denial["path"] == "cloud/ec2.py:Ec2Gateway.stop"
+
+
+def test_given_fleetkeepers_machine_when_a_drain_stops_it_then_it_stops_and_the_grant_is_recorded(
+    record: Summary, ec2: Any
+) -> None:
+    managed = machine(ec2, managed=True)
+
+    with acting_as("drain-tasks"):
+        Ec2Gateway(client("ec2")).stop(managed)
+
+    assert state(ec2, managed) in {"stopping", "stopped"}
+    assert (record.requests, record.denied_requests) == (1, 0)
+    assert [key for key in record.usage if key.startswith("drain-tasks|ec2:StopInstances|")]
+
+
+def test_given_another_table_when_the_api_reads_it_then_dynamodb_refuses(
+    record: Summary, table_name: str
+) -> None:
+    dynamodb = client("dynamodb")
+    key = {"PK": {"S": "WORKER#w-1"}, "SK": {"S": "WORKER"}}
+
+    with acting_as("api"):
+        dynamodb.get_item(TableName=table_name, Key=key)
+        with pytest.raises(ClientError) as refused:
+            dynamodb.get_item(TableName="someone-elses-table", Key=key)
+
+    assert refused.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert (record.requests, record.denied_requests) == (2, 1)
+    (denial,) = record.denials.values()
+    assert denial["resource"].endswith(":table/someone-elses-table")
+
+
+def test_given_a_request_outside_any_function_then_it_is_not_recorded(record: Summary, ec2: Any) -> None:
+    machine(ec2, managed=False)
+    Ec2Gateway(client("ec2")).stop(machine(ec2, managed=False))
+
+    assert (record.requests, record.denied_requests) == (0, 0)
+
+
+def test_given_a_function_using_a_thread_pool_then_its_threads_requests_are_its_own(
+    record: Summary, ec2: Any
+) -> None:
+    ids = [machine(ec2, managed=True) for _ in range(3)]
+    gateway = Ec2Gateway(client("ec2"))
+
+    with acting_as("reconcile"):
+        with ContextThreadPool(max_workers=3) as pool:
+            list(pool.map(lambda one: gateway.describe([one]), ids))
+        attributed = record.by_function["reconcile"]
+        # A plain pool runs its tasks without the invocation's context: nobody made those requests.
+        with ThreadPoolExecutor(max_workers=3) as plain:
+            list(plain.map(lambda one: gateway.describe([one]), ids))
+
+    assert attributed == 3
+    assert record.by_function["reconcile"] == 3
