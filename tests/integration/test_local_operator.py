@@ -13,7 +13,7 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, utcnow
-from fleetkeeper.services import drains, placement
+from fleetkeeper.services import drains, instances, placement
 from fleetkeeper.services.context import default_context
 from fleetkeeper_local.console import FleetConsole
 from fleetkeeper_local.controlplane import ApiServer
@@ -51,6 +51,9 @@ def test_given_a_baseline_when_a_worker_moves_then_the_console_prints_one_line_n
 
 def test_given_a_drain_that_ends_then_the_console_says_how(control_plane, store, running_worker):
     worker = running_worker()
+    # A session running on it holds the drain open, so the cancel below finds it still DRAINING.
+    placed = placement.place_instance(store, actor="test", worker_id=worker.id)
+    instances.change_instance_state(control_plane.ctx, placed.id, InstanceState.RUNNING, actor="test")
     lines: list[str] = []
     console = FleetConsole(store, printer=lines.append)
     console.poll_once()
@@ -208,7 +211,11 @@ def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated
     assert plane.execution(str(after.drain.execution_arn))["status"] == "RUNNING"
     actions = [e.action for e in store.audit_trail("worker", worker.id)]
     assert "WorkerMachineRecreated" in actions
-    assert actions[-1] == "WorkerDrainResumed"
+    # The resumed execution runs on its own and may already have audited its first step, so the trail is
+    # read for what the restart wrote rather than for its last line.
+    assert actions.count("WorkerDrainResumed") == 1
+    assert actions.index("WorkerDrainResumed") > actions.index("WorkerMachineRecreated")
+    assert actions.count("WorkerDrainStarted") == 1
     assert "WorkerDrainCancelled" not in actions
     pool = store.get_pool("labs")
     assert (pool.drain_generation, pool.drain_started_at) == (
@@ -217,7 +224,8 @@ def test_given_a_kept_fleet_when_moto_restarts_empty_then_machines_are_recreated
     )
     assert plane.execution(str(pool.drain_execution_arn))["status"] == "RUNNING"
     pool_actions = [e.action for e in store.audit_trail("pool", "labs")]
-    assert pool_actions[-1] == "PoolDrainResumed"
+    assert pool_actions.count("PoolDrainResumed") == 1
+    assert pool_actions.count("PoolDrainStarted") == 1
     assert "PoolDrainCancelled" not in pool_actions
     assert lines[-1] == "restart: 1 machine(s) re-created, 2 drain(s) resumed"
 
