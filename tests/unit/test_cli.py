@@ -269,6 +269,33 @@ def test_given_a_cancel_reason_then_the_cli_sends_it_in_the_body(server: str, co
     assert Recorder.requests[-1] == ("POST", path, {"reason": "patch postponed"})
 
 
+@pytest.mark.parametrize(
+    ("flags", "path"),
+    [
+        ([], "/api/v1/workers/x-1/events"),
+        (["--pool"], "/api/v1/pools/x-1/events"),
+        (["--rollout"], "/api/v1/rollouts/x-1/events"),
+    ],
+)
+def test_given_audit_then_the_cli_reads_the_trail_of_the_entity_it_names(
+    server: str, flags: list[str], path: str
+):
+    Recorder.answer = (200, {"items": [], "next_token": None})
+
+    exit_code, output = run("--api", server, "audit", "x-1", *flags)
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1][1].split("?")[0] == path
+
+
+def test_given_audit_with_both_pool_and_rollout_then_usage_exit_2(server: str):
+    exit_code, output = run("--api", server, "audit", "x-1", "--pool", "--rollout")
+
+    assert exit_code == 2
+    assert "--rollout" in output
+    assert Recorder.requests == []
+
+
 def test_given_orphans_confirm_then_the_cli_posts_the_region_and_the_checked_workers(server: str):
     Recorder.answer = (
         200,

@@ -1,4 +1,4 @@
-"""`fleetkeeper audit`: who did what to a worker or a pool."""
+"""`fleetkeeper audit`: who did what to a worker, a pool or a rollout."""
 
 from __future__ import annotations
 
@@ -14,13 +14,19 @@ AUDIT_COLUMNS = ["when (UTC)", "who", "what", "from", "to", "why"]
 
 def audit(
     ctx: typer.Context,
-    target: Annotated[str, typer.Argument(help="worker id (or pool name with --pool)")],
+    target: Annotated[
+        str, typer.Argument(help="worker id (or pool name with --pool, rollout id with --rollout)")
+    ],
     pool: Annotated[bool, typer.Option("--pool", help="TARGET is a pool")] = False,
+    rollout: Annotated[bool, typer.Option("--rollout", help="TARGET is a rollout")] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="newest events to show")] = 50,
     output: OutputOption = None,
 ) -> None:
-    """Who did what to a worker or pool, from which status to which, why and when (newest first)."""
-    path = f"/api/v1/pools/{target}/events" if pool else f"/api/v1/workers/{target}/events"
+    """Who did what to a worker, pool or rollout, from which status to which, why and when (newest first)."""
+    if pool and rollout:
+        raise typer.BadParameter("give --pool or --rollout, not both", param_hint="--pool/--rollout")
+    kind = "pools" if pool else "rollouts" if rollout else "workers"
+    path = f"/api/v1/{kind}/{target}/events"
 
     def fetch(client: ApiClient) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []

@@ -8,8 +8,12 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 
 from fleetkeeper.api.schemas import MAX_ID_LENGTH
 from fleetkeeper.domain.models import NAME_PATTERN
+from fleetkeeper.domain.rollouts import MAX_ID_LENGTH as MAX_ROLLOUT_ID_LENGTH
 
 WorkerId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, examples=["w-0123456789abcdef"])]
+RolloutId = Annotated[
+    str, Path(min_length=1, max_length=MAX_ROLLOUT_ID_LENGTH, examples=["ro-0123456789abcdef"])
+]
 InstanceId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, examples=["in-0123456789abcdef"])]
 ResourceName = Annotated[
     str,

@@ -1,4 +1,4 @@
-"""Reading the audit trail of a worker or a pool, newest first."""
+"""Reading the audit trail of a worker, a pool or a rollout, newest first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import Page
 
-AuditedEntity = Literal["worker", "pool"]
+AuditedEntity = Literal["worker", "pool", "rollout"]
 
 
 def events(
@@ -21,6 +21,8 @@ def events(
         # Raises NotFound for an unknown id, so a typo is not read as "nothing happened".
         if entity == "worker":
             ctx.store.get_worker(entity_id)
-        else:
+        elif entity == "pool":
             ctx.store.get_pool(entity_id)
+        else:
+            ctx.rollouts.get(entity_id)
     return page

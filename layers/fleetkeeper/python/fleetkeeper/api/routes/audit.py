@@ -1,4 +1,4 @@
-"""The audit trail of workers and pools: who did what, from which status to which, why and when."""
+"""The audit trail of workers, pools and rollouts: who did what, from which status to which, why and when."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import BaseModel, Field
 
 from fleetkeeper.api.errors import responses
-from fleetkeeper.api.params import PageToken, ResourceName, WorkerId
+from fleetkeeper.api.params import PageToken, ResourceName, RolloutId, WorkerId
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.services import audit
 from fleetkeeper.services.context import default_context
@@ -69,3 +69,16 @@ def pool_events(
     next_token: PageToken = None,
 ) -> AuditPage:
     return _page("pool", name, limit, next_token)
+
+
+@router.get(
+    "/api/v1/rollouts/<rollout_id>/events",
+    summary="The rollout's audit trail, newest first",
+    responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
+)
+def rollout_events(
+    rollout_id: RolloutId,
+    limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_PAGE)] = 50,
+    next_token: PageToken = None,
+) -> AuditPage:
+    return _page("rollout", rollout_id, limit, next_token)

@@ -6,21 +6,19 @@ from http import HTTPStatus
 from typing import Annotated
 
 from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Body, Path, Query
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetkeeper.api.errors import JSON, responses
-from fleetkeeper.api.params import PageToken
+from fleetkeeper.api.params import PageToken, RolloutId
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
-from fleetkeeper.domain.rollouts import MAX_ID_LENGTH, MAX_REASON_LENGTH, RolloutRequest
+from fleetkeeper.domain.rollouts import MAX_REASON_LENGTH, RolloutRequest
 from fleetkeeper.services import rollouts
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.rollouts import RolloutPlan, RolloutView
 
 router = new_router()
-
-RolloutId = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH, examples=["ro-0123456789abcdef"])]
 
 START_CONFLICT = (
     "CONFLICT: another active rollout (RUNNING, PAUSED or ROLLING_BACK) already covers one of the workers; "
