@@ -6,7 +6,6 @@ import itertools
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import boto3
 import pytest
@@ -314,29 +313,6 @@ def test_given_a_step_that_keeps_failing_then_the_drain_ends_in_error_not_silenc
     # Not stuck: the admin can cancel the failed drain, and the worker is back in service.
     status, after = control_plane.api("POST", f"/api/v1/workers/{worker.id}/cancel-drain")
     assert (status, after["status"]) == (200, "RUNNING")
-
-
-@pytest.fixture
-def audit_feed(control_plane):
-    """Every audit event on the bus, delivered to an SQS queue by an EventBridge rule."""
-    sqs, events = boto3.client("sqs"), boto3.client("events")
-    queue_url = sqs.create_queue(QueueName=f"audit-{uuid.uuid4().hex[:8]}")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    bus = control_plane.resources.audit_bus_name
-    events.put_rule(Name="all-audit", EventBusName=bus, EventPattern=json.dumps({"source": ["fleetkeeper"]}))
-    events.put_targets(Rule="all-audit", EventBusName=bus, Targets=[{"Id": "queue", "Arn": queue_arn}])
-    received: list[dict[str, Any]] = []
-
-    def read() -> list[str]:
-        while True:
-            messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-            if not messages:
-                return [e["detail-type"] for e in received]
-            received.extend(json.loads(m["Body"]) for m in messages)
-
-    return read
 
 
 @pytest.fixture

@@ -4,40 +4,11 @@ audit trail and events they leave."""
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Callable
-from typing import Any
-
-import boto3
 import pytest
 
 from fleetkeeper.domain.models import Worker
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def audit_feed(control_plane) -> Callable[[], list[str]]:
-    """Every audit event on the bus, delivered to an SQS queue by an EventBridge rule."""
-    sqs, events = boto3.client("sqs"), boto3.client("events")
-    queue_url = sqs.create_queue(QueueName=f"audit-{uuid.uuid4().hex[:8]}")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    bus = control_plane.resources.audit_bus_name
-    events.put_rule(Name="all-audit", EventBusName=bus, EventPattern=json.dumps({"source": ["fleetkeeper"]}))
-    events.put_targets(Rule="all-audit", EventBusName=bus, Targets=[{"Id": "queue", "Arn": queue_arn}])
-    received: list[dict[str, Any]] = []
-
-    def read() -> list[str]:
-        while True:
-            messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-            if not messages:
-                return [e["detail-type"] for e in received]
-            received.extend(json.loads(m["Body"]) for m in messages)
-
-    return read
 
 
 @pytest.fixture
