@@ -176,3 +176,26 @@ def test_given_an_expired_worker_protected_during_the_cycle_then_it_is_neither_r
     assert store.get_worker(old.id).do_not_disrupt_until is not None  # the operator's write landed
     assert store.get_worker(old.id).status == S.RUNNING, report.counters
     assert store.find_worker(replacement_id(old.id)) is None
+
+
+def test_given_an_expired_worker_in_an_active_rollout_then_the_rollout_replaces_it_not_expiry(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2
+):
+    (old,) = fleet_of(store, ec2, ages_hours=[3])
+    status, started = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": [old.id]})
+    assert status == 202, started
+    assert control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/pause")[0] == 200
+
+    report = reconcile_fleet(make_ctx())
+
+    assert report.counters["expiry_in_rollout"] == 1
+    assert report.counters["expiry_replacements"] == report.counters["expiry_drains"] == 0
+    assert store.find_worker(replacement_id(old.id)) is None
+    assert store.get_worker(old.id).status == S.RUNNING
+
+    # Once the rollout has finished, its lock no longer holds the worker back.
+    assert control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel")[0] == 200
+    after = reconcile_fleet(make_ctx())
+
+    assert after.counters["expiry_replacements"] == 1
+    assert store.get_worker(replacement_id(old.id)).status == S.PENDING

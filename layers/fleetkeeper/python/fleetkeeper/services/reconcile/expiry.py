@@ -8,7 +8,7 @@ or a refused drain finds the replacement it already made (Conflict) instead of m
 expired worker has at most one live replacement, whatever happens between the two writes. A replacement
 that has ended meanwhile (its launch failed, it was terminated) does not count: the next id of the
 sequence is tried, at most MAX_REPLACEMENT_ATTEMPTS of them, and the worker is never drained without a
-live one.
+live one. A worker an active rollout covers is left to that rollout.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Drift, DriftReason, Worker
+from fleetkeeper.domain.rollouts import ACTIVE
 from fleetkeeper.domain.scale_down import protected_from_disruption
 from fleetkeeper.observability import logger
 from fleetkeeper.services import disruption, drain_hooks, workers
@@ -107,6 +108,10 @@ def _replace(ctx: Context, seen: Worker, now: datetime, counters: Counter[str]) 
     if not _may_replace(worker, now):
         counters["expiry_changed"] += 1
         return
+    if _in_active_rollout(ctx, worker.id):
+        # The rollout replaces it: a second replacement here would be one too many.
+        counters["expiry_in_rollout"] += 1
+        return
     if worker.pool is not None:
         pool = ctx.store.find_pool(worker.pool)
         if pool is not None and pool.status != PoolStatus.ACTIVE:
@@ -126,6 +131,16 @@ def _replace(ctx: Context, seen: Worker, now: datetime, counters: Counter[str]) 
         ctx, worker.id, actor=ACTOR, reason=EXPIRED_REASON, then=DrainThen.TERMINATE
     )
     counters["expiry_drains" if started else "expiry_drain_refused"] += 1
+
+
+def _in_active_rollout(ctx: Context, worker_id: str) -> bool:
+    """Whether a RUNNING, PAUSED or ROLLING_BACK rollout covers the worker, read from its lock item (the
+    base table), the same item that keeps two rollouts off one worker."""
+    holder = ctx.rollouts.lock_holder(worker_id)
+    if holder is None:
+        return False
+    rollout = ctx.rollouts.find(holder)
+    return rollout is not None and rollout.status in ACTIVE
 
 
 def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) -> bool:
