@@ -1,8 +1,8 @@
 """The `fleetkeeper` command: its global options, and every command, registered here under its name
 from the module of its group (fleetkeeper_cli/commands/<group>.py).
 
-Exit codes: 0 ok, 1 the drain failed or timed out (or the API failed), 2 usage, 3 not found or
-conflict, 4 authentication or authorization.
+Exit codes: 0 ok, 1 the drain failed or timed out, or the rollout followed with --wait failed or was
+cancelled (or the API failed), 2 usage, 3 not found or conflict, 4 authentication or authorization.
 """
 
 from __future__ import annotations
