@@ -278,12 +278,7 @@ def _control(
     ctx: typer.Context, rollout_id: str, move: str, reason: str | None, output: Output | None
 ) -> None:
     body = {"reason": reason} if reason else None
-
-    def render(view: dict[str, Any]) -> None:
-        console.print(f"rollout {view['id']} {view['status']}", markup=False, highlight=False)
-        print_rollout(view)
-
-    run(ctx, output, lambda c: c.post(f"/api/v1/rollouts/{rollout_id}/{move}", body), render)
+    run(ctx, output, lambda c: c.post(f"/api/v1/rollouts/{rollout_id}/{move}", body), print_rollout)
 
 
 def pause(
