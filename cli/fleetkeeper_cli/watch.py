@@ -170,13 +170,26 @@ def checkpoints_cell(view: dict[str, Any]) -> str:
     return ", ".join(marks) if marks else "-"
 
 
-def progress_line(view: dict[str, Any]) -> str:
+def rollback_cell(view: dict[str, Any]) -> str | None:
+    """`wave 1/2, 3/4 rolled back, 1 in progress`, once a rollback has started (the view's `rollback`)."""
+    rollback = view.get("rollback")
+    if not rollback:
+        return None
     return (
+        f"wave {wave_of(rollback)}, {rollback.get('rolled_back')}/{rollback.get('total')} rolled back, "
+        f"{rollback.get('in_progress')} in progress"
+    )
+
+
+def progress_line(view: dict[str, Any]) -> str:
+    line = (
         f"rollout {view.get('id')} {view.get('status')}: wave {wave_of(view)}, "
         f"{view.get('replaced')}/{view.get('total')} replaced ({view.get('percent')}%), "
         f"{view.get('in_progress')} in progress, {view.get('remaining')} remaining, "
         f"{view.get('skipped')} skipped"
     )
+    rollback = rollback_cell(view)
+    return f"{line}; rollback {rollback}" if rollback else line
 
 
 @dataclass
@@ -199,6 +212,9 @@ class RolloutWatch:
         changes: list[str] = []
         if after.get("wave") != before.get("wave"):
             changes.append(f"wave {wave_of(after)} started")
+        rollback_wave = (after.get("rollback") or {}).get("wave")
+        if rollback_wave is not None and rollback_wave != (before.get("rollback") or {}).get("wave"):
+            changes.append(f"rollback wave {wave_of(after['rollback'])} started")
         old_reason = (before.get("blocked") or {}).get("reason")
         new_blocked = after.get("blocked") or {}
         if new_blocked.get("reason") != old_reason and new_blocked:
@@ -226,6 +242,9 @@ class RolloutWatch:
         if view.get("skipped"):
             table.add_row("skipped", str(view["skipped"]))
         table.add_row("checkpoints", checkpoints_cell(view))
+        rollback = rollback_cell(view)
+        if rollback:
+            table.add_row("rollback", rollback)
         blocked = blocked_line(view, self.clock())
         table.add_row("blocked", blocked.removeprefix("blocked: ") if blocked else "-")
         if self.finished:

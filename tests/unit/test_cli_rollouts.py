@@ -258,7 +258,7 @@ def test_given_a_rollback_then_it_prints_rolling_back_and_json_is_the_view(serve
 @pytest.mark.parametrize(
     ("status", "error", "message"),
     [
-        (409, "CONFLICT", f"rollout {ROLLOUT_ID} is SUCCEEDED; rollback needs RUNNING, PAUSED or FAILED"),
+        (409, "CONFLICT", f"rollout {ROLLOUT_ID} is ROLLED_BACK; it cannot move to ROLLING_BACK"),
         (404, "NOT_FOUND", f"rollout {ROLLOUT_ID} not found"),
     ],
 )
@@ -304,3 +304,24 @@ def test_given_the_list_as_json_then_it_is_the_items(server):
 
     assert exit_code == 0, output
     assert [r["id"] for r in json.loads(output)] == [ROLLOUT_ID]
+
+
+def test_given_a_rollback_when_waited_on_then_its_waves_show_until_rolled_back_and_exit_0(server):
+    def rolling_back(wave: int, rolled_back: int, in_progress: int) -> dict[str, Any]:
+        rollback = {"total": 2, "rolled_back": rolled_back, "skipped": 0, "in_progress": in_progress}
+        return rollback | {"wave": wave, "waves": 2, "started_by": "ops", "started_at": None, "reason": None}
+
+    Recorder.queue = [
+        (202, _view(status="ROLLING_BACK", rollback=rolling_back(0, 0, 1))),
+        (200, _view(status="ROLLING_BACK", rollback=rolling_back(0, 0, 1))),
+        (200, _view(status="ROLLING_BACK", rollback=rolling_back(1, 1, 1))),
+    ]
+    Recorder.answer = (200, _view(status="ROLLED_BACK", rollback=rolling_back(1, 2, 0)))
+
+    assert run("--api", server, "rollout", "rollback", ROLLOUT_ID)[0] == 0
+    exit_code, output = run("--api", server, "rollout", "status", ROLLOUT_ID, "--wait", "--interval", "0.1")
+
+    assert exit_code == 0, output
+    assert "rollback wave 2/2 started" in output
+    assert "ROLLING_BACK -> ROLLED_BACK" in output
+    assert "; rollback wave 2/2, 2/2 rolled back, 0 in progress" in output
