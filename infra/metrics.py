@@ -37,6 +37,25 @@ OPERATION_FAILED: Final = "OperationFailed"
 OPERATION_RETRIED: Final = "OperationRetried"
 BEFORE_STOP_OPERATION_FAILED: Final = "BeforeStopOperationFailed"
 
+# Rollouts: 1 per rollout started, per checkpoint reached, and per rollout ended (docs/rollouts.md).
+ROLLOUT_STARTED: Final = "RolloutStarted"
+ROLLOUT_CHECKPOINT_REACHED: Final = "RolloutCheckpointReached"
+ROLLOUT_SUCCEEDED: Final = "RolloutSucceeded"
+ROLLOUT_FAILED: Final = "RolloutFailed"
+ROLLOUT_CANCELLED: Final = "RolloutCancelled"
+ROLLOUT_EVENTS: Final = (
+    ROLLOUT_STARTED,
+    ROLLOUT_CHECKPOINT_REACHED,
+    ROLLOUT_SUCCEEDED,
+    ROLLOUT_FAILED,
+    ROLLOUT_CANCELLED,
+)
+# The rollout engine's counters, published by the reconciler as Reconcile.<counter>.
+ROLLOUT_STEPS: Final = "Reconcile.rollout_steps"
+ROLLOUT_STEP_CONFLICTS: Final = "Reconcile.rollout_step_conflicts"
+ROLLOUT_ERRORS: Final = "Reconcile.rollout_errors"
+ROLLOUT_ENGINE_COUNTERS: Final = (ROLLOUT_STEPS, ROLLOUT_STEP_CONFLICTS, ROLLOUT_ERRORS)
+
 DRAIN_OUTCOMES: Final = (DRAIN_STARTED, DRAIN_COMPLETED, DRAIN_TIMED_OUT, DRAIN_CANCELLED, DRAIN_FAILED)
 
 # TERMINATED is history that only grows; the reconciler never counts it.
@@ -63,4 +82,6 @@ ALL_METRICS: Final = (
     OPERATION_FAILED,
     OPERATION_RETRIED,
     BEFORE_STOP_OPERATION_FAILED,
+    *ROLLOUT_EVENTS,
+    *ROLLOUT_ENGINE_COUNTERS,
 )

@@ -220,7 +220,31 @@ class Monitoring(Construct):
                     *operation_metrics,
                     fleet_metric(metrics.BEFORE_STOP_OPERATION_FAILED).with_(label="before-stop failed"),
                 ],
-            )
+            ),
+            _graph(
+                "Rollouts",
+                [
+                    fleet_metric(name).with_(label=label)
+                    for name, label in (
+                        (metrics.ROLLOUT_STARTED, "started"),
+                        (metrics.ROLLOUT_CHECKPOINT_REACHED, "checkpoints reached"),
+                        (metrics.ROLLOUT_SUCCEEDED, "succeeded"),
+                        (metrics.ROLLOUT_FAILED, "failed"),
+                        (metrics.ROLLOUT_CANCELLED, "cancelled"),
+                    )
+                ],
+            ),
+            _graph(
+                "Rollout steps (reconciler)",
+                [
+                    fleet_metric(name).with_(label=label)
+                    for name, label in (
+                        (metrics.ROLLOUT_STEPS, "steps"),
+                        (metrics.ROLLOUT_STEP_CONFLICTS, "steps dropped for a concurrent change"),
+                        (metrics.ROLLOUT_ERRORS, "errors"),
+                    )
+                ],
+            ),
         )
         self.dashboard.add_widgets(
             _graph(

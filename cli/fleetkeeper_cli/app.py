@@ -1,8 +1,8 @@
 """The `fleetkeeper` command: its global options, and every command, registered here under its name
 from the module of its group (fleetkeeper_cli/commands/<group>.py).
 
-Exit codes: 0 ok, 1 the drain failed or timed out (or the API failed), 2 usage, 3 not found or
-conflict, 4 authentication or authorization.
+Exit codes: 0 ok, 1 the drain failed or timed out, or the rollout followed with --wait failed or was
+cancelled (or the API failed), 2 usage, 3 not found or conflict, 4 authentication or authorization.
 """
 
 from __future__ import annotations
@@ -13,13 +13,24 @@ from typing import Annotated
 import typer
 
 from fleetkeeper_cli.client import API_ENV, LOCAL_API, LOCAL_PORT_ENV, CliError
-from fleetkeeper_cli.commands import apply, audit, drains, instances, operations, orphans, pools, workers
+from fleetkeeper_cli.commands import (
+    apply,
+    audit,
+    drains,
+    instances,
+    operations,
+    orphans,
+    pools,
+    rollouts,
+    workers,
+)
 from fleetkeeper_cli.output import Output, Settings, print_error
 
 app = typer.Typer(
     name="fleetkeeper",
     help=(
-        "Operate a fleetkeeper fleet: workers, drains, pools, instances, templates and the audit trail. "
+        "Operate a fleetkeeper fleet: workers, drains, pools, instances, templates, rollouts and the audit "
+        "trail. "
         f"It talks to the local control plane ({LOCAL_API}, or the port in ${LOCAL_PORT_ENV} as `make run` "
         f"does) unless --api, --stack or ${API_ENV} says otherwise; calls to a deployed stage are "
         "SigV4-signed with your AWS credentials."
@@ -72,6 +83,19 @@ orphans_app = _group(
 orphans_app.command("show")(orphans.show)
 orphans_app.command("held-back")(orphans.held_back)
 orphans_app.command("confirm")(orphans.confirm)
+# rollouts.py
+app.command("rollouts")(rollouts.list_rollouts)
+rollout_app = _group(
+    "rollout",
+    "Replace a template's workers wave by wave: `start`, `status`, `pause`, `resume`, `cancel`, `rollback`. "
+    "List them with `fleetkeeper rollouts`.",
+)
+rollout_app.command("start")(rollouts.start)
+rollout_app.command("status")(rollouts.status)
+rollout_app.command("pause")(rollouts.pause)
+rollout_app.command("resume")(rollouts.resume)
+rollout_app.command("cancel")(rollouts.cancel)
+rollout_app.command("rollback")(rollouts.rollback)
 # audit.py
 app.command("audit")(audit.audit)
 # apply.py

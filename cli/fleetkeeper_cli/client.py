@@ -37,7 +37,7 @@ _EXECUTE_API_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.amazonaws\.com(?:\
 
 class ExitCode(IntEnum):
     OK = 0
-    FAILED = 1  # a drain failed or timed out, or the API could not serve the request
+    FAILED = 1  # a drain failed or timed out, a rollout failed or was cancelled, or the API failed
     USAGE = 2
     NOT_FOUND_OR_CONFLICT = 3
     AUTH = 4

@@ -26,6 +26,7 @@ RUN = uuid.uuid4().hex[:6]
 TEMPLATE = f"e2e-lab-{RUN}"
 POOL = f"e2e-{RUN}"
 DRAIN_POOL = f"e2e-drain-{RUN}"
+ROLLOUT_POOL = f"e2e-rollout-{RUN}"
 FLEET_FILE = f"""
 templates:
   - name: {TEMPLATE}
@@ -273,3 +274,57 @@ def test_given_a_started_instance_when_its_worker_is_drained_then_the_drain_wait
 
     assert (code, output) == (0, f"drain of {worker_id} cancelled; worker RUNNING\n")
     assert cli("complete", instance_id)[0] == 0
+
+
+def test_given_two_workers_when_rolled_out_with_wait_then_it_follows_both_waves_to_succeeded_and_exit_0(cli):
+    # A budget of its own: the pool rolls at the budget's pace, not the stage default's ledger.
+    response = requests.put(
+        f"{cli.api}/api/v1/pools/{ROLLOUT_POOL}", json={"disruption": {"budgets": [{"max": 1}]}}, timeout=10
+    )
+    assert response.status_code == 201, response.text
+    old = sorted(new_worker(cli, pool=ROLLOUT_POOL) for _ in range(2))
+    plan = cli.json(
+        "rollout", "start", TEMPLATE, "--pool", ROLLOUT_POOL, "--max-unavailable", "1", "--dry-run"
+    )
+    assert [wave["worker_ids"] for wave in plan["waves"]] == [[old[0]], [old[1]]]
+
+    # In its own process: the test bounds how long it may take.
+    waiting = cli.background(
+        "rollout",
+        "start",
+        TEMPLATE,
+        "--pool",
+        ROLLOUT_POOL,
+        "--max-unavailable",
+        "1",
+        "--reason",
+        "e2e AMI",
+        "--wait",
+        "--interval",
+        "0.5",
+    )
+    output, _ = waiting.communicate(timeout=180)
+
+    assert waiting.returncode == 0, output
+    assert "started: 2 worker(s) in 2 wave(s)" in output
+    assert "wave 2/2 started" in output
+    assert "SUCCEEDED: wave 2/2, 2/2 replaced (100%)" in output
+    for worker_id in old:
+        assert cli.json("worker", "show", worker_id)["status"] == "TERMINATED"
+    newest = cli.json("rollouts", "--limit", "1")
+    assert (newest[0]["status"], newest[0]["pool"], newest[0]["reason"]) == (
+        "SUCCEEDED",
+        ROLLOUT_POOL,
+        "e2e AMI",
+    )
+    code, listing = cli("rollouts")
+    assert code == 0
+    assert newest[0]["id"] in listing
+
+    code, output = cli("rollout", "pause", newest[0]["id"])
+    assert code == 3
+    assert output.startswith("error: CONFLICT (409): ")
+    assert "SUCCEEDED" in output
+    code, output = cli("rollout", "status", "ro-nobody")
+    assert code == 3
+    assert output.startswith("error: NOT_FOUND (404): ")

@@ -36,7 +36,15 @@ def test_given_the_dashboard_then_it_shows_api_state_machine_lambda_and_dlq_heal
     for metric in ("4XXError", "5XXError", "Latency", "ExecutionsFailed", "Errors", "Throttles"):
         assert f'"{metric}"' in body, metric
     assert "ApproximateNumberOfMessagesVisible" in body
-    for title in ("Workers by status", "Drains", "Drain duration", "Reconcile duration", "API latency"):
+    for title in (
+        "Workers by status",
+        "Drains",
+        "Drain duration",
+        "Reconcile duration",
+        "API latency",
+        "Rollouts",
+        "Rollout steps (reconciler)",
+    ):
         assert title in body
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fleetkeeper.domain.models import Worker
+from tests.integration.emf import metric_totals
 
 pytestmark = pytest.mark.integration
 
@@ -164,3 +165,19 @@ def test_given_pause_resume_cancel_then_each_moves_only_from_its_statuses(contro
         "RolloutResumed",
         "RolloutCancelled",
     ]
+
+
+def test_given_a_rollout_started_then_cancelled_then_the_api_counts_one_of_each_and_a_plan_none(
+    control_plane, labs, capsys
+):
+    capsys.readouterr()
+    body = {"template": "lab-small", "pool": "labs"}
+    assert control_plane.api("POST", "/api/v1/rollouts", {**body, "dry_run": True})[0] == 200
+    _, started = control_plane.api("POST", "/api/v1/rollouts", body)
+    assert control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel")[0] == 200
+    assert control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/pause")[0] == 409
+
+    totals = metric_totals(capsys.readouterr().out)
+
+    rollout_metrics = {name: value for name, value in totals.items() if name.startswith("Rollout")}
+    assert rollout_metrics == {"RolloutStarted": 1, "RolloutCancelled": 1}

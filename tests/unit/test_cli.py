@@ -230,6 +230,13 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["apply"],
         ["operations"],
         ["operation", "run"],
+        ["rollouts"],
+        ["rollout", "start"],
+        ["rollout", "status"],
+        ["rollout", "pause"],
+        ["rollout", "resume"],
+        ["rollout", "cancel"],
+        ["rollout", "rollback"],
     ],
 )
 def test_given_any_command_then_help_works_and_offers_json_output(command):
@@ -535,7 +542,12 @@ def test_given_a_narrow_terminal_then_worker_ids_print_whole_and_other_columns_g
 
 
 @pytest.mark.parametrize(
-    ("group", "commands"), [("worker", {"show"}), ("pool", {"drain", "cancel-drain", "disruption"})]
+    ("group", "commands"),
+    [
+        ("worker", {"show"}),
+        ("pool", {"drain", "cancel-drain", "disruption"}),
+        ("rollout", {"start", "status", "pause", "resume", "cancel", "rollback"}),
+    ],
 )
 def test_given_a_group_then_its_help_names_exactly_the_commands_it_has(group: str, commands: set[str]):
     exit_code, output = run(group, "--help")

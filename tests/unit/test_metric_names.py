@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fleetkeeper.services import discovery, reconcile
+import inspect
+
+from fleetkeeper.services import discovery, reconcile, rollout_engine, rollouts
 from fleetkeeper.services.drains import watchdog
 from infra import metrics as dashboard
 
@@ -25,3 +27,16 @@ def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
 
 def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():
     assert watchdog.METRIC_EXECUTION_LOST == dashboard.DRAIN_EXECUTION_LOST
+
+
+def test_given_the_rollout_events_with_a_metric_then_the_dashboard_plots_exactly_those():
+    assert set(rollouts.METRIC_EVENTS) == set(dashboard.ROLLOUT_EVENTS)
+    assert set(dashboard.ROLLOUT_EVENTS) <= set(dashboard.ALL_METRICS)
+
+
+def test_given_the_rollout_engine_then_the_counters_the_dashboard_plots_are_its_own():
+    source = inspect.getsource(rollout_engine)
+    for name in dashboard.ROLLOUT_ENGINE_COUNTERS:
+        prefix, counter = name.split(".")
+        assert prefix == "Reconcile"
+        assert f'counters["{counter}"]' in source, name

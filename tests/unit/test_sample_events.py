@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEvent
 
+from fleetkeeper.domain.rollouts import RolloutRequest
 from fleetkeeper.services.drains import StepRequest
 
 EVENTS = Path(__file__).parents[2] / "events"
@@ -27,3 +28,11 @@ def test_given_an_api_gateway_sample_then_it_is_a_rest_proxy_event_with_an_iam_c
     if event.http_method in ("POST", "PUT", "PATCH"):
         assert json.loads(event.body or "{}") is not None
         assert event.headers["Content-Type"] == "application/json"
+
+
+def test_given_the_rollout_start_sample_then_its_body_is_a_valid_rollout_request():
+    event = APIGatewayProxyEvent(json.loads((EVENTS / "api_rollout_start.json").read_text()))
+    request = RolloutRequest.model_validate_json(event.body or "")
+    assert (event.http_method, event.path) == ("POST", "/api/v1/rollouts")
+    assert (request.template, request.max_unavailable, request.checkpoints) == ("lab-small", "25%", [50])
+    assert request.dry_run is False

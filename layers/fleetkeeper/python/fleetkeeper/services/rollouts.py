@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
+from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, Field
 
 from fleetkeeper.cloud.retry import retry_conflicts
@@ -26,9 +27,20 @@ from fleetkeeper.domain.rollouts import (
     plan_waves,
     resolve_max_unavailable,
 )
+from fleetkeeper.observability import metrics
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper.store.table import Page
+
+# The audit events that also count as EMF metrics of the same name (infra/metrics.py, the dashboard's
+# "Rollouts" widget): a rollout's start and its ends, wherever they happen (here or in the engine).
+METRIC_EVENTS: Final = (
+    "RolloutStarted",
+    "RolloutCheckpointReached",
+    "RolloutSucceeded",
+    "RolloutFailed",
+    "RolloutCancelled",
+)
 
 
 def store_of(ctx: Context) -> RolloutStore:
@@ -196,7 +208,10 @@ def page(ctx: Context, *, limit: int, next_token: str | None) -> Page[Rollout]:
 
 
 def emit(ctx: Context, detail_type: str, rollout: Rollout, **extra: Any) -> None:
+    """The audit event of a rollout's status change, and its metric when it has one."""
     ctx.audit.publish(detail_type, event_detail(rollout, **extra))
+    if detail_type in METRIC_EVENTS:
+        metrics.add_metric(name=detail_type, unit=MetricUnit.Count, value=1)
 
 
 def _move(
