@@ -12,7 +12,7 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
-from fleetkeeper.services.rollout_engine import replacement_id
+from fleetkeeper.domain.rollouts import replacement_id
 from tests.integration.functions import reconcile_fleet
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
