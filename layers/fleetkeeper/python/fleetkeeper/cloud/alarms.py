@@ -27,6 +27,6 @@ class AlarmsGateway:
             AlarmTypes=["MetricAlarm", "CompositeAlarm"],
             MaxRecords=MAX_NAMES_PER_CALL,
         )
-        found = [a["AlarmName"] for a in response.get("MetricAlarms", [])]
-        found += [a["AlarmName"] for a in response.get("CompositeAlarms", [])]
-        return sorted(set(found))
+        alarms = [*response.get("MetricAlarms", []), *response.get("CompositeAlarms", [])]
+        # The state is checked here too: the filter is the service's, the decision is ours.
+        return sorted({a["AlarmName"] for a in alarms if a.get("StateValue") == "ALARM"})
