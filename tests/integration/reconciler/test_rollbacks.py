@@ -119,6 +119,9 @@ def test_given_a_rollout_that_succeeded_then_its_rollback_restores_the_image_and
     }
     # Pinned to what the template no longer launches: drift says so.
     assert all(w.drift is not None for w in restored)
+    status, shown = control_plane.api("GET", f"/api/v1/workers/{restored[0].id}")
+    pinned = (shown["pinned_image_id"], shown["pinned_instance_type"])
+    assert (status, pinned) == (200, (original_image, "m5.large"))
     drain = store.get_worker(replacements[0]).drain
     assert drain is not None
     assert drain.requested_by == f"rollout:{rollout_id}"
