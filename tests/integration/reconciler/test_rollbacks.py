@@ -5,6 +5,7 @@ and an alarm in ALARM starts the rollback (a CloudWatch that fails leaves the ro
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -226,3 +227,42 @@ def test_given_describe_alarms_failing_then_the_rollout_stays_and_the_cycle_comp
     # Its first wave had not started: the rollback has nothing to undo and may finish in the same cycle.
     assert view["status"] in {"ROLLING_BACK", "ROLLED_BACK"}, view
     assert view["rollback"]["started_by"] == f"alarm:{name}"
+
+
+def test_given_a_lost_answer_to_a_restoring_workers_creation_then_the_next_cycle_finds_it_not_a_second(
+    control_plane, launched_fleet
+):
+    old, _ = launched_fleet
+    store = control_plane.ctx.store
+    _, started = control_plane.api(
+        "POST",
+        "/api/v1/rollouts",
+        {"template": "lab", "pool": "labs", "max_unavailable": 2, "strategy": "drain_first"},
+    )
+    rollout_id = started["id"]
+    first_wave = old[:2]
+    _cycles(control_plane, lambda: set(store.worker_statuses(first_wave).values()) == {S.TERMINATED})
+    restoring = [restoration_id(rollout_id, w) for w in first_wave]
+    lost = faults.Fault(
+        "dynamodb",
+        "InternalServerError",
+        frozenset({"TransactWriteItems"}),
+        status=500,
+        after=True,  # the worker is created, the step never hears it
+        limit=1,
+        when=lambda _operation, params: any(f"WORKER#{w}" in json.dumps(params) for w in restoring),
+    )
+    status, _ = control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")
+    assert status == 202
+
+    with faults.FaultPlan(seed=1, faults=[lost]).installed():
+        reconcile_fleet(control_plane.ctx)
+    done = _cycles(control_plane, _status_is(control_plane, rollout_id, "ROLLED_BACK", "FAILED"))
+
+    assert lost.injected == 1
+    assert (done["status"], done["rollback"]["rolled_back"]) == ("ROLLED_BACK", 2), done
+    status, page = control_plane.api("GET", "/api/v1/workers", query={"pool": "labs", "limit": "100"})
+    assert status == 200
+    serving = sorted(w["id"] for w in page["items"] if w["status"] == "RUNNING")
+    # The two workers the rollout never reached, and one restoring worker for each it drained.
+    assert serving == sorted([*old[2:], *restoring])
