@@ -43,12 +43,16 @@ ROLLOUT_CHECKPOINT_REACHED: Final = "RolloutCheckpointReached"
 ROLLOUT_SUCCEEDED: Final = "RolloutSucceeded"
 ROLLOUT_FAILED: Final = "RolloutFailed"
 ROLLOUT_CANCELLED: Final = "RolloutCancelled"
+ROLLOUT_ROLLBACK_STARTED: Final = "RolloutRollbackStarted"
+ROLLOUT_ROLLED_BACK: Final = "RolloutRolledBack"
 ROLLOUT_EVENTS: Final = (
     ROLLOUT_STARTED,
     ROLLOUT_CHECKPOINT_REACHED,
     ROLLOUT_SUCCEEDED,
     ROLLOUT_FAILED,
     ROLLOUT_CANCELLED,
+    ROLLOUT_ROLLBACK_STARTED,
+    ROLLOUT_ROLLED_BACK,
 )
 # The rollout engine's counters, published by the reconciler as Reconcile.<counter>.
 ROLLOUT_STEPS: Final = "Reconcile.rollout_steps"

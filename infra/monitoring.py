@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from aws_cdk import Duration
+from aws_cdk import ArnFormat, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
@@ -17,12 +18,35 @@ from constructs import Construct
 
 from infra import metrics
 from infra.config import StageConfig
+from infra.permissions import allow
 
 FIVE_MINUTES: Final = Duration.minutes(5)
 # Share of API requests answered 5xx, in percent, that pages someone.
 API_5XX_RATE_PERCENT: Final = 5
 # Reconcile counts as stopped after this many schedule periods without a heartbeat.
 RECONCILE_MISSED_PERIODS: Final = 3
+
+
+def grant_alarm_reads(role: iam.IRole) -> None:
+    """DescribeAlarms on the alarms of the stack's account and region: a rollout's rollback_on_alarms
+    names alarms the operator made, which this stack does not know."""
+    stack = Stack.of(role)
+    allow(
+        role,
+        actions=["cloudwatch:DescribeAlarms"],
+        resources=[
+            stack.format_arn(
+                service="cloudwatch",
+                resource="alarm",
+                resource_name="*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+        ],
+        wildcard_reason=(
+            "A rollout's rollback_on_alarms names any alarm of the stage's account and region, chosen when "
+            "the rollout starts; the statement reads alarms only, of this account and region."
+        ),
+    )
 
 
 def fleet_metric(name: str, *, statistic: str = "Sum", period: Duration = FIVE_MINUTES) -> cw.Metric:
@@ -48,8 +72,11 @@ class Monitoring(Construct):
         api_stage: apigw.Stage,
         dead_letter_queues: Mapping[str, sqs.IQueue],
         topic: sns.ITopic,
+        alarm_readers: Sequence[iam.IRole] = (),
     ) -> None:
         super().__init__(scope, construct_id)
+        for role in alarm_readers:
+            grant_alarm_reads(role)
         self._prefix = f"fleetkeeper-{config.name}"
         self._action = cw_actions.SnsAction(topic)
         self.alarms: dict[str, cw.Alarm] = {}

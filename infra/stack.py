@@ -156,6 +156,7 @@ class FleetkeeperStack(Stack):
                 "undelivered-events": messaging.undelivered_events,
             },
             topic=messaging.topic,
+            alarm_readers=[roles["reconcile"]],  # rollouts' rollback_on_alarms
         )
 
         self._add_outputs(

@@ -83,6 +83,7 @@ def test_given_rollouts_then_they_list_newest_first_a_page_at_a_time(control_pla
     assert [r["id"] for r in first["items"] + second["items"]] == ids[::-1]
 
 
+ALARMS = "body.rollback_on_alarms"
 BAD_REQUESTS = [
     ({"template": "lab-small", "max_unavailable": 0}, "body.max_unavailable"),
     ({"template": "lab-small", "max_unavailable": "150%"}, "body.max_unavailable"),
@@ -98,6 +99,11 @@ BAD_REQUESTS = [
     ({"template": "lab-small", "pool": "nope"}, "pool"),
     ({"worker_ids": ["w-missing"]}, "worker_ids"),
     ({"template": "lab-small", "worker_ids": ["w-1"]}, "template"),
+    ({"template": "lab-small", "rollback_on_alarms": [f"a{i}" for i in range(11)]}, ALARMS),
+    ({"template": "lab-small", "rollback_on_alarms": ["a", "a"]}, "body.rollback_on_alarms"),
+    ({"template": "lab-small", "rollback_on_alarms": "errors"}, "body.rollback_on_alarms"),
+    ({"template": "lab-small", "rollback_on_alarms": [""]}, f"{ALARMS}.0"),
+    ({"template": "lab-small", "rollback_on_alarms": ["x" * 256]}, f"{ALARMS}.0"),
 ]
 
 
@@ -181,3 +187,46 @@ def test_given_a_rollout_started_then_cancelled_then_the_api_counts_one_of_each_
 
     rollout_metrics = {name: value for name, value in totals.items() if name.startswith("Rollout")}
     assert rollout_metrics == {"RolloutStarted": 1, "RolloutCancelled": 1}
+
+
+def test_given_a_rollout_then_a_rollback_is_202_rolling_back_once_and_409_or_404_otherwise(
+    control_plane, labs, audit_feed
+):
+    status, started = control_plane.api(
+        "POST",
+        "/api/v1/rollouts",
+        {"template": "lab-small", "pool": "labs", "rollback_on_alarms": ["lab-errors"]},
+    )
+    assert (status, started["rollback_on_alarms"], started["rollback"]) == (202, ["lab-errors"], None)
+    base = f"/api/v1/rollouts/{started['id']}"
+
+    status, rolling = control_plane.api("POST", f"{base}/rollback", {"reason": "bad AMI"})
+
+    assert (status, rolling["status"], rolling["finished_at"]) == (202, "ROLLING_BACK", None), rolling
+    assert rolling["rollback"]["reason"] == "bad AMI"
+    assert rolling["rollback"]["total"] == 1  # the first wave (10% of 5: one worker) is all it reached
+    status, again = control_plane.api("POST", f"{base}/rollback")
+    assert (status, again["error"], again["details"]["current_status"]) == (409, "CONFLICT", "ROLLING_BACK")
+    status, paused = control_plane.api("POST", f"{base}/pause")
+    assert (status, paused["details"]["current_status"]) == (409, "ROLLING_BACK")
+    status, missing = control_plane.api("POST", "/api/v1/rollouts/ro-unknown/rollback")
+    assert (status, missing["error"]) == (404, "NOT_FOUND")
+    status, bad = control_plane.api("POST", f"{base}/rollback", {"reason": "r" * 501})
+    assert (status, [d["field"] for d in bad["details"]]) == (422, ["body.reason"])
+    trail = control_plane.ctx.store.audit_page("rollout", started["id"]).items
+    assert [(e.action, e.from_status, e.to_status, e.reason) for e in reversed(trail)] == [
+        ("RolloutStarted", None, "RUNNING", None),
+        ("RolloutRollbackStarted", "RUNNING", "ROLLING_BACK", "bad AMI"),
+    ]
+    events = [e for e in audit_feed() if e.startswith("Rollout")]
+    assert events == ["RolloutStarted", "RolloutRollbackStarted"]
+
+
+def test_given_a_finished_rollout_then_it_can_still_be_rolled_back(control_plane, labs):
+    _, started = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+    base = f"/api/v1/rollouts/{started['id']}"
+    assert control_plane.api("POST", f"{base}/cancel")[0] == 200
+
+    status, rolling = control_plane.api("POST", f"{base}/rollback")
+
+    assert (status, rolling["status"]) == (202, "ROLLING_BACK"), rolling

@@ -17,7 +17,9 @@ from fleetkeeper.domain.rollouts import (
     MAX_ROLLOUT_WORKERS,
     MAX_WAIT_SECONDS,
     MAX_WAVE_WORKERS,
+    ROLLBACK_FROM,
     Blocked,
+    RollbackAction,
     Rollout,
     RolloutRequest,
     RolloutStatus,
@@ -29,7 +31,11 @@ from fleetkeeper.domain.rollouts import (
     checkpoint_reached,
     percent_done,
     plan_waves,
+    replacement_id,
     resolve_max_unavailable,
+    restoration_id,
+    rollback_action,
+    rollback_scope,
 )
 from fleetkeeper.store.codec import record_attributes, serialize
 from fleetkeeper.store.item_size import ITEM_BUDGET_BYTES, item_size
@@ -122,7 +128,13 @@ def test_given_the_transition_table_then_pause_resume_and_cancel_move_only_from_
     assert [s for s in RolloutStatus if can_move(s, paused)] == [running]
     assert [s for s in RolloutStatus if can_move(s, running)] == [paused]
     assert {s for s in RolloutStatus if can_move(s, RolloutStatus.CANCELLED)} == {running, paused}
-    assert all(not can_move(s, t) for s in FINISHED for t in RolloutStatus)
+    # A finished rollout can only be rolled back (a rolled back one not even that).
+    assert all(not can_move(s, t) for s in FINISHED for t in RolloutStatus if t != RolloutStatus.ROLLING_BACK)
+    assert {running, paused, *FINISHED} - {RolloutStatus.ROLLED_BACK} == ROLLBACK_FROM
+    assert {s for s in RolloutStatus if can_move(RolloutStatus.ROLLING_BACK, s)} == {
+        RolloutStatus.ROLLED_BACK,
+        RolloutStatus.FAILED,
+    }
     assert ACTIVE.isdisjoint(FINISHED)
     assert set(RolloutStatus) == ACTIVE | FINISHED
 
@@ -171,3 +183,34 @@ def test_given_the_largest_rollout_then_its_item_stays_inside_the_item_budget():
     item = serialize({**rollout_key(rollout.id), **record_attributes(rollout), "GSI3PK": "KIND#ROLLOUT"})
 
     assert item_size(item) <= ITEM_BUDGET_BYTES
+
+
+def test_given_a_rollback_then_its_scope_is_the_waves_the_rollout_reached():
+    ids = [f"w-{i}" for i in range(7)]
+
+    assert rollback_scope(ids, 3, 0) == ids[:3]
+    assert rollback_scope(list(reversed(ids)), 3, 1) == ids[:6]
+    assert rollback_scope(ids, 3, 5) == ids  # past the last wave: every worker
+
+
+@pytest.mark.parametrize(
+    ("drained", "live", "action"),
+    [
+        (True, True, RollbackAction.RESTORE),
+        (True, False, RollbackAction.RESTORE),  # its replacement failed: the old worker still comes back
+        (False, True, RollbackAction.DRAIN),  # surge stopped before the drain: the old worker stays
+        (False, False, RollbackAction.NOTHING),
+    ],
+)
+def test_given_a_worker_of_a_rollback_then_its_action_depends_on_whether_the_rollout_drained_it(
+    drained, live, action
+):
+    assert rollback_action(old_drained_by_rollout=drained, replacement_live=live) is action
+
+
+def test_given_a_rollout_and_a_worker_then_the_replacement_and_restoration_ids_are_stable_and_distinct():
+    assert replacement_id("ro-1", "w-1") == replacement_id("ro-1", "w-1")
+    assert restoration_id("ro-1", "w-1") == restoration_id("ro-1", "w-1")
+    assert restoration_id("ro-1", "w-1") != replacement_id("ro-1", "w-1")
+    assert restoration_id("ro-1", "w-1") != restoration_id("ro-2", "w-1")
+    assert len(restoration_id("ro-1", "w-1")) <= 64

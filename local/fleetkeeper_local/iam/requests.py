@@ -446,6 +446,14 @@ def _sns(request: Request, env: Environment) -> list[Authorization]:
 def _cloudwatch(request: Request, env: Environment) -> list[Authorization]:
     if request.operation in {"GetMetricData", "GetMetricStatistics", "ListMetrics"}:
         return [Authorization(f"cloudwatch:{request.operation}", "*")]
+    if request.operation == "DescribeAlarms" and request.params.get("AlarmNames"):
+        # Authorized on each named alarm's ARN.
+        return [
+            Authorization("cloudwatch:DescribeAlarms", request.arn("cloudwatch", f"alarm:{name}"))
+            for name in request.params["AlarmNames"]
+        ]
+    if request.operation == "DescribeAlarms":
+        return [Authorization("cloudwatch:DescribeAlarms", request.arn("cloudwatch", "alarm:*"))]
     if request.operation == "PutMetricData":
         namespace = str(request.params.get("Namespace", ""))
         return [Authorization("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": namespace})]

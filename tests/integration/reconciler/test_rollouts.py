@@ -12,8 +12,8 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.observability import metrics
-from fleetkeeper.services.rollout_engine import replacement_id
 from tests.integration.emf import metric_totals
 from tests.integration.functions import reconcile_fleet
 

@@ -555,6 +555,12 @@ class WorkerView(BaseModel):
     image_id: str | None = Field(default=None, description="the image the machine was launched from")
     instance_type: str | None = Field(default=None, description="the instance type it was launched as")
     launched_at: datetime | None = None
+    pinned_image_id: str | None = Field(
+        default=None, description="a rollback's worker: the image its launch uses instead of the template's"
+    )
+    pinned_instance_type: str | None = Field(
+        default=None, description="a rollback's worker: the instance type its launch uses instead"
+    )
     drift: DriftView | None = Field(
         default=None, description="how the machine differs from its template now (docs/rollouts.md)"
     )

@@ -250,6 +250,11 @@ class Worker(WorkerSummary):
     image_id: str | None = Field(default=None, max_length=64)
     instance_type: str | None = Field(default=None, max_length=64)
     launched_at: UtcDatetime | None = None
+    # A pinned launch: the image and instance type to launch instead of the template's newest image and
+    # its instance type (a rollback restores what a rollout replaced; docs/rollouts.md). Drift still
+    # compares the machine with the template.
+    pinned_image_id: str | None = Field(default=None, max_length=64)
+    pinned_instance_type: str | None = Field(default=None, max_length=64)
     # How the machine differs from its template (domain/drift.py), as the reconciler last found it;
     # written only when it changes.
     drift: Drift | None = None

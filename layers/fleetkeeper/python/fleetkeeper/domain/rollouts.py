@@ -6,6 +6,7 @@ Pure: the request, the plan (waves), the statuses and their transitions, the rec
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +40,9 @@ MAX_WAIT_SECONDS: Final = 7 * 24 * 3600
 MIN_DRAIN_TIMEOUT_SECONDS: Final = 60
 MAX_DRAIN_TIMEOUT_SECONDS: Final = 7 * 24 * 3600
 MAX_ID_LENGTH: Final = 64
+# rollback_on_alarms: one DescribeAlarms call per step names them all (CloudWatch takes 100 a call).
+MAX_ROLLBACK_ALARMS: Final = 10
+MAX_ALARM_NAME_LENGTH: Final = 255
 DEFAULT_MAX_UNAVAILABLE: Final = "10%"
 PERCENT_PATTERN: Final = r"^([1-9][0-9]?|100)%$"
 _PERCENT = re.compile(PERCENT_PATTERN)
@@ -76,13 +80,17 @@ TRANSITIONS: Final[dict[RolloutStatus, frozenset[RolloutStatus]]] = {
         {RolloutStatus.RUNNING, RolloutStatus.CANCELLED, RolloutStatus.ROLLING_BACK}
     ),
     RolloutStatus.ROLLING_BACK: frozenset({RolloutStatus.ROLLED_BACK, RolloutStatus.FAILED}),
-    RolloutStatus.SUCCEEDED: frozenset(),
-    RolloutStatus.FAILED: frozenset(),
-    RolloutStatus.CANCELLED: frozenset(),
+    # A finished rollout can still be rolled back: a bad image is often found once it is everywhere.
+    RolloutStatus.SUCCEEDED: frozenset({RolloutStatus.ROLLING_BACK}),
+    RolloutStatus.FAILED: frozenset({RolloutStatus.ROLLING_BACK}),
+    RolloutStatus.CANCELLED: frozenset({RolloutStatus.ROLLING_BACK}),
     RolloutStatus.ROLLED_BACK: frozenset(),
 }
 ACTIVE: Final = frozenset({RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.ROLLING_BACK})
-FINISHED: Final = frozenset(s for s, moves in TRANSITIONS.items() if not moves)
+# Nothing advances these by itself; their locks may be taken over by another rollout.
+FINISHED: Final = frozenset(RolloutStatus) - ACTIVE
+# Where a rollback may start from.
+ROLLBACK_FROM: Final = frozenset(s for s, moves in TRANSITIONS.items() if RolloutStatus.ROLLING_BACK in moves)
 
 
 def can_move(current: RolloutStatus, target: RolloutStatus) -> bool:
@@ -122,6 +130,7 @@ MaxUnavailable = Annotated[
     ),
 ]
 WaitSeconds = Annotated[int, Strict(), Field(ge=0, le=MAX_WAIT_SECONDS)]
+AlarmName = Annotated[str, Field(min_length=1, max_length=MAX_ALARM_NAME_LENGTH)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
 
 
@@ -186,7 +195,21 @@ class RolloutRequest(BaseModel):
         default=True, description="false drains the workers without creating replacements"
     )
     reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+    rollback_on_alarms: Annotated[
+        list[AlarmName], Field(max_length=MAX_ROLLBACK_ALARMS, json_schema_extra={"uniqueItems": True})
+    ] = Field(
+        default_factory=list,
+        description="CloudWatch alarms (names, in the stage's region) read each cycle while the rollout is "
+        "RUNNING or PAUSED: any of them in ALARM starts its rollback",
+    )
     dry_run: Annotated[bool, Strict()] = False
+
+    @field_validator("rollback_on_alarms")
+    @classmethod
+    def _alarms_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("each alarm once")
+        return value
 
     @field_validator("checkpoints")
     @classmethod
@@ -221,6 +244,45 @@ def plan_waves(worker_ids: Sequence[str], max_unavailable: int) -> list[list[str
         raise ValueError("max_unavailable must be at least 1")
     ordered = sorted(set(worker_ids))
     return [ordered[i : i + max_unavailable] for i in range(0, len(ordered), max_unavailable)]
+
+
+def replacement_id(rollout_id: str, worker_id: str) -> str:
+    """The replacement's id, the same every time it is chosen: a step whose write was lost creates
+    it again with this id and finds it there."""
+    return "w-" + hashlib.sha256(f"{rollout_id}:{worker_id}".encode()).hexdigest()[:16]
+
+
+def restoration_id(rollout_id: str, worker_id: str) -> str:
+    """The id of the worker a rollback launches in place of `worker_id`'s replacement, derived like
+    `replacement_id` so a rollback step whose write was lost finds it again."""
+    return "w-" + hashlib.sha256(f"{rollout_id}:rollback:{worker_id}".encode()).hexdigest()[:16]
+
+
+def rollback_scope(worker_ids: Sequence[str], max_unavailable: int, through_wave: int) -> list[str]:
+    """The workers a rollback looks at: those of every wave the rollout reached (none later ever had a
+    replacement), sorted."""
+    waves = plan_waves(worker_ids, max_unavailable)
+    return sorted(w for wave in waves[: through_wave + 1] for w in wave)
+
+
+class RollbackAction(StrEnum):
+    """What a rollback does for one worker of the scope."""
+
+    # No live replacement and the old worker was not taken out: nothing to undo.
+    NOTHING = "nothing"
+    # The old worker still serves: its replacement is drained, nothing is launched.
+    DRAIN = "drain"
+    # The old worker was drained by the rollout: a worker with its image and instance type is launched,
+    # then the replacement (if it still lives) is drained.
+    RESTORE = "restore"
+
+
+def rollback_action(*, old_drained_by_rollout: bool, replacement_live: bool) -> RollbackAction:
+    """The old worker stays when the rollout never drained it (surge stopped before its drain): only its
+    replacement goes. One the rollout drained is given back, as it was launched."""
+    if old_drained_by_rollout:
+        return RollbackAction.RESTORE
+    return RollbackAction.DRAIN if replacement_live else RollbackAction.NOTHING
 
 
 def percent_done(replaced: int, total: int) -> int:
@@ -309,6 +371,27 @@ class Rollout(BaseModel):
     paused_at_checkpoint: int | None = None
     paused_at: UtcDatetime | None = None
     blocked: Blocked | None = None
+    rollback_on_alarms: list[str] = Field(default_factory=list, max_length=MAX_ROLLBACK_ALARMS)
+    # The rollback: the last wave it covers (None until one starts), its own wave and progress.
+    rollback_through_wave: int | None = Field(default=None, ge=0)
+    rollback_wave: int = Field(default=0, ge=0)
+    rollback_progress: dict[str, WorkerProgress] = Field(default_factory=dict)
+    rolled_back: int = Field(default=0, ge=0)
+    rollback_skipped: int = Field(default=0, ge=0)
+    rollback_started_at: UtcDatetime | None = None
+    rollback_started_by: str | None = None
+    rollback_reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+
+    @property
+    def rollback_worker_ids(self) -> list[str]:
+        if self.rollback_through_wave is None:
+            return []
+        return rollback_scope(self.worker_ids, self.max_unavailable, self.rollback_through_wave)
+
+    @property
+    def rollback_waves(self) -> list[list[str]]:
+        ids = self.rollback_worker_ids
+        return plan_waves(ids, self.max_unavailable) if ids else []
 
     @property
     def total(self) -> int:

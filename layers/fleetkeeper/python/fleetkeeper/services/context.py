@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from fleetkeeper.cloud.alarms import AlarmsGateway
 from fleetkeeper.cloud.clients import RetryLayer, client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.cloud.events import AuditBus, Notifier
@@ -33,6 +34,10 @@ class Context:
 
     def cloudwatch(self, region: str | None = None) -> MetricsGateway:
         return MetricsGateway(client("cloudwatch", region))
+
+    def alarms(self, region: str | None = None) -> AlarmsGateway:
+        """CloudWatch alarms of the stage's own region unless another is named."""
+        return AlarmsGateway(client("cloudwatch", region))
 
     def ssm(self, region: str | None = None) -> Any:
         """The SSM client of a worker region (Run Command goes to the machine's own region)."""

@@ -13,7 +13,6 @@ Out of placement at once: only the current wave's workers are ever drained, and 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -34,10 +33,12 @@ from fleetkeeper.domain.rollouts import (
     WorkerProgress,
     checkpoint_reached,
     percent_done,
+    replacement_id,
 )
 from fleetkeeper.observability import logger
 from fleetkeeper.services import disruption, drains, workers
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.rollout_alarms import held_by_alarms
 from fleetkeeper.services.rollouts import emit
 
 # Rollouts one cycle advances at most (and PAUSED ones it looks at for a checkpoint's delay): the
@@ -64,12 +65,6 @@ _DISRUPTED: Final = frozenset(
 )
 
 
-def replacement_id(rollout_id: str, worker_id: str) -> str:
-    """The replacement's id, the same every time it is chosen: a step whose write was lost creates
-    it again with this id and finds it there."""
-    return "w-" + hashlib.sha256(f"{rollout_id}:{worker_id}".encode()).hexdigest()[:16]
-
-
 def advance_rollouts(
     ctx: Context,
     counters: Counter[str],
@@ -78,14 +73,18 @@ def advance_rollouts(
     margin_seconds: float,
     now: datetime | None = None,
 ) -> None:
-    """One step of each RUNNING rollout, and the end of the checkpoint waits that have passed."""
+    """One step of each RUNNING rollout, the end of the checkpoint waits that have passed, and the
+    rollback of those whose alarms fired."""
     now = now or utcnow()
     store = ctx.rollouts
     for rollout_id in list(store.active_ids(RolloutStatus.PAUSED, limit=MAX_ROLLOUTS_PER_CYCLE)):
         if time_left() < margin_seconds:
             counters["rollouts_deferred"] += 1
             return
-        _resume_after_delay(ctx, rollout_id, now, counters)
+        paused = store.find(rollout_id)
+        if paused is None or paused.status != RolloutStatus.PAUSED or held_by_alarms(ctx, paused, counters):
+            continue
+        _resume_after_delay(ctx, paused, now, counters)
     for rollout_id in list(store.active_ids(RolloutStatus.RUNNING, limit=MAX_ROLLOUTS_PER_CYCLE)):
         if time_left() < margin_seconds:
             counters["rollouts_deferred"] += 1
@@ -93,6 +92,8 @@ def advance_rollouts(
         try:
             rollout = store.find(rollout_id)
             if rollout is None or rollout.status != RolloutStatus.RUNNING:
+                continue
+            if held_by_alarms(ctx, rollout, counters):
                 continue
             step(ctx, rollout, now)
             counters["rollout_steps"] += 1
@@ -104,12 +105,9 @@ def advance_rollouts(
             counters["rollout_errors"] += 1
 
 
-def _resume_after_delay(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
-    rollout = ctx.rollouts.find(rollout_id)
+def _resume_after_delay(ctx: Context, rollout: Rollout, now: datetime, counters: Counter[str]) -> None:
     if (
-        rollout is None
-        or rollout.status != RolloutStatus.PAUSED
-        or rollout.paused_at_checkpoint is None
+        rollout.paused_at_checkpoint is None
         or rollout.checkpoint_delay_seconds is None
         or rollout.paused_at is None
         or now < rollout.paused_at + timedelta(seconds=rollout.checkpoint_delay_seconds)
@@ -140,12 +138,20 @@ def _resume_after_delay(ctx: Context, rollout_id: str, now: datetime, counters: 
 class _Step:
     """What one step changes: the progress of the wave, and why it waits."""
 
-    def __init__(self, ctx: Context, rollout: Rollout, now: datetime) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        rollout: Rollout,
+        now: datetime,
+        progress: dict[str, WorkerProgress] | None = None,
+        drain_reason: str | None = None,
+    ) -> None:
         self.ctx = ctx
         self.rollout = rollout
         self.now = now
         self.actor = ACTOR_PREFIX + rollout.id
-        self.progress = dict(rollout.progress)
+        self.progress = dict(rollout.progress if progress is None else progress)
+        self.drain_reason = drain_reason or _drain_reason(rollout)
         self.blocked: list[tuple[BlockedReason, str]] = []
         self.failed: str | None = None
         self.starts = 0
@@ -168,17 +174,21 @@ class _Step:
     def block(self, reason: BlockedReason, detail: str) -> None:
         self.blocked.append((reason, detail))
 
-    def create_replacement(self, old: Worker) -> str:
-        new_id = replacement_id(self.rollout.id, old.id)
+    def create_replacement(self, old: Worker, *, new_id: str | None = None, pinned: bool = False) -> str:
+        """Create old's replacement (PENDING) under a derived id; `pinned`: launched with the image and
+        instance type old was launched with (a rollback), not the template's newest."""
+        new_id = new_id or replacement_id(self.rollout.id, old.id)
         # A Conflict: created by a step whose write was lost; it is the same replacement.
         with contextlib.suppress(Conflict):
             workers.create_worker(
                 self.ctx.store,
-                template=self.rollout.template or old.template,
+                template=old.template if pinned else (self.rollout.template or old.template),
                 region=old.region,
                 pool=old.pool,
                 actor=self.actor,
                 worker_id=new_id,
+                pinned_image_id=old.image_id if pinned else None,
+                pinned_instance_type=old.instance_type if pinned else None,
             )
         return new_id
 
@@ -206,7 +216,7 @@ class _Step:
             self.ctx,
             old.id,
             actor=self.actor,
-            reason=_drain_reason(self.rollout),
+            reason=self.drain_reason,
             timeout_seconds=self.rollout.drain_timeout_seconds,
             then=DrainThen.TERMINATE,
         )

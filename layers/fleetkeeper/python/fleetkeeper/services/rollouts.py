@@ -1,5 +1,6 @@
-"""Rollouts: start one (or plan it with dry_run), read them, pause, resume and cancel them
-(docs/rollouts.md). The reconcile cycle advances the running ones (services/rollout_engine.py)."""
+"""Rollouts: start one (or plan it with dry_run), read them, pause, resume, cancel and roll them back
+(docs/rollouts.md). The reconcile cycle advances the running ones (services/rollout_engine.py) and the
+rollbacks (services/rollout_rollback.py)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from fleetkeeper.domain.rollouts import (
     RolloutRequest,
     RolloutStatus,
     RolloutStrategy,
+    WorkerPhase,
     check_move,
     event_detail,
     percent_done,
     plan_waves,
+    replacement_id,
     resolve_max_unavailable,
 )
 from fleetkeeper.observability import metrics
@@ -40,11 +43,44 @@ METRIC_EVENTS: Final = (
     "RolloutSucceeded",
     "RolloutFailed",
     "RolloutCancelled",
+    "RolloutRollbackStarted",
+    "RolloutRolledBack",
 )
 
 
 def store_of(ctx: Context) -> RolloutStore:
     return ctx.rollouts
+
+
+class RollbackView(BaseModel):
+    """Where a rollback stands."""
+
+    total: int = Field(description="the workers of the waves the rollout reached")
+    rolled_back: int = Field(description="workers whose replacement is undone")
+    skipped: int = Field(
+        description="workers with nothing to undo, or whose replacement's drain was cancelled"
+    )
+    in_progress: int
+    wave: int
+    waves: int
+    started_by: str | None
+    started_at: datetime | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, rollout: Rollout) -> RollbackView:
+        done = {WorkerPhase.DONE, WorkerPhase.SKIPPED}
+        return cls(
+            total=len(rollout.rollback_worker_ids),
+            rolled_back=rollout.rolled_back,
+            skipped=rollout.rollback_skipped,
+            in_progress=sum(1 for p in rollout.rollback_progress.values() if p.phase not in done),
+            wave=rollout.rollback_wave,
+            waves=len(rollout.rollback_waves),
+            started_by=rollout.rollback_started_by,
+            started_at=rollout.rollback_started_at,
+            reason=rollout.rollback_reason,
+        )
 
 
 class RolloutView(BaseModel):
@@ -73,6 +109,8 @@ class RolloutView(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     blocked: Blocked | None = Field(description="why it is not progressing now; null when it is")
+    rollback_on_alarms: list[str]
+    rollback: RollbackView | None = Field(description="the rollback, once one has started")
 
     @classmethod
     def of(cls, rollout: Rollout) -> RolloutView:
@@ -100,6 +138,8 @@ class RolloutView(BaseModel):
             updated_at=rollout.updated_at,
             finished_at=rollout.finished_at,
             blocked=rollout.blocked,
+            rollback_on_alarms=rollout.rollback_on_alarms,
+            rollback=None if rollout.rollback_through_wave is None else RollbackView.of(rollout),
         )
 
 
@@ -190,6 +230,7 @@ def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
         drain_timeout_seconds=request.drain_timeout_seconds,
         replace=request.replace,
         reason=request.reason,
+        rollback_on_alarms=request.rollback_on_alarms,
         started_by=actor,
         created_at=now,
         updated_at=now,
@@ -265,4 +306,40 @@ def cancel(ctx: Context, rollout_id: str, *, actor: str, reason: str | None = No
     """No new wave starts; drains and replacements already started go on by themselves."""
     return _move(
         ctx, rollout_id, RolloutStatus.CANCELLED, actor=actor, action="RolloutCancelled", reason=reason
+    )
+
+
+def begin_rollback(ctx: Context, current: Rollout, *, actor: str, reason: str | None) -> Rollout:
+    """Move a rollout read just now to ROLLING_BACK (409 naming its status unless it may; StaleWrite when
+    it moved meanwhile); the reconcile cycle then undoes its replacements wave by wave."""
+    check_move(current.id, current.status, RolloutStatus.ROLLING_BACK)
+    now = utcnow()
+    through = min(current.wave, len(current.waves) - 1)
+    replacements = [replacement_id(current.id, w) for wave in current.waves[: through + 1] for w in wave]
+    changes: dict[str, Any] = {
+        "status": RolloutStatus.ROLLING_BACK,
+        "rollback_through_wave": through,
+        "rollback_wave": 0,
+        "rollback_progress": {},
+        "rolled_back": 0,
+        "rollback_skipped": 0,
+        "rollback_started_at": now,
+        "rollback_started_by": actor,
+        "rollback_reason": reason,
+        # The forward wave stops where it is: the rollback reads every worker as it is now.
+        "progress": {},
+        "paused_at": None,
+        "paused_at_checkpoint": None,
+        "finished_at": None,
+        "blocked": None,
+    }
+    saved = store_of(ctx).begin_rollback(current, changes, replacements, actor=actor, reason=reason)
+    emit(ctx, "RolloutRollbackStarted", saved, actor=actor, reason=reason)
+    return saved
+
+
+def rollback(ctx: Context, rollout_id: str, *, actor: str, reason: str | None = None) -> Rollout:
+    """Undo a rollout's replacements (from RUNNING, PAUSED, SUCCEEDED, FAILED or CANCELLED)."""
+    return retry_conflicts(
+        lambda: begin_rollback(ctx, store_of(ctx).get(rollout_id), actor=actor, reason=reason)
     )

@@ -23,8 +23,11 @@ def create_worker(
     actor: str,
     worker_id: str | None = None,
     regions: Collection[str] | None = None,
+    pinned_image_id: str | None = None,
+    pinned_instance_type: str | None = None,
 ) -> Worker:
-    """A new PENDING worker of a known template, in a known pool; the reconciler launches it.
+    """A new PENDING worker of a known template, in a known pool; the reconciler launches it (from
+    `pinned_image_id` and as `pinned_instance_type` when given, else as the template says).
 
     `regions` are those the stage manages (settings.regions): a worker anywhere else would stay PENDING
     for ever, its launch refused every cycle (on AWS the role may only launch in those regions)."""
@@ -43,6 +46,8 @@ def create_worker(
         pool=pool,
         status=WorkerStatus.PENDING,
         capacity=known_template.capacity,
+        pinned_image_id=pinned_image_id,
+        pinned_instance_type=pinned_instance_type,
     )
     return store.create_worker(worker, actor=actor)
 

@@ -185,6 +185,38 @@ class RolloutStore(TableAccess):
             name="DeleteItem",
         )
 
+    def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
+        """Take the lock of each worker for `rollout`; RolloutCovered (409) when an active rollout holds
+        one of them, StaleWrite when they kept changing. The locks taken meanwhile are given back."""
+        taken: list[str] = []
+        for start in range(0, len(ids), LOCKS_PER_TRANSACTION):
+            chunk = ids[start : start + LOCKS_PER_TRANSACTION]
+            finished: dict[str, str] = {}
+            # Locks can be refused by finished rollouts' leftovers: read every holder of the chunk and,
+            # when all are finished, take their locks over on the condition that each still names its
+            # holder. A lock that changed meanwhile refuses again and is read again.
+            for _ in range(3):
+                refused = self._take_locks(rollout, chunk, finished)
+                if refused is None:
+                    taken.extend(chunk)
+                    break
+                finished = {}
+                # A rollout's locks name it many times: each holder is read once.
+                read: dict[str, Rollout | None] = {}
+                for worker_id, holder in sorted(self._lock_holders(chunk).items()):
+                    if holder == rollout.id:
+                        continue
+                    if holder not in read:
+                        read[holder] = self.find(holder)
+                    other = read[holder]
+                    if other is not None and not other.finished:
+                        self._release_all(rollout, taken)
+                        raise RolloutCovered(worker_id, holder, str(other.status))
+                    finished[worker_id] = holder
+            else:
+                self._release_all(rollout, taken)
+                raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
+
     def start(self, rollout: Rollout, *, actor: str) -> Rollout:
         """Take the lock of every worker the rollout covers, then store it RUNNING with its audit item.
 
@@ -194,35 +226,7 @@ class RolloutStore(TableAccess):
             raise ValueError("a rollout covers at most MAX_ROLLOUT_WORKERS workers")
         now = utcnow()
         stored = rollout.model_copy(update={"version": 1, "created_at": now, "updated_at": now})
-        taken: list[str] = []
-        ids = stored.worker_ids
-        for start in range(0, len(ids), LOCKS_PER_TRANSACTION):
-            chunk = ids[start : start + LOCKS_PER_TRANSACTION]
-            finished: dict[str, str] = {}
-            # Locks can be refused by finished rollouts' leftovers: read every holder of the chunk and,
-            # when all are finished, take their locks over on the condition that each still names its
-            # holder. A lock that changed meanwhile refuses again and is read again.
-            for _ in range(3):
-                refused = self._take_locks(stored, chunk, finished)
-                if refused is None:
-                    taken.extend(chunk)
-                    break
-                finished = {}
-                # A rollout's locks name it many times: each holder is read once.
-                read: dict[str, Rollout | None] = {}
-                for worker_id, holder in sorted(self._lock_holders(chunk).items()):
-                    if holder == stored.id:
-                        continue
-                    if holder not in read:
-                        read[holder] = self.find(holder)
-                    other = read[holder]
-                    if other is not None and not other.finished:
-                        self._release_all(stored, taken)
-                        raise RolloutCovered(worker_id, holder, str(other.status))
-                    finished[worker_id] = holder
-            else:
-                self._release_all(stored, taken)
-                raise StaleWrite("rollout", stored.id, None, "the workers' locks kept changing; try again")
+        self._lock_all(stored, stored.worker_ids)
         self._transact(
             [
                 self._put(self._item(stored), "attribute_not_exists(PK)"),
@@ -232,6 +236,22 @@ class RolloutStore(TableAccess):
             written=stored,
         )
         return stored
+
+    def begin_rollback(
+        self,
+        rollout: Rollout,
+        changes: dict[str, Any],
+        replacement_ids: Sequence[str],
+        *,
+        actor: str,
+        reason: str | None,
+    ) -> Rollout:
+        """Lock the replacements the rollback will drain (another active rollout may have taken them in
+        its scope since: RolloutCovered, 409), then save the rollout ROLLING_BACK under its version."""
+        if len(replacement_ids) > MAX_ROLLOUT_WORKERS:
+            raise ValueError("a rollback covers at most MAX_ROLLOUT_WORKERS workers")
+        self._lock_all(rollout, sorted(replacement_ids))
+        return self.save(rollout, changes, actor=actor, action="RolloutRollbackStarted", reason=reason)
 
     def _release_all(self, rollout: Rollout, worker_ids: Sequence[str]) -> None:
         for worker_id in worker_ids:

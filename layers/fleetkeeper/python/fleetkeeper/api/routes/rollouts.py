@@ -1,4 +1,4 @@
-"""Rollouts: start one (or plan it with dry_run), list and read them, pause, resume, cancel."""
+"""Rollouts: start one (or plan it with dry_run), list and read them, pause, resume, cancel, roll back."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ START_CONFLICT = (
 MOVE_CONFLICT = (
     "CONFLICT: the rollout's status does not allow the move (pause: RUNNING only; resume: PAUSED only; "
     "cancel: RUNNING or PAUSED); current_status names it"
+)
+ROLLBACK_CONFLICT = (
+    "CONFLICT: the rollout is ROLLING_BACK or ROLLED_BACK already (current_status names it), or another "
+    "active rollout now covers one of its replacements (details name the worker and that rollout)"
 )
 
 
@@ -120,3 +124,23 @@ def cancel_rollout(
     reason = body.reason if body else None
     actor = caller(router.current_event)
     return RolloutView.of(rollouts.cancel(default_context(), rollout_id, actor=actor, reason=reason))
+
+
+@router.post(
+    "/api/v1/rollouts/<rollout_id>/rollback",
+    summary="Roll a rollout back: drain its replacements, relaunching what it drained as it was launched",
+    description="Accepted from RUNNING, PAUSED, SUCCEEDED, FAILED and CANCELLED. Each replacement the "
+    "rollout created is drained (then terminated); where the rollout drained the old worker, a worker "
+    "with the old worker's image and instance type is launched first. The reconciler does it in waves "
+    "of max_unavailable, within the pools' disruption budgets.",
+    responses=responses(
+        {202: ("the rollout, ROLLING_BACK", RolloutView)}, 404, 409, conflict=ROLLBACK_CONFLICT
+    ),
+)
+def rollback_rollout(
+    rollout_id: RolloutId, body: Annotated[RolloutControlRequest | None, Body()] = None
+) -> Response[RolloutView]:
+    reason = body.reason if body else None
+    actor = caller(router.current_event)
+    started = rollouts.rollback(default_context(), rollout_id, actor=actor, reason=reason)
+    return Response(status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=RolloutView.of(started))

@@ -51,6 +51,7 @@ from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.scale_down import FleetView, plan_steady_running, scale_down
 from fleetkeeper.services.rollout_engine import advance_rollouts
+from fleetkeeper.services.rollout_rollback import advance_rollbacks
 
 LEASE_NAME = "reconcile"
 STATS_SCOPE = "reconcile"
@@ -193,6 +194,7 @@ def _advance_rollouts(ctx: Context, report: CycleReport, remaining: Callable[[],
         return
     try:
         advance_rollouts(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
+        advance_rollbacks(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
     except Exception:  # the rollouts wait a cycle; nothing else depends on them
         logger.exception("rollout steps failed")
         report.counters["rollout_errors"] += 1

@@ -59,9 +59,12 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
     if template is None:
         return fail(ctx, worker, f"template '{worker.template}' not found", counters)
     # A template older than the stage's instance_types: IAM would deny the launch, say why instead.
-    refusal = refused_instance_type(template.instance_type, ctx.settings.instance_types)
+    # A pinned worker (a rollback's) launches as its old machine was launched.
+    instance_type = worker.pinned_instance_type or template.instance_type
+    refusal = refused_instance_type(instance_type, ctx.settings.instance_types)
     if refusal:
-        return fail(ctx, worker, f"template '{template.name}': {refusal}", counters)
+        where = "pinned launch" if worker.pinned_instance_type else f"template '{template.name}'"
+        return fail(ctx, worker, f"{where}: {refusal}", counters)
     configs = ctx.settings.region_configs
     region = configs.get(worker.region)
     if configs and region is None:
@@ -81,7 +84,9 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
     image_id = worker.launch_image_id if worker.launch_token else None
     token = worker.launch_token
     if image_id is None or token is None:
-        image_id = gateway.newest_image(template.ami_name_filter, owners=ctx.settings.ami_owners)
+        image_id = worker.pinned_image_id or gateway.newest_image(
+            template.ami_name_filter, owners=ctx.settings.ami_owners
+        )
         if image_id is None:
             return fail(ctx, worker, f"no AMI matches '{template.ami_name_filter}'", counters)
         token = f"fk-{worker.id}-{image_id}"[:64]
@@ -97,7 +102,7 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
     )
     instance = gateway.run_instance(
         image_id=image_id,
-        instance_type=template.instance_type,
+        instance_type=instance_type,
         tags=launch_tags(ctx, worker, template.tags),
         # The same token returns the machine an earlier attempt started instead of starting another.
         client_token=token,
@@ -106,9 +111,7 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
         key_name=region.key_name if region else None,
         instance_profile=ctx.settings.worker_instance_profile,
     )
-    return _provisioned(
-        ctx, claimed, instance, now, counters, image_id=image_id, instance_type=template.instance_type
-    )
+    return _provisioned(ctx, claimed, instance, now, counters, image_id=image_id, instance_type=instance_type)
 
 
 def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:

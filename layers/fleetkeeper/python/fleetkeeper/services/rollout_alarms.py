@@ -1,0 +1,41 @@
+"""`rollback_on_alarms`: before a RUNNING or PAUSED rollout's step, its CloudWatch alarms are read in one
+call; one in ALARM starts the rollout's rollback (docs/rollouts.md, "Rollback")."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fleetkeeper.domain.errors import Conflict, StaleWrite
+from fleetkeeper.domain.rollouts import Rollout
+from fleetkeeper.observability import logger
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.rollouts import begin_rollback
+
+
+def held_by_alarms(ctx: Context, rollout: Rollout, counters: Counter[str]) -> bool:
+    """Read the rollout's `rollback_on_alarms` (one DescribeAlarms call); one in ALARM starts its
+    rollback. True when the rollout must not step this cycle: it is rolling back now, or its alarms
+    could not be read (it stays where it is and they are read again next cycle)."""
+    if not rollout.rollback_on_alarms:
+        return False
+    try:
+        firing = ctx.alarms().in_alarm(rollout.rollback_on_alarms)
+    except Exception:  # CloudWatch failing never halts the cycle or the other rollouts
+        logger.exception("rollout alarms unreadable", rollout_id=rollout.id)
+        counters["rollout_alarm_errors"] += 1
+        return True
+    if not firing:
+        return False
+    name = firing[0]
+    try:
+        begin_rollback(ctx, rollout, actor=f"alarm:{name}", reason=f"alarm {name} is in ALARM")
+    except StaleWrite:
+        counters["rollout_step_conflicts"] += 1
+        return True
+    except Conflict:
+        # Another active rollout took one of its replacements meanwhile: the operator decides.
+        logger.exception("rollback on alarm refused", rollout_id=rollout.id, alarm=name)
+        counters["rollout_alarm_rollbacks_refused"] += 1
+        return True
+    counters["rollout_alarm_rollbacks"] += 1
+    return True

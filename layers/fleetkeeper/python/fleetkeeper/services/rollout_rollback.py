@@ -1,0 +1,218 @@
+"""A rollout's rollback, advanced by the leading reconcile shard one step per cycle, like the rollout
+itself (docs/rollouts.md, "Rollback").
+
+The rollback walks the workers of every wave the rollout reached, in waves of `max_unavailable`, with
+its own progress. For each worker whose replacement still lives:
+
+- the old worker still serves (a surge stopped before its drain): the replacement is drained, nothing
+  is launched;
+- the rollout drained the old worker: a worker pinned to the old one's image and instance type is
+  launched first (`restoration_id`, derived like the replacement's id), and once it is RUNNING the
+  replacement is drained.
+
+Drains go through the pools' disruption budgets (reason `rollout`) with `then: terminate`, requested
+by `rollout:<id>`; only the current rollback wave's replacements are drained, so never more than
+`max_unavailable` at once. Each step writes the rollout back under its version.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Final
+
+from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Worker, utcnow
+from fleetkeeper.domain.rollouts import (
+    MAX_REASON_LENGTH,
+    Blocked,
+    RollbackAction,
+    Rollout,
+    RolloutStatus,
+    WorkerPhase,
+    replacement_id,
+    restoration_id,
+    rollback_action,
+)
+from fleetkeeper.observability import logger
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.rollout_engine import (
+    _DISRUPTED,
+    _FAILED,
+    _GONE,
+    MAX_ROLLOUTS_PER_CYCLE,
+    _drained_by,
+    _Step,
+)
+from fleetkeeper.services.rollouts import emit
+
+_LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+
+
+def advance_rollbacks(
+    ctx: Context,
+    counters: Counter[str],
+    *,
+    time_left: Callable[[], float],
+    margin_seconds: float,
+    now: datetime | None = None,
+) -> None:
+    """One step of each ROLLING_BACK rollout (at most MAX_ROLLOUTS_PER_CYCLE), within the time left."""
+    now = now or utcnow()
+    for rollout_id in list(ctx.rollouts.active_ids(RolloutStatus.ROLLING_BACK, limit=MAX_ROLLOUTS_PER_CYCLE)):
+        if time_left() < margin_seconds:
+            counters["rollouts_deferred"] += 1
+            return
+        advance_rollback(ctx, rollout_id, now, counters)
+
+
+def advance_rollback(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
+    """One step of a ROLLING_BACK rollout; a step that lost to another write is dropped."""
+    try:
+        rollout = ctx.rollouts.find(rollout_id)
+        if rollout is None or rollout.status != RolloutStatus.ROLLING_BACK:
+            return
+        step_rollback(ctx, rollout, now)
+        counters["rollback_steps"] += 1
+    except StaleWrite:
+        counters["rollout_step_conflicts"] += 1
+    except Exception:  # one rollback's failure never stops the others; it is tried again next cycle
+        logger.exception("rollback step failed", rollout_id=rollout_id)
+        counters["rollout_errors"] += 1
+
+
+def _reason(rollout: Rollout) -> str:
+    text = f"rollback of rollout {rollout.id}"
+    return (text + (f": {rollout.rollback_reason}" if rollout.rollback_reason else ""))[:MAX_REASON_LENGTH]
+
+
+def _taken_out(rollout: Rollout, old: Worker | None) -> bool:
+    """Whether the rollout's own drain took the old worker out of service (one whose drain an operator
+    cancelled serves again)."""
+    return old is not None and old.status in (_DISRUPTED | _GONE) and _drained_by(rollout, old)
+
+
+def _live(worker: Worker | None) -> bool:
+    return worker is not None and worker.status not in _FAILED
+
+
+def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
+    """Advance one ROLLING_BACK rollout by what is due now, and write it back (StaleWrite if it moved)."""
+    waves = rollout.rollback_waves
+    work = _Step(ctx, rollout, now, progress=rollout.rollback_progress, drain_reason=_reason(rollout))
+    if rollout.rollback_wave < len(waves) and not rollout.rollback_progress:
+        for worker_id in waves[rollout.rollback_wave]:
+            work.set(worker_id, WorkerPhase.WAITING)
+    current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
+    wanted = [*current]
+    wanted += [replacement_id(rollout.id, w) for w in current]
+    wanted += [restoration_id(rollout.id, w) for w in current]
+    found = {w.id: w for w in ctx.store.get_workers(wanted)}
+    for worker_id in current:
+        _advance(work, worker_id, found)
+    return _finish(ctx, rollout, work)
+
+
+def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
+    rollout = work.rollout
+    old = found.get(worker_id)
+    replacement = found.get(replacement_id(rollout.id, worker_id))
+    restored = found.get(restoration_id(rollout.id, worker_id))
+    phase = work.progress[worker_id].phase
+    if phase == WorkerPhase.WAITING:
+        if replacement is not None and replacement.status in _DISRUPTED and _drained_by(rollout, replacement):
+            # Its drain was started by a step whose write was lost.
+            work.set(worker_id, WorkerPhase.DRAINING)
+            return
+        action = rollback_action(
+            old_drained_by_rollout=_taken_out(rollout, old),
+            replacement_live=_live(replacement),
+        )
+        if action == RollbackAction.NOTHING:
+            work.set(worker_id, WorkerPhase.SKIPPED)
+            return
+        if action == RollbackAction.DRAIN:
+            phase = WorkerPhase.REPLACING  # nothing to launch: straight to the replacement's drain
+        elif restored is None:
+            if old is None or not work.may_start():
+                return  # the next cycle launches it
+            new_id = work.create_replacement(old, new_id=restoration_id(rollout.id, worker_id), pinned=True)
+            work.set(worker_id, WorkerPhase.REPLACING, new_id)
+            return
+        else:
+            work.set(worker_id, WorkerPhase.REPLACING, restored.id)
+            phase = WorkerPhase.REPLACING
+    if phase == WorkerPhase.REPLACING:
+        if _taken_out(rollout, old):
+            if restored is None or restored.status in _FAILED:
+                work.failed = f"the worker restoring {worker_id} failed to launch"
+                work.block("launch_failed", work.failed)
+                return
+            if restored.status != WorkerStatus.RUNNING:
+                work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
+                return
+        if not _live(replacement) or replacement is None:
+            work.set(worker_id, WorkerPhase.DONE)
+            return
+        if replacement.status in _LAUNCHING:
+            work.block("capacity", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+            return
+        if replacement.status != WorkerStatus.RUNNING and not _drained_by(rollout, replacement):
+            # Leaving for another reason (an operator's drain, its expiry): not this rollback's to drain.
+            work.set(worker_id, WorkerPhase.SKIPPED)
+            return
+        if work.admit_and_drain(replacement):
+            work.set(worker_id, WorkerPhase.DRAINING)
+        return
+    if phase == WorkerPhase.DRAINING:
+        if replacement is None or replacement.status == WorkerStatus.RUNNING:
+            # An operator cancelled the replacement's drain: the rollback leaves it.
+            work.set(worker_id, WorkerPhase.SKIPPED)
+        elif replacement.status not in _GONE:
+            work.block(
+                "drain_waiting", f"replacement {replacement.id} of {worker_id} is {replacement.status}"
+            )
+        else:
+            work.set(worker_id, WorkerPhase.DONE)
+
+
+def _finish(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
+    now = work.now
+    progress = work.progress
+    done = sum(1 for p in progress.values() if p.phase == WorkerPhase.DONE)
+    skipped = sum(1 for p in progress.values() if p.phase == WorkerPhase.SKIPPED)
+    wave_over = bool(progress) and done + skipped == len(progress)
+    blocked: Blocked | None = None
+    if work.blocked:
+        reason, detail = work.blocked[0]
+        since = rollout.blocked.since if rollout.blocked and rollout.blocked.reason == reason else now
+        blocked = Blocked(reason=reason, detail=detail, since=since)
+    changes: dict[str, Any] = {"rollback_progress": progress, "blocked": blocked}
+    if work.failed is not None:
+        changes |= {"status": RolloutStatus.FAILED, "finished_at": now}
+        saved = ctx.rollouts.save(
+            rollout, changes, actor=work.actor, action="RolloutFailed", reason=work.failed
+        )
+        emit(ctx, "RolloutFailed", saved, reason=work.failed)
+        return saved
+    if wave_over or not progress:
+        changes |= {
+            "rolled_back": rollout.rolled_back + done,
+            "rollback_skipped": rollout.rollback_skipped + skipped,
+            "rollback_progress": {},
+            "blocked": None,
+        }
+        if rollout.rollback_wave + 1 >= len(rollout.rollback_waves):
+            changes |= {"status": RolloutStatus.ROLLED_BACK, "finished_at": now}
+            saved = ctx.rollouts.save(
+                rollout, changes, actor=work.actor, action="RolloutRolledBack", reason=rollout.rollback_reason
+            )
+            emit(ctx, "RolloutRolledBack", saved, rolled_back=saved.rolled_back)
+            return saved
+        changes |= {"rollback_wave": rollout.rollback_wave + 1}
+        return ctx.rollouts.save(rollout, changes, actor=work.actor)
+    if progress == rollout.rollback_progress and blocked == rollout.blocked:
+        return rollout  # nothing changed: no write
+    return ctx.rollouts.save(rollout, changes, actor=work.actor)
