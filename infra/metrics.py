@@ -43,10 +43,12 @@ ROLLOUT_CHECKPOINT_REACHED: Final = "RolloutCheckpointReached"
 ROLLOUT_SUCCEEDED: Final = "RolloutSucceeded"
 ROLLOUT_FAILED: Final = "RolloutFailed"
 ROLLOUT_CANCELLED: Final = "RolloutCancelled"
+ROLLOUT_WAVE_STARTED: Final = "RolloutWaveStarted"
 ROLLOUT_ROLLBACK_STARTED: Final = "RolloutRollbackStarted"
 ROLLOUT_ROLLED_BACK: Final = "RolloutRolledBack"
 ROLLOUT_EVENTS: Final = (
     ROLLOUT_STARTED,
+    ROLLOUT_WAVE_STARTED,
     ROLLOUT_CHECKPOINT_REACHED,
     ROLLOUT_SUCCEEDED,
     ROLLOUT_FAILED,

@@ -254,10 +254,13 @@ class Monitoring(Construct):
                     fleet_metric(name).with_(label=label)
                     for name, label in (
                         (metrics.ROLLOUT_STARTED, "started"),
+                        (metrics.ROLLOUT_WAVE_STARTED, "waves started"),
                         (metrics.ROLLOUT_CHECKPOINT_REACHED, "checkpoints reached"),
                         (metrics.ROLLOUT_SUCCEEDED, "succeeded"),
                         (metrics.ROLLOUT_FAILED, "failed"),
                         (metrics.ROLLOUT_CANCELLED, "cancelled"),
+                        (metrics.ROLLOUT_ROLLBACK_STARTED, "rollbacks started"),
+                        (metrics.ROLLOUT_ROLLED_BACK, "rolled back"),
                     )
                 ],
             ),

@@ -101,6 +101,7 @@ def test_given_surge_then_the_running_count_never_drops_below_the_start(control_
     published = metric_totals(capsys.readouterr().out)
     outcomes = (published["RolloutStarted"], published["RolloutSucceeded"], published["RolloutFailed"])
     assert outcomes == (1, 1, 0)
+    assert published["RolloutWaveStarted"] == 2  # six workers, three a wave: each wave announced once
     assert published["Reconcile.rollout_steps"] >= 2  # a step per cycle at least, one wave each
 
 

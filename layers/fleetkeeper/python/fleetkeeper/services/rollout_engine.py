@@ -227,14 +227,19 @@ def step(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     """Advance one RUNNING rollout by what is due now, and write it back (StaleWrite if it moved)."""
     waves = rollout.waves
     work = _Step(ctx, rollout, now)
-    if rollout.wave < len(waves) and not rollout.progress:
+    starting = rollout.wave < len(waves) and not rollout.progress
+    if starting:
         for worker_id in waves[rollout.wave]:
             work.set(worker_id, WorkerPhase.WAITING)
     current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
     found = {w.id: w for w in ctx.store.get_workers(current)}
     for worker_id in current:
         _advance_worker(work, worker_id, found.get(worker_id))
-    return _finish_step(ctx, rollout, work)
+    saved = _finish_step(ctx, rollout, work)
+    if starting and saved.version != rollout.version:
+        # Announced once the step that began the wave is stored: a dropped step announces nothing.
+        emit(ctx, "RolloutWaveStarted", saved, wave=rollout.wave, workers=len(waves[rollout.wave]))
+    return saved
 
 
 def _advance_worker(work: _Step, worker_id: str, old: Worker | None) -> None:

@@ -39,6 +39,7 @@ from fleetkeeper.store.table import Page
 # "Rollouts" widget): a rollout's start and its ends, wherever they happen (here or in the engine).
 METRIC_EVENTS: Final = (
     "RolloutStarted",
+    "RolloutWaveStarted",
     "RolloutCheckpointReached",
     "RolloutSucceeded",
     "RolloutFailed",
