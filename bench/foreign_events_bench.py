@@ -33,6 +33,7 @@ from fleetkeeper.services.context import default_context
 from fleetkeeper.services.discovery import discover_and_collect
 from fleetkeeper.store.machine_keys import MIGRATION_SETTLE
 from fleetkeeper_local.event_shapes import state_change_event
+from fleetkeeper_local.images import stock_image
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.stack import LOCAL_REGION
 
@@ -73,7 +74,7 @@ def managed_fleet() -> list[str]:
         actor="bench",
     )
     ec2 = boto3.client("ec2", region_name=LOCAL_REGION)
-    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = stock_image(ec2)
     machines: list[str] = []
     for _ in range(MANAGED):
         worker = workers.create_worker(ctx.store, template="bench", region=LOCAL_REGION, actor="bench")

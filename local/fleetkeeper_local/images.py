@@ -14,6 +14,23 @@ DEMO_IMAGE_VERSION = "2026.01"
 _NEWER_WAIT_SECONDS: Final = 3.0
 
 
+# (endpoint, region) -> the id of one of moto's stock Amazon AMIs.
+_stock_images: dict[tuple[str, str], str] = {}
+
+
+def stock_image(ec2: Any) -> str:
+    """One of the emulator's stock Amazon AMIs, for a machine launched outside the templates.
+
+    Looked up once per endpoint and region: moto answers DescribeImages with every Amazon image it knows
+    (thousands, whatever MaxResults says), which costs seconds a call, and its stock images keep their ids
+    across resets.
+    """
+    key = (str(ec2.meta.endpoint_url), str(ec2.meta.region_name))
+    if key not in _stock_images:
+        _stock_images[key] = str(ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"])
+    return _stock_images[key]
+
+
 def register_template_images(ec2: Any, templates: Iterable[WorkerTemplate]) -> dict[str, str]:
     """Register one AMI (owned by the account, as AMI_OWNERS=self expects) per template name filter.
 

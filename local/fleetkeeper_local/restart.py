@@ -31,7 +31,7 @@ from fleetkeeper.services import drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.controlplane import ensure_worker_profile
-from fleetkeeper_local.images import register_template_images
+from fleetkeeper_local.images import register_template_images, stock_image
 
 RESTART_ACTOR = "local-restart"
 RESUMED_REASON = "its workflow was lost in a restart of the local control plane; same drain, new execution"
@@ -88,7 +88,7 @@ def recreate_machines(ctx: Context, ec2: Any, say: Callable[[str], None]) -> int
     store = ctx.store
     templates = {t.name: t for t in store.list_templates()}
     images = register_template_images(ec2, templates.values())
-    fallback_image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    fallback_image = stock_image(ec2)
     count = 0
     for worker in _all_workers(store):
         if worker.status not in WITH_MACHINE or not worker.ec2_instance_id:

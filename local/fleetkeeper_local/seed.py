@@ -13,6 +13,7 @@ from fleetkeeper.services import catalog, instances, placement, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.controlplane import ensure_worker_profile
+from fleetkeeper_local.images import stock_image
 
 SEED_ACTOR = "seed"
 
@@ -91,7 +92,7 @@ def seed_demo_fleet(ctx: Context, ec2: Any, region: str) -> SeededFleet:
     for pool in ("labs", "batch"):
         catalog.ensure_pool(store, pool, actor=SEED_ACTOR)
 
-    fallback = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    fallback = stock_image(ec2)
     # Each worker runs its template's image, as the reconciler would launch it, so the demo fleet starts
     # without drift (docs/rollouts.md); an Amazon image stands in where no template image is registered.
     gateway = Ec2Gateway(ec2)

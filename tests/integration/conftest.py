@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import time
@@ -31,6 +32,7 @@ from fleetkeeper_local.controlplane import (
     provision,
     refresh_process_caches,
 )
+from fleetkeeper_local.images import stock_image
 from fleetkeeper_local.lambdas import LambdaDispatcher
 from fleetkeeper_local.stack import LocalStack
 
@@ -110,8 +112,13 @@ class ControlPlane:
         payload = json.loads(response["body"]) if response.get("body") else None
         return int(response["statusCode"]), payload
 
+    @functools.cached_property
+    def _sfn(self) -> Any:
+        # One client for the helpers' polling: making a client costs more than the call it makes.
+        return boto3.client("stepfunctions")
+
     def execution(self, arn: str) -> dict[str, Any]:
-        return dict(boto3.client("stepfunctions").describe_execution(executionArn=arn))
+        return dict(self._sfn.describe_execution(executionArn=arn))
 
     def wait_for_execution(self, arn: str, timeout: float = 30) -> dict[str, Any]:
         def finished() -> dict[str, Any] | None:
@@ -121,9 +128,7 @@ class ControlPlane:
         return dict(eventually(finished, timeout))
 
     def states_entered(self, arn: str) -> list[str]:
-        events = boto3.client("stepfunctions").get_execution_history(executionArn=arn, maxResults=1000)[
-            "events"
-        ]
+        events = self._sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
         return [e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e]
 
 
@@ -181,7 +186,7 @@ def ec2_worker(store: FleetStore, running_worker: WorkerFactory, ec2: Any) -> Wo
 
     def make(**kwargs: Any) -> Worker:
         worker = running_worker(**kwargs)
-        image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        image = stock_image(ec2)
         # Tagged as the reconciler tags its launches: the functions' roles reach only such machines.
         tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: worker.template}
         launched = ec2.run_instances(
@@ -208,7 +213,7 @@ def machine_worker(store: FleetStore, running_worker: WorkerFactory, ec2: Any) -
 
     def make(*, instance_type: str = "m5.large", **kwargs: Any) -> Worker:
         worker = running_worker(**kwargs)
-        image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        image = stock_image(ec2)
         # Tagged as the reconciler tags its launches: Run Command reaches only such machines.
         tags = {MANAGED_BY_TAG: MANAGED_BY_VALUE, WORKER_ID_TAG: worker.id, TEMPLATE_TAG: worker.template}
         launched = ec2.run_instances(

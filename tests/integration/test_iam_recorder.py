@@ -18,6 +18,7 @@ from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.policies import CANONICAL, load_model
 from fleetkeeper_local.iam.record import Summary
 from fleetkeeper_local.iam.recorder import Recorder
+from fleetkeeper_local.images import stock_image
 from fleetkeeper_local.stack import LocalStack
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ def record(local_stack: LocalStack) -> Iterator[Summary]:
 
 
 def machine(ec2: Any, *, managed: bool) -> str:
-    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = stock_image(ec2)
     tags = (
         [{"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE}]
         if managed

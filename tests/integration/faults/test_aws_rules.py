@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud.clients import client
 from fleetkeeper_local.aws_rules import TABLE_THROTTLED, AwsRules, Limits
+from fleetkeeper_local.images import stock_image
 
 pytestmark = pytest.mark.integration
 
@@ -533,7 +534,7 @@ def test_given_unfiltered_describe_instances_then_50_pass_and_the_51st_is_refuse
 def test_given_run_instances_then_its_request_bucket_takes_5_calls_and_its_resource_bucket_1000_machines(
     ec2: Any, rules_at: Callable[..., Any], clock: StoppedClock
 ) -> None:
-    image = ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = stock_image(ec2)
     with rules_at():
         east = boto3.client("ec2", config=NO_RETRIES)
 

@@ -14,6 +14,7 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import utcnow
 from fleetkeeper.services import workers
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.images import stock_image
 from fleetkeeper_local.invocation import invoke
 from tests.integration.reconciler.support import ensure_template
 
@@ -38,7 +39,7 @@ def test_given_a_worker_in_another_region_when_its_running_event_is_forwarded_th
 ) -> None:
     ensure_template(store, "lab")
     remote = boto3.client("ec2", region_name=WORKER_REGION)
-    image = remote.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+    image = stock_image(remote)
     machine = remote.run_instances(ImageId=image, InstanceType="m5.large", MinCount=1, MaxCount=1)[
         "Instances"
     ][0]
