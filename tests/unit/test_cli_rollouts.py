@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from fleetkeeper_cli import watch
 from tests.unit import test_cli
 from tests.unit.test_cli import Recorder, run
 
@@ -222,7 +224,11 @@ def test_given_ctrl_c_while_waiting_then_it_detaches_saying_the_rollout_goes_on(
     def interrupted(_: float) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(time, "sleep", interrupted)
+    # Only the watch's pause is interrupted: other threads of this process (a server, a Live display)
+    # keep the real sleep.
+    monkeypatch.setattr(
+        watch, "time", SimpleNamespace(sleep=interrupted, time=time.time, monotonic=time.monotonic)
+    )
 
     exit_code, output = run("--api", server, "rollout", "status", ROLLOUT_ID, "--wait")
 
