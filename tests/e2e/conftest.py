@@ -76,7 +76,9 @@ def control_plane_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            remaining, _ = process.communicate(timeout=30)
+            # A stop lets the cycle in flight finish and evaluates the run's IAM record: seconds when the
+            # machine is idle, far longer when the other test process keeps both cores busy.
+            remaining, _ = process.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             process.kill()
             raise
