@@ -66,7 +66,8 @@ def _watch(ctx: typer.Context, worker_id: str, interval: float) -> None:
     except KeyboardInterrupt:
         error_console.print(
             f"detached: the drain of {worker_id} goes on. "
-            f"Re-attach with: fleetkeeper drain-status {worker_id} --watch"
+            f"Re-attach with: fleetkeeper drain-status {worker_id} --watch",
+            soft_wrap=True,  # a command to copy: never broken across lines
         )
         raise typer.Exit(int(ExitCode.OK)) from None
     if as_json:

@@ -136,6 +136,7 @@ def _follow(ctx: typer.Context, rollout_id: str, interval: float) -> None:
             f"detached: rollout {rollout_id} goes on. "
             f"Follow it with: fleetkeeper rollout status {rollout_id} --wait",
             markup=False,
+            soft_wrap=True,  # a command to copy: never broken across lines
         )
         raise typer.Exit(int(ExitCode.OK)) from None
     if as_json:
