@@ -108,3 +108,23 @@ def test_given_auto_rollout_as_a_string_then_422_naming_it(control_plane):
     assert {d["field"] for d in body["details"]} == {"body.auto_rollout"}
     shown = put_template(control_plane, "auto")
     assert shown["auto_rollout"] is False
+
+
+def test_given_a_worker_a_rollback_pinned_then_the_auto_rollout_leaves_it_out(control_plane, store, ec2):
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 3}]}})
+    assert status == 201
+    put_template(control_plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    free = running_worker(store, ec2, "auto", old)
+    pinned = running_worker(store, ec2, "auto", old)
+    store.update_worker(pinned, {"pinned_image_id": old}, actor="test", action="Pinned")
+
+    publish_newer_image(ec2, "auto-*")
+    reconcile_fleet(control_plane.ctx)
+
+    started = _rollouts(control_plane)
+    assert len(started) == 1, started
+    status, rollout = control_plane.api("GET", f"/api/v1/rollouts/{started[0]['id']}")
+    assert (status, rollout["total"]) == (200, 1)
+    assert control_plane.ctx.rollouts.lock_holders([free.id, pinned.id]) == {free.id: rollout["id"]}
+    assert store.get_worker(pinned.id).drift is not None
