@@ -128,3 +128,25 @@ def test_given_a_worker_a_rollback_pinned_then_the_auto_rollout_leaves_it_out(co
     assert (status, rollout["total"]) == (200, 1)
     assert control_plane.ctx.rollouts.lock_holders([free.id, pinned.id]) == {free.id: rollout["id"]}
     assert store.get_worker(pinned.id).drift is not None
+
+
+def test_given_an_auto_rollout_cancelled_then_the_reconciler_starts_no_other_for_its_workers(
+    control_plane, store, ec2
+):
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {})
+    assert status == 201
+    put_template(control_plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    worker = running_worker(store, ec2, "auto", old)
+    publish_newer_image(ec2, "auto-*")
+    reconcile_fleet(control_plane.ctx)
+    (started,) = _rollouts(control_plane)
+    status, cancelled = control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel", {})
+    assert (status, cancelled["status"]) == (200, "CANCELLED"), cancelled
+
+    report = reconcile_fleet(control_plane.ctx)
+
+    assert [r["id"] for r in _rollouts(control_plane)] == [started["id"]]
+    assert report.counters["auto_rollouts_started"] == 0
+    assert report.counters["auto_rollout_held"] == 1
+    assert store.get_worker(worker.id).drift is not None

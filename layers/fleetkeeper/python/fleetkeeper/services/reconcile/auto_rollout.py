@@ -4,7 +4,8 @@ workers drift by `image` or `instance_type` (docs/rollouts.md, "Drift").
 The leading shard alone starts them, once its workers' steps have written their drift. A template is
 looked at only when one of the cycle's workers of it is RUNNING and drifted that way (so a steady fleet
 reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers (their
-lock items) and those a rollback pinned are left out, and one rollout is started over the first
+lock items), those a rollback pinned and those of an auto rollout that failed, was cancelled or was
+rolled back are left out, and one rollout is started over the first
 MAX_ROLLOUT_WORKERS of the others by id, with the default settings, through services/rollouts.start.
 A start refused because an active rollout took one of them meanwhile (409) means they are covered.
 """
@@ -18,7 +19,7 @@ from typing import Any, Final
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Drift, DriftReason, Worker, WorkerTemplate
-from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, RolloutRequest
+from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, RolloutRequest, RolloutStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services import rollouts
 from fleetkeeper.services.context import Context
@@ -27,6 +28,8 @@ from fleetkeeper.services.reconcile.actions import ACTOR, Work
 AUTO_REASON: Final = "auto: drift"
 # The drift a rollout fixes; `expired` has its own replacement (services/reconcile/expiry.py).
 ROLLED_REASONS: Final = frozenset({DriftReason.IMAGE, DriftReason.INSTANCE_TYPE})
+# An auto rollout that ended so holds its workers back from the next one until an operator rolls them.
+HELD: Final = frozenset({RolloutStatus.FAILED, RolloutStatus.CANCELLED, RolloutStatus.ROLLED_BACK})
 
 
 def _drift_of(value: Any) -> Drift | None:
@@ -61,14 +64,30 @@ def _candidate(worker: Worker) -> bool:
     )
 
 
-def _uncovered(ctx: Context, worker_ids: Sequence[str]) -> list[str]:
-    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers, by their lock items."""
+def _uncovered(ctx: Context, worker_ids: Sequence[str], counters: Counter[str]) -> list[str]:
+    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers, by their lock items; and not
+    those of an auto rollout that failed, was cancelled or rolled back (an operator decides what
+    next: starting another each cycle would fail again, or undo what the operator did)."""
     holders = ctx.rollouts.lock_holders(worker_ids)
-    active: dict[str, bool] = {}
+    kept: dict[str, str | None] = {}
     for holder in sorted(set(holders.values())):
         rollout = ctx.rollouts.find(holder)
-        active[holder] = rollout is not None and rollout.status in ACTIVE
-    return [w for w in worker_ids if w not in holders or not active[holders[w]]]
+        if rollout is None:
+            kept[holder] = None
+        elif rollout.status in ACTIVE:
+            kept[holder] = "covered"
+        elif rollout.started_by == ACTOR and rollout.status in HELD:
+            kept[holder] = "held"
+        else:
+            kept[holder] = None
+    free = []
+    for worker_id in worker_ids:
+        why = kept.get(holders.get(worker_id, ""))
+        if why == "held":
+            counters["auto_rollout_held"] += 1
+        elif why is None:
+            free.append(worker_id)
+    return free
 
 
 def start_auto_rollouts(
@@ -101,7 +120,7 @@ def start_auto_rollouts(
 def _start_one(ctx: Context, template: str, counters: Counter[str]) -> None:
     running = sorted({w.id for w in ctx.store.placement_candidates(template=template, pool=None)})
     drifted = [w.id for w in ctx.store.get_workers(running) if _candidate(w)]
-    scope = _uncovered(ctx, drifted) if drifted else []
+    scope = _uncovered(ctx, drifted, counters) if drifted else []
     if not scope:
         counters["auto_rollout_covered"] += 1
         return
