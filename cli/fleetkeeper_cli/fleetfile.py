@@ -23,9 +23,15 @@ TEMPLATE_FIELDS = (
     "tags",
     "before_stop",
     "max_lifetime_hours",
+    "auto_rollout",
 )
 POOL_FIELDS = ("description", "status", "disruption")
-TEMPLATE_DEFAULTS: dict[str, Any] = {"drain_timeout_hours": 4, "tags": {}, "max_lifetime_hours": None}
+TEMPLATE_DEFAULTS: dict[str, Any] = {
+    "drain_timeout_hours": 4,
+    "tags": {},
+    "max_lifetime_hours": None,
+    "auto_rollout": False,
+}
 Kind = Literal["template", "pool"]
 
 
@@ -106,6 +112,8 @@ def _budget(budget: Any) -> Any:
 
 def _comparable(field: str, value: Any) -> Any:
     """What a field is compared as: a pool's disruption budgets in one form (see _budget)."""
+    if field == "auto_rollout":
+        return bool(value)  # a server that predates the field answers without it: false
     if field == "disruption" and isinstance(value, dict) and isinstance(value.get("budgets"), list):
         return {**value, "budgets": [_budget(b) for b in value["budgets"]]}
     return value

@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
         api = ApiServer(port=api_port).start()
         # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
         workload = _workload(args)
-        background = [LocalScheduler(), Ec2EventPump(), FleetConsole(store)]
+        console = FleetConsole(store, rollouts=default_context().rollouts)
+        background = [LocalScheduler(), Ec2EventPump(), console]
         if workload is not None:
             background.append(workload)
         for runner in background:

@@ -1,24 +1,30 @@
 """One readable console line per change of the local fleet: worker transitions, drain outcomes, forced
-instances, pool drains. It reads the table (as the API does) once a second and prints the differences,
-so it shows changes made by any path: the API, the drain workflow, the reconciler, EC2 events.
+instances, pool drains, rollouts' waves and status changes. It reads the table (as the API does) once a
+second and prints the differences, so it shows changes made by any path: the API, the drain workflow,
+the reconciler, EC2 events.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Pool, Worker
+from fleetkeeper.domain.models import AuditEvent, Pool, Worker
+from fleetkeeper.domain.rollouts import Rollout
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.rollouts import RolloutStore
 
 # The reason a drain's force step writes on the instances it terminates.
 FORCED_REASON = "drain_timeout"
 DEFAULT_INTERVAL_SECONDS = 1.0
 # Audit events read back to find the steps between two looks; a second between looks holds a handful.
 TRAIL_LOOKBACK = 20
+# The newest rollouts looked at each second: older ones have long finished on a local fleet.
+ROLLOUT_LOOKBACK = 20
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,31 @@ class _WorkerSeen:
     drain_outcome: str | None
     forced: int
     moved: int = 0
+
+
+@dataclass(frozen=True)
+class _RolloutSeen:
+    version: int
+    # The last wave (forward, and of the rollback) announced as started; -1: none yet.
+    wave: int
+    rollback_wave: int
+    # How many of its audit items (its status changes) were told.
+    told: int
+
+
+def _started_wave(rollout: Rollout) -> int:
+    """The last forward wave that has begun: a wave begins when its workers get their progress."""
+    if rollout.wave < len(rollout.waves) and rollout.progress and rollout.rollback_through_wave is None:
+        return rollout.wave
+    return min(rollout.wave, len(rollout.waves)) - 1
+
+
+def _started_rollback_wave(rollout: Rollout) -> int:
+    if rollout.rollback_through_wave is None:
+        return -1
+    if rollout.rollback_progress:
+        return rollout.rollback_wave
+    return rollout.rollback_wave - 1
 
 
 @dataclass(frozen=True)
@@ -68,13 +99,16 @@ class FleetConsole:
         printer: Callable[[str], None] = print,
         interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rollouts: RolloutStore | None = None,
     ) -> None:
         self._store = store
+        self._rollouts = rollouts
         self._print = printer
         self._clock = clock
         self._interval = interval_seconds
         self._workers: dict[str, _WorkerSeen] | None = None
         self._pools: dict[str, _PoolSeen] = {}
+        self._rollouts_seen: dict[str, _RolloutSeen] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,12 +125,76 @@ class FleetConsole:
             )
             for name, p in pools.items()
         }
-        if self._workers is not None:
+        previous = self._workers
+        baseline = previous is None
+        if previous is not None:
             for worker_id, seen in sorted(current.items()):
-                self._worker_changes(workers[worker_id], self._workers.get(worker_id), seen)
+                self._worker_changes(workers[worker_id], previous.get(worker_id), seen)
             for name, seen_pool in sorted(current_pools.items()):
                 self._pool_changes(pools[name], self._pools.get(name), seen_pool)
         self._workers, self._pools = current, current_pools
+        if self._rollouts is not None:
+            self._rollout_changes(self._rollouts, baseline=baseline)
+
+    def _rollout_changes(self, store: RolloutStore, *, baseline: bool) -> None:
+        """Each rollout's status changes (its audit trail) and each wave as it begins, oldest first."""
+        page = store.page(limit=ROLLOUT_LOOKBACK)
+        for rollout in sorted(page.items, key=lambda r: (r.created_at, r.id)):
+            before = self._rollouts_seen.get(rollout.id)
+            if before is not None and before.version == rollout.version:
+                continue
+            trail = self._rollout_trail(rollout)
+            wave, rollback_wave = _started_wave(rollout), _started_rollback_wave(rollout)
+            told = before.told if before else 0
+            wave_told = before.wave if before else -1
+            rollback_told = before.rollback_wave if before else -1
+            if baseline:
+                told, wave_told, rollback_told = len(trail), wave, rollback_wave
+            for event in trail[told:]:
+                if event.action == "RolloutRollbackStarted":
+                    # The forward waves that began before the rollback are told first.
+                    wave_told = self._waves(rollout, wave_told, wave)
+                self._say(self._rollout_line(rollout, event))
+            wave_told = self._waves(rollout, wave_told, wave)
+            waves = len(rollout.rollback_waves)
+            for index in range(rollback_told + 1, rollback_wave + 1):
+                self._say(f"rollout {rollout.id} rollback wave {index + 1}/{waves} started")
+            self._rollouts_seen[rollout.id] = _RolloutSeen(
+                version=rollout.version,
+                wave=wave_told,
+                rollback_wave=max(rollback_told, rollback_wave),
+                told=max(told, len(trail)),
+            )
+
+    def _waves(self, rollout: Rollout, told: int, started: int) -> int:
+        for index in range(told + 1, started + 1):
+            self._say(
+                f"rollout {rollout.id} wave {index + 1}/{len(rollout.waves)} started: "
+                f"{len(rollout.waves[index])} worker(s)"
+            )
+        return max(told, started)
+
+    def _rollout_trail(self, rollout: Rollout) -> list[AuditEvent]:
+        """The rollout's audit items, oldest first (its status changes are few: one page holds them)."""
+        items = self._store.audit_page("rollout", rollout.id, limit=TRAIL_LOOKBACK).items
+        return list(reversed(items))
+
+    @staticmethod
+    def _rollout_line(rollout: Rollout, event: AuditEvent) -> str:
+        why = f": {event.reason}" if event.reason else ""
+        name = event.action.removeprefix("Rollout")
+        if event.action == "RolloutStarted":
+            scope = f"template {rollout.template}" if rollout.template else "the workers named"
+            because = f" ({event.reason})" if event.reason else ""
+            return (
+                f"rollout {rollout.id} started by {event.actor}: {rollout.total} worker(s) of {scope} in "
+                f"{len(rollout.waves)} wave(s){because}"
+            )
+        # RolloutRollbackStarted -> "rollback started"; the engine's own steps need no "by".
+        words = re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()
+        by = "" if event.actor == f"rollout:{rollout.id}" else f" by {event.actor}"
+        progress = f" ({event.details.get('replaced', '?')}/{rollout.total} replaced)"
+        return f"rollout {rollout.id} {words}{by}{why}{progress}"
 
     def _worker_changes(self, worker: Worker, before: _WorkerSeen | None, now: _WorkerSeen) -> None:
         """The lines of what happened to one worker since the last look, in the order it happened: the

@@ -839,6 +839,9 @@ def test_given_a_lifetime_in_a_fleet_file_then_apply_sets_it_and_a_file_without_
     unchanged = fleetfile._diff("template", "lab", {**fleetfile.TEMPLATE_DEFAULTS, **declared}, echoed)
     assert unchanged.action == "unchanged"
     limited = {**fleetfile.TEMPLATE_DEFAULTS, **declared, "max_lifetime_hours": 720}
+    automatic = fleetfile._diff("template", "lab", {**limited, "auto_rollout": True}, echoed)
+    assert automatic.fields["auto_rollout"] == (None, True)
+    assert automatic.body["auto_rollout"] is True
     change = fleetfile._diff("template", "lab", limited, echoed)
     assert (change.action, change.fields) == ("update", {"max_lifetime_hours": (None, 720)})
     assert change.body["max_lifetime_hours"] == 720

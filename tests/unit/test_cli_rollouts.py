@@ -79,6 +79,10 @@ def test_given_every_option_when_starting_then_the_body_says_each_in_the_apis_te
         "--drain-timeout",
         "1h",
         "--no-replace",
+        "--rollback-on-alarm",
+        "lab-errors",
+        "--rollback-on-alarm",
+        "lab-latency",
         "--reason",
         "AMI 2026-11",
     )
@@ -98,6 +102,7 @@ def test_given_every_option_when_starting_then_the_body_says_each_in_the_apis_te
                 "bake_seconds": 90,
                 "drain_timeout_seconds": 3600,
                 "replace": False,
+                "rollback_on_alarms": ["lab-errors", "lab-latency"],
                 "reason": "AMI 2026-11",
             },
         )

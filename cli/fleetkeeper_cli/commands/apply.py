@@ -18,6 +18,7 @@ TEMPLATE_COLUMNS = [
     "capacity",
     "drain timeout (h)",
     "max lifetime (h)",
+    "auto rollout",
     "version",
 ]
 
@@ -72,6 +73,7 @@ def templates(ctx: typer.Context, output: OutputOption = None) -> None:
                 t["capacity"],
                 t["drain_timeout_hours"],
                 t.get("max_lifetime_hours") or "-",
+                "yes" if t.get("auto_rollout") else "no",
                 t["version"],
             ]
             for t in items

@@ -86,6 +86,7 @@ def print_rollout(view: dict[str, Any]) -> None:
         ["max_unavailable", view.get("max_unavailable")],
         ["checkpoints", checkpoints_cell(view)],
         ["replace", view.get("replace")],
+        ["rollback_on_alarms", ", ".join(view.get("rollback_on_alarms") or []) or None],
         ["started_by", view.get("started_by")],
         ["reason", view.get("reason")],
         ["created_at", view.get("created_at")],
@@ -204,6 +205,14 @@ def start(
     no_replace: Annotated[
         bool, typer.Option("--no-replace", help="drain (then terminate) the workers without replacements")
     ] = False,
+    rollback_on_alarm: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rollback-on-alarm",
+            metavar="NAME",
+            help="roll the rollout back when this CloudWatch alarm is in ALARM (repeatable, up to 10)",
+        ),
+    ] = None,
     reason: ReasonOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="show the plan's waves and their workers; start nothing")
@@ -239,6 +248,8 @@ def start(
             body[key] = parsed
     if no_replace:
         body["replace"] = False
+    if rollback_on_alarm:
+        body["rollback_on_alarms"] = list(rollback_on_alarm)
     if reason:
         body["reason"] = reason
     if dry_run:

@@ -673,6 +673,7 @@ class TemplateView(BaseModel):
     tags: dict[str, str]
     before_stop: list[str] = Field(default_factory=list)
     max_lifetime_hours: int | None = None
+    auto_rollout: bool = False
     version: int
 
     @classmethod

@@ -293,6 +293,11 @@ class TemplateSpec(Record):
         le=MAX_LIFETIME_HOURS,
         description=f"hours a worker may live before it is reported expired; 1 to {MAX_LIFETIME_HOURS:,}",
     )
+    # The reconciler starts a rollout by itself for RUNNING workers drifted by image or instance type.
+    auto_rollout: bool = Field(
+        default=False,
+        description="start a rollout by itself when RUNNING workers drift by image or instance type",
+    )
 
 
 class WorkerTemplate(TemplateSpec):

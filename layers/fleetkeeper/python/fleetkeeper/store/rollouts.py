@@ -135,6 +135,10 @@ class RolloutStore(TableAccess):
         item = self._get(rollout_lock_key(worker_id))
         return str(deserialize(item)["rollout_id"]) if item else None
 
+    def lock_holders(self, worker_ids: Sequence[str]) -> dict[str, str]:
+        """The rollout each of these workers' locks names (finished or not); free ones left out."""
+        return self._lock_holders(worker_ids)
+
     def _lock_holders(self, worker_ids: Sequence[str]) -> dict[str, str]:
         """The rollout named by each of these workers' locks, read consistently; free ones left out."""
         items = self._batch_get_items([rollout_lock_key(w) for w in worker_ids])

@@ -47,6 +47,7 @@ from fleetkeeper.services.layout import keep_layout
 from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
+from fleetkeeper.services.reconcile.auto_rollout import start_auto_rollouts
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.scale_down import FleetView, plan_steady_running, scale_down
@@ -282,15 +283,29 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         report.counters["operation_errors"] += 1
 
     if shard.leads:
-        try:
-            # After everything else, within what is left of the invocation (services/layout.py).
-            keep_layout(ctx, report.counters, time_left=remaining)
-        except Exception:  # the migration waits a cycle; nothing else depends on it
-            logger.exception("table layout step failed")
-            report.counters["layout_errors"] += 1
+        _lead_steps(ctx, work, report, remaining)
 
     report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
     report.completed = True
+
+
+def _lead_steps(ctx: Context, work: list[Work], report: CycleReport, remaining: Callable[[], float]) -> None:
+    """What the leading shard alone does, after the workers' steps: start auto rollouts (they span
+    shards), then keep the table's layout."""
+    try:
+        # After the workers' steps wrote their drift (services/reconcile/auto_rollout.py).
+        start_auto_rollouts(
+            ctx, work, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+        )
+    except Exception:  # the start waits a cycle; the worker steps above already ran
+        logger.exception("auto rollouts failed")
+        report.counters["auto_rollout_errors"] += 1
+    try:
+        # After everything else, within what is left of the invocation (services/layout.py).
+        keep_layout(ctx, report.counters, time_left=remaining)
+    except Exception:  # the migration waits a cycle; nothing else depends on it
+        logger.exception("table layout step failed")
+        report.counters["layout_errors"] += 1
 
 
 def _plan(

@@ -1,0 +1,140 @@
+"""`auto_rollout`: a template that asks for it gets a rollout started by the reconciler when its RUNNING
+workers drift by `image` or `instance_type` (docs/rollouts.md, "Drift").
+
+The leading shard alone starts them, once its workers' steps have written their drift. A template is
+looked at only when one of the cycle's workers of it is RUNNING and drifted that way (so a steady fleet
+reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers (their
+lock items), those a rollback pinned and those of an auto rollout that failed, was cancelled or was
+rolled back are left out, and one rollout is started over the first
+MAX_ROLLOUT_WORKERS of the others by id, with the default settings, through services/rollouts.start.
+A start refused because an active rollout took one of them meanwhile (409) means they are covered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from fleetkeeper.domain.errors import Conflict, InvalidInput
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Drift, DriftReason, Worker, WorkerTemplate
+from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, RolloutRequest, RolloutStatus
+from fleetkeeper.observability import logger
+from fleetkeeper.services import rollouts
+from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile.actions import ACTOR, Work
+
+AUTO_REASON: Final = "auto: drift"
+# The drift a rollout fixes; `expired` has its own replacement (services/reconcile/expiry.py).
+ROLLED_REASONS: Final = frozenset({DriftReason.IMAGE, DriftReason.INSTANCE_TYPE})
+# An auto rollout that ended so holds its workers back from the next one until an operator rolls them.
+HELD: Final = frozenset({RolloutStatus.FAILED, RolloutStatus.CANCELLED, RolloutStatus.ROLLED_BACK})
+
+
+def _drift_of(value: Any) -> Drift | None:
+    if value is None or isinstance(value, Drift):
+        return value
+    return Drift.model_validate(value)
+
+
+def _rolled(drift: Drift | None) -> bool:
+    return drift is not None and bool(ROLLED_REASONS.intersection(drift.reasons))
+
+
+def _drifted_now(item: Work) -> bool:
+    """The worker is RUNNING after its step and drifted by image or instance type, as this cycle wrote
+    it (or as it was, when the step did not change it)."""
+    status = item.step.target or item.worker.status
+    if status != WorkerStatus.RUNNING:
+        return False
+    changes = item.step.changes
+    drift = _drift_of(changes["drift"]) if "drift" in changes else item.worker.drift
+    return _rolled(drift)
+
+
+def _candidate(worker: Worker) -> bool:
+    # A worker a rollback restored is pinned to the launch it had: rolling it forward again would undo
+    # the rollback; an operator's rollout (by --worker) moves it.
+    return (
+        worker.status == WorkerStatus.RUNNING
+        and worker.pinned_image_id is None
+        and worker.pinned_instance_type is None
+        and _rolled(worker.drift)
+    )
+
+
+def _uncovered(ctx: Context, worker_ids: Sequence[str], counters: Counter[str]) -> list[str]:
+    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers, by their lock items; and not
+    those of an auto rollout that failed, was cancelled or rolled back (an operator decides what
+    next: starting another each cycle would fail again, or undo what the operator did)."""
+    holders = ctx.rollouts.lock_holders(worker_ids)
+    kept: dict[str, str | None] = {}
+    for holder in sorted(set(holders.values())):
+        rollout = ctx.rollouts.find(holder)
+        if rollout is None:
+            kept[holder] = None
+        elif rollout.status in ACTIVE:
+            kept[holder] = "covered"
+        elif rollout.started_by == ACTOR and rollout.status in HELD:
+            kept[holder] = "held"
+        else:
+            kept[holder] = None
+    free = []
+    for worker_id in worker_ids:
+        why = kept.get(holders.get(worker_id, ""))
+        if why == "held":
+            counters["auto_rollout_held"] += 1
+        elif why is None:
+            free.append(worker_id)
+    return free
+
+
+def start_auto_rollouts(
+    ctx: Context,
+    work: Sequence[Work],
+    counters: Counter[str],
+    *,
+    time_left: Callable[[], float],
+    margin_seconds: float,
+) -> None:
+    """At most one rollout start per `auto_rollout` template whose workers drifted by image or type."""
+    names = sorted({item.worker.template for item in work if _drifted_now(item)})
+    if not names:
+        return
+    catalogue: dict[str, WorkerTemplate] = {t.name: t for t in ctx.store.list_templates()}
+    for name in names:
+        template = catalogue.get(name)
+        if template is None or not template.auto_rollout:
+            continue
+        if time_left() < margin_seconds:
+            counters["auto_rollout_deferred"] += 1
+            return
+        try:
+            _start_one(ctx, name, counters)
+        except Exception:  # one template's start, not the others'
+            logger.exception("auto rollout failed", template=name)
+            counters["auto_rollout_errors"] += 1
+
+
+def _start_one(ctx: Context, template: str, counters: Counter[str]) -> None:
+    running = sorted({w.id for w in ctx.store.placement_candidates(template=template, pool=None)})
+    drifted = [w.id for w in ctx.store.get_workers(running) if _candidate(w)]
+    scope = _uncovered(ctx, drifted, counters) if drifted else []
+    if not scope:
+        counters["auto_rollout_covered"] += 1
+        return
+    request = RolloutRequest(worker_ids=scope[:MAX_ROLLOUT_WORKERS], reason=AUTO_REASON)
+    try:
+        started = rollouts.start(ctx, request, actor=ACTOR)
+    except Conflict:
+        # An active rollout took one of them since they were read: they are covered.
+        counters["auto_rollout_covered"] += 1
+        return
+    except InvalidInput as error:
+        # One of them left RUNNING since it was read: the next cycle reads them again.
+        counters["auto_rollout_changed"] += 1
+        logger.info("auto rollout waits a cycle", template=template, reason=str(error))
+        return
+    counters["auto_rollouts_started"] += 1
+    logger.info("auto rollout started", template=template, rollout_id=started.id, workers=started.total)
