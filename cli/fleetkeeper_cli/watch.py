@@ -140,8 +140,16 @@ def follow(watch: DrainWatch, console: Console, *, live: bool = True) -> dict[st
 # ---- rollouts -----------------------------------------------------------------------------------------
 
 FINAL_ROLLOUT_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "ROLLED_BACK"})
-# A rollout that ended in one of these did what it was asked (a rollback is the operator's own ending).
-GOOD_ROLLOUT_STATES = frozenset({"SUCCEEDED", "ROLLED_BACK"})
+
+
+def ended_as_asked(view: dict[str, Any]) -> bool:
+    """Whether a rollout ended as its operator asked: SUCCEEDED, or ROLLED_BACK by an operator's own
+    rollback. One its alarms rolled back is a deploy that failed, whoever follows it (a pipeline's
+    `rollout start --wait` must not read it as success)."""
+    if view.get("status") == "SUCCEEDED":
+        return True
+    started_by = str((view.get("rollback") or {}).get("started_by") or "")
+    return view.get("status") == "ROLLED_BACK" and not started_by.startswith("alarm:")
 
 
 def wave_of(view: dict[str, Any]) -> str:

@@ -196,11 +196,22 @@ def test_given_wait_then_it_shows_each_wave_and_blocker_until_succeeded_and_exit
     assert len(gets) == 4  # three on the way, then SUCCEEDED
 
 
-@pytest.mark.parametrize(("final", "code"), [("FAILED", 1), ("CANCELLED", 1), ("ROLLED_BACK", 0)])
-def test_given_status_wait_then_the_exit_code_follows_the_final_status(server, final: str, code: int):
+@pytest.mark.parametrize(
+    ("final", "rolled_back_by", "code"),
+    [
+        ("FAILED", None, 1),
+        ("CANCELLED", None, 1),
+        ("ROLLED_BACK", "arn:aws:iam::123456789012:user/ops", 0),  # the operator's own rollback
+        ("ROLLED_BACK", "alarm:lab-errors", 1),  # its alarms undid the deploy: a failure to a pipeline
+    ],
+)
+def test_given_status_wait_then_the_exit_code_follows_the_final_status(
+    server, final: str, rolled_back_by: str | None, code: int
+):
     blocked = _blocked("launch_failed", "replacement w-r1 FAILED") if final == "FAILED" else None
+    rollback = {"started_by": rolled_back_by} if rolled_back_by else None
     Recorder.queue = [(200, _view(status="PAUSED", blocked=_blocked("checkpoint", "paused by an operator")))]
-    Recorder.answer = (200, _view(status=final, blocked=blocked))
+    Recorder.answer = (200, _view(status=final, blocked=blocked, rollback=rollback))
 
     exit_code, output = run(
         "--api", server, "rollout", "status", ROLLOUT_ID, "--wait", "--interval", "0.1", "-o", "json"

@@ -14,6 +14,7 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.rollouts import (
     ACTIVE,
     FINISHED,
+    MAX_RESTORATION_ATTEMPTS,
     MAX_ROLLOUT_WORKERS,
     MAX_WAIT_SECONDS,
     MAX_WAVE_WORKERS,
@@ -127,13 +128,18 @@ def test_given_the_transition_table_then_pause_resume_and_cancel_move_only_from_
     running, paused = RolloutStatus.RUNNING, RolloutStatus.PAUSED
     assert [s for s in RolloutStatus if can_move(s, paused)] == [running]
     assert [s for s in RolloutStatus if can_move(s, running)] == [paused]
-    assert {s for s in RolloutStatus if can_move(s, RolloutStatus.CANCELLED)} == {running, paused}
+    assert {s for s in RolloutStatus if can_move(s, RolloutStatus.CANCELLED)} == {
+        running,
+        paused,
+        RolloutStatus.ROLLING_BACK,
+    }
     # A finished rollout can only be rolled back (a rolled back one not even that).
     assert all(not can_move(s, t) for s in FINISHED for t in RolloutStatus if t != RolloutStatus.ROLLING_BACK)
     assert {running, paused, *FINISHED} - {RolloutStatus.ROLLED_BACK} == ROLLBACK_FROM
     assert {s for s in RolloutStatus if can_move(RolloutStatus.ROLLING_BACK, s)} == {
         RolloutStatus.ROLLED_BACK,
         RolloutStatus.FAILED,
+        RolloutStatus.CANCELLED,  # nothing else lets an operator stop a rollback that cannot go on
     }
     assert ACTIVE.isdisjoint(FINISHED)
     assert set(RolloutStatus) == ACTIVE | FINISHED
@@ -194,18 +200,27 @@ def test_given_a_rollback_then_its_scope_is_the_waves_the_rollout_reached():
 
 
 @pytest.mark.parametrize(
-    ("drained", "live", "action"),
+    ("drained", "serving", "elsewhere", "action"),
     [
-        (True, True, RollbackAction.RESTORE),
-        (True, False, RollbackAction.RESTORE),  # its replacement failed: the old worker still comes back
-        (False, True, RollbackAction.DRAIN),  # surge stopped before the drain: the old worker stays
-        (False, False, RollbackAction.NOTHING),
+        (True, True, False, RollbackAction.RESTORE),
+        # its replacement failed to launch, was never made, or lost its machine: the old one comes back
+        (True, False, False, RollbackAction.RESTORE),
+        # its replacement was drained by an operator or its expiry: whatever took its place stays
+        (True, False, True, RollbackAction.NOTHING),
+        (False, True, False, RollbackAction.DRAIN),  # surge stopped before the drain: the old worker stays
+        (False, False, False, RollbackAction.NOTHING),
+        (False, False, True, RollbackAction.NOTHING),
     ],
 )
 def test_given_a_worker_of_a_rollback_then_its_action_depends_on_whether_the_rollout_drained_it(
-    drained, live, action
+    drained, serving, elsewhere, action
 ):
-    assert rollback_action(old_drained_by_rollout=drained, replacement_live=live) is action
+    assert (
+        rollback_action(
+            old_drained_by_rollout=drained, replacement_serving=serving, replacement_taken_elsewhere=elsewhere
+        )
+        is action
+    )
 
 
 def test_given_a_rollout_and_a_worker_then_the_replacement_and_restoration_ids_are_stable_and_distinct():
@@ -214,3 +229,6 @@ def test_given_a_rollout_and_a_worker_then_the_replacement_and_restoration_ids_a
     assert restoration_id("ro-1", "w-1") != replacement_id("ro-1", "w-1")
     assert restoration_id("ro-1", "w-1") != restoration_id("ro-2", "w-1")
     assert len(restoration_id("ro-1", "w-1")) <= 64
+    attempts = {restoration_id("ro-1", "w-1", attempt) for attempt in range(MAX_RESTORATION_ATTEMPTS)}
+    assert len(attempts) == MAX_RESTORATION_ATTEMPTS
+    assert restoration_id("ro-1", "w-1", 0) == restoration_id("ro-1", "w-1")

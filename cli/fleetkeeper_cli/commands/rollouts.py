@@ -28,10 +28,10 @@ from fleetkeeper_cli.output import (
     when,
 )
 from fleetkeeper_cli.watch import (
-    GOOD_ROLLOUT_STATES,
     RolloutWatch,
     blocked_line,
     checkpoints_cell,
+    ended_as_asked,
     follow_rollout,
     progress_line,
     wave_of,
@@ -125,7 +125,8 @@ def print_plan(plan: dict[str, Any]) -> None:
 
 
 def _follow(ctx: typer.Context, rollout_id: str, interval: float) -> None:
-    """Follow a rollout to its final status; exit 0 when it succeeded or was rolled back, else 1."""
+    """Follow a rollout to its final status; exit 0 when it succeeded or an operator rolled it back, 1 when
+    it failed, was cancelled or its alarms rolled it back."""
     as_json = settings(ctx).output == Output.JSON
     watch = RolloutWatch(settings(ctx).client(), rollout_id, interval=interval)
     try:
@@ -147,8 +148,7 @@ def _follow(ctx: typer.Context, rollout_id: str, interval: float) -> None:
         blocked = blocked_line(view, datetime.now(UTC))
         if blocked:
             console.print(blocked, markup=False, highlight=False)
-    good = view.get("status") in GOOD_ROLLOUT_STATES
-    raise typer.Exit(int(ExitCode.OK if good else ExitCode.FAILED))
+    raise typer.Exit(int(ExitCode.OK if ended_as_asked(view) else ExitCode.FAILED))
 
 
 def start(

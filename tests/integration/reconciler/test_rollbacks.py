@@ -13,8 +13,9 @@ from typing import Any, Literal
 import boto3
 import pytest
 
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.rollouts import replacement_id, restoration_id
+from fleetkeeper.services import workers
 from fleetkeeper_local import faults
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.functions import reconcile_fleet
@@ -266,3 +267,85 @@ def test_given_a_lost_answer_to_a_restoring_workers_creation_then_the_next_cycle
     serving = sorted(w["id"] for w in page["items"] if w["status"] == "RUNNING")
     # The two workers the rollout never reached, and one restoring worker for each it drained.
     assert serving == sorted([*old[2:], *restoring])
+
+
+def _succeeded_rollout(control_plane, ec2, old: list[str]) -> str:
+    publish_newer_image(ec2, "lab-*")
+    _, started = control_plane.api(
+        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 4}
+    )
+    rollout_id = str(started["id"])
+    _cycles(control_plane, _status_is(control_plane, rollout_id, "SUCCEEDED", "FAILED"))
+    assert _view(control_plane, rollout_id)["status"] == "SUCCEEDED"
+    return rollout_id
+
+
+def test_given_a_restoring_worker_that_failed_to_launch_then_the_rollback_launches_the_next_and_finishes(
+    control_plane, ec2, launched_fleet
+):
+    old, original_image = launched_fleet
+    store = control_plane.ctx.store
+    rollout_id = _succeeded_rollout(control_plane, ec2, old)
+    # An earlier attempt's restoring worker failed to launch (a cause since mended).
+    first = workers.create_worker(
+        store,
+        template="lab",
+        region="us-east-1",
+        pool="labs",
+        actor="test",
+        worker_id=restoration_id(rollout_id, old[0]),
+    )
+    store.transition_worker(first, S.FAILED, cause=Cause.CONTROL, actor="test")
+
+    assert control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")[0] == 202
+    done = _cycles(control_plane, _status_is(control_plane, rollout_id, "ROLLED_BACK", "FAILED"))
+
+    assert (done["status"], done["rollback"]["rolled_back"]) == ("ROLLED_BACK", 4), done
+    second = store.get_worker(restoration_id(rollout_id, old[0], 1))
+    assert (second.status, second.image_id) == (S.RUNNING, original_image)
+
+
+def test_given_a_replacement_an_operator_drained_then_the_rollback_restores_nothing_in_its_place(
+    control_plane, ec2, launched_fleet
+):
+    old, _ = launched_fleet
+    store = control_plane.ctx.store
+    rollout_id = _succeeded_rollout(control_plane, ec2, old)
+    taken = replacement_id(rollout_id, old[0])
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{taken}/drain", {"reason": "retire it", "timeout_seconds": 3600}
+    )
+    assert status == 202, body
+
+    assert control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")[0] == 202
+    done = _cycles(control_plane, _status_is(control_plane, rollout_id, "ROLLED_BACK", "FAILED"))
+
+    assert (done["status"], done["rollback"]["rolled_back"], done["rollback"]["skipped"]) == (
+        "ROLLED_BACK",
+        3,
+        1,
+    ), done
+    assert store.find_worker(restoration_id(rollout_id, old[0])) is None
+    assert all(store.find_worker(restoration_id(rollout_id, w)) is not None for w in old[1:])
+
+
+def test_given_a_rollback_that_cannot_go_on_then_an_operator_cancels_it_and_may_ask_again(
+    control_plane, ec2, launched_fleet
+):
+    old, _ = launched_fleet
+    rollout_id = _succeeded_rollout(control_plane, ec2, old)
+    # A freeze: no rollout drain is ever admitted, so the rollback would wait for good.
+    status, _ = control_plane.api(
+        "PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0, "reasons": ["rollout"]}]}}
+    )
+    assert status == 200
+    assert control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")[0] == 202
+    reconcile_fleet(control_plane.ctx)
+
+    status, cancelled = control_plane.api(
+        "POST", f"/api/v1/rollouts/{rollout_id}/cancel", {"reason": "frozen"}
+    )
+
+    assert (status, cancelled["status"]) == (200, "CANCELLED"), cancelled
+    status, again = control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")
+    assert (status, again["status"]) == (202, "ROLLING_BACK"), again

@@ -79,7 +79,11 @@ TRANSITIONS: Final[dict[RolloutStatus, frozenset[RolloutStatus]]] = {
     RolloutStatus.PAUSED: frozenset(
         {RolloutStatus.RUNNING, RolloutStatus.CANCELLED, RolloutStatus.ROLLING_BACK}
     ),
-    RolloutStatus.ROLLING_BACK: frozenset({RolloutStatus.ROLLED_BACK, RolloutStatus.FAILED}),
+    # A rollback an operator cancels starts nothing more; what it started goes on by itself. Without this
+    # a rollback a budget or a launch keeps waiting would hold its workers' locks for good.
+    RolloutStatus.ROLLING_BACK: frozenset(
+        {RolloutStatus.ROLLED_BACK, RolloutStatus.FAILED, RolloutStatus.CANCELLED}
+    ),
     # A finished rollout can still be rolled back: a bad image is often found once it is everywhere.
     RolloutStatus.SUCCEEDED: frozenset({RolloutStatus.ROLLING_BACK}),
     RolloutStatus.FAILED: frozenset({RolloutStatus.ROLLING_BACK}),
@@ -252,10 +256,16 @@ def replacement_id(rollout_id: str, worker_id: str) -> str:
     return "w-" + hashlib.sha256(f"{rollout_id}:{worker_id}".encode()).hexdigest()[:16]
 
 
-def restoration_id(rollout_id: str, worker_id: str) -> str:
-    """The id of the worker a rollback launches in place of `worker_id`'s replacement, derived like
-    `replacement_id` so a rollback step whose write was lost finds it again."""
-    return "w-" + hashlib.sha256(f"{rollout_id}:rollback:{worker_id}".encode()).hexdigest()[:16]
+# Workers a rollback may launch to restore one old worker, one after another when each fails to launch
+# (across every rollback asked of the rollout); then the rollback fails and says which worker.
+MAX_RESTORATION_ATTEMPTS: Final = 3
+
+
+def restoration_id(rollout_id: str, worker_id: str, attempt: int = 0) -> str:
+    """The id of the worker a rollback launches in place of `worker_id`'s replacement on its `attempt`-th
+    try, derived like `replacement_id` so a rollback step whose write was lost finds it again."""
+    key = f"{rollout_id}:rollback:{worker_id}" + (f":{attempt}" if attempt else "")
+    return "w-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def rollback_scope(worker_ids: Sequence[str], max_unavailable: int, through_wave: int) -> list[str]:
@@ -277,12 +287,19 @@ class RollbackAction(StrEnum):
     RESTORE = "restore"
 
 
-def rollback_action(*, old_drained_by_rollout: bool, replacement_live: bool) -> RollbackAction:
+def rollback_action(
+    *, old_drained_by_rollout: bool, replacement_serving: bool, replacement_taken_elsewhere: bool
+) -> RollbackAction:
     """The old worker stays when the rollout never drained it (surge stopped before its drain): only its
-    replacement goes. One the rollout drained is given back, as it was launched."""
-    if old_drained_by_rollout:
+    serving replacement goes. One the rollout drained is given back, as it was launched, in place of its
+    replacement, or in its empty place (a replacement never created, failed to launch, or lost with its
+    machine). A replacement someone else drained (an operator, its expiry) took its place's fate with
+    it: a restored worker there would be one too many beside whatever replaced it since."""
+    if replacement_serving:
+        return RollbackAction.RESTORE if old_drained_by_rollout else RollbackAction.DRAIN
+    if old_drained_by_rollout and not replacement_taken_elsewhere:
         return RollbackAction.RESTORE
-    return RollbackAction.DRAIN if replacement_live else RollbackAction.NOTHING
+    return RollbackAction.NOTHING
 
 
 def percent_done(replaced: int, total: int) -> int:

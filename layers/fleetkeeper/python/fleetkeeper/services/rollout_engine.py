@@ -81,10 +81,20 @@ def advance_rollouts(
         if time_left() < margin_seconds:
             counters["rollouts_deferred"] += 1
             return
-        paused = store.find(rollout_id)
-        if paused is None or paused.status != RolloutStatus.PAUSED or held_by_alarms(ctx, paused, counters):
-            continue
-        _resume_after_delay(ctx, paused, now, counters)
+        try:
+            paused = store.find(rollout_id)
+            if (
+                paused is None
+                or paused.status != RolloutStatus.PAUSED
+                or held_by_alarms(ctx, paused, counters)
+            ):
+                continue
+            _resume_after_delay(ctx, paused, now, counters)
+        except StaleWrite:
+            counters["rollout_step_conflicts"] += 1
+        except Exception:  # one paused rollout's failure never stops the others, nor the running ones
+            logger.exception("paused rollout check failed", rollout_id=rollout_id)
+            counters["rollout_errors"] += 1
     for rollout_id in list(store.active_ids(RolloutStatus.RUNNING, limit=MAX_ROLLOUTS_PER_CYCLE)):
         if time_left() < margin_seconds:
             counters["rollouts_deferred"] += 1

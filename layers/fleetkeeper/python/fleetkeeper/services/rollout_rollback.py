@@ -27,6 +27,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
     MAX_REASON_LENGTH,
+    MAX_RESTORATION_ATTEMPTS,
     Blocked,
     RollbackAction,
     Rollout,
@@ -108,18 +109,32 @@ def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
     wanted = [*current]
     wanted += [replacement_id(rollout.id, w) for w in current]
-    wanted += [restoration_id(rollout.id, w) for w in current]
+    wanted += [restoration_id(rollout.id, w, a) for w in current for a in range(MAX_RESTORATION_ATTEMPTS)]
     found = {w.id: w for w in ctx.store.get_workers(wanted)}
     for worker_id in current:
         _advance(work, worker_id, found)
     return _finish(ctx, rollout, work)
 
 
+def _restoring(
+    rollout: Rollout, worker_id: str, found: dict[str, Worker]
+) -> tuple[str | None, Worker | None]:
+    """The id of the worker restoring `worker_id` and that worker if it exists: the first attempt not
+    ended (one that failed to launch gives its place to the next); (None, None) once every attempt
+    has failed."""
+    for attempt in range(MAX_RESTORATION_ATTEMPTS):
+        new_id = restoration_id(rollout.id, worker_id, attempt)
+        worker = found.get(new_id)
+        if worker is None or worker.status not in _FAILED:
+            return new_id, worker
+    return None, None
+
+
 def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
     rollout = work.rollout
     old = found.get(worker_id)
     replacement = found.get(replacement_id(rollout.id, worker_id))
-    restored = found.get(restoration_id(rollout.id, worker_id))
+    restoring_id, restored = _restoring(rollout, worker_id, found)
     phase = work.progress[worker_id].phase
     if phase == WorkerPhase.WAITING:
         if replacement is not None and replacement.status in _DISRUPTED and _drained_by(rollout, replacement):
@@ -128,17 +143,31 @@ def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
             return
         action = rollback_action(
             old_drained_by_rollout=_taken_out(rollout, old),
-            replacement_live=_live(replacement),
+            replacement_serving=_live(replacement)
+            and replacement is not None
+            and replacement.status not in _DISRUPTED,
+            # Drained by an operator or its expiry: not this rollback's to undo.
+            replacement_taken_elsewhere=replacement is not None
+            and replacement.drain is not None
+            and not _drained_by(rollout, replacement),
         )
         if action == RollbackAction.NOTHING:
             work.set(worker_id, WorkerPhase.SKIPPED)
             return
         if action == RollbackAction.DRAIN:
             phase = WorkerPhase.REPLACING  # nothing to launch: straight to the replacement's drain
+        elif old is None or old.image_id is None or old.instance_type is None:
+            # Launched before workers recorded their launch: restoring it would launch the template's
+            # newest image, the one being rolled back. Its replacement stays; counted as skipped.
+            work.set(worker_id, WorkerPhase.SKIPPED)
+            return
+        elif restoring_id is None:
+            _fail_restoration(work, worker_id)
+            return
         elif restored is None:
-            if old is None or not work.may_start():
+            if not work.may_start():
                 return  # the next cycle launches it
-            new_id = work.create_replacement(old, new_id=restoration_id(rollout.id, worker_id), pinned=True)
+            new_id = work.create_replacement(old, new_id=restoring_id, pinned=True)
             work.set(worker_id, WorkerPhase.REPLACING, new_id)
             return
         else:
@@ -146,9 +175,12 @@ def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
             phase = WorkerPhase.REPLACING
     if phase == WorkerPhase.REPLACING:
         if _taken_out(rollout, old):
-            if restored is None or restored.status in _FAILED:
-                work.failed = f"the worker restoring {worker_id} failed to launch"
-                work.block("launch_failed", work.failed)
+            if restoring_id is None:
+                _fail_restoration(work, worker_id)
+                return
+            if restored is None:
+                # The one launched failed: the next attempt is launched from the waiting phase.
+                work.set(worker_id, WorkerPhase.WAITING)
                 return
             if restored.status != WorkerStatus.RUNNING:
                 work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
@@ -176,6 +208,11 @@ def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
             )
         else:
             work.set(worker_id, WorkerPhase.DONE)
+
+
+def _fail_restoration(work: _Step, worker_id: str) -> None:
+    work.failed = f"every worker restoring {worker_id} failed to launch ({MAX_RESTORATION_ATTEMPTS} tried)"
+    work.block("launch_failed", work.failed)
 
 
 def _finish(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:

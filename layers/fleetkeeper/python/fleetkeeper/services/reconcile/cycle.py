@@ -193,12 +193,13 @@ def _advance_rollouts(ctx: Context, report: CycleReport, remaining: Callable[[],
     """Rollouts span shards: the leading shard alone advances them, after the workers' own steps."""
     if not report.shard.leads:
         return
-    try:
-        advance_rollouts(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
-        advance_rollbacks(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
-    except Exception:  # the rollouts wait a cycle; nothing else depends on them
-        logger.exception("rollout steps failed")
-        report.counters["rollout_errors"] += 1
+    # Rollouts and rollbacks each in their own try: a failure of one does not hold the other back.
+    for advance in (advance_rollouts, advance_rollbacks):
+        try:
+            advance(ctx, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS)
+        except Exception:  # they wait a cycle; nothing else depends on them
+            logger.exception("rollout steps failed", phase=advance.__name__)
+            report.counters["rollout_errors"] += 1
 
 
 def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:

@@ -156,6 +156,10 @@ def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) ->
                 pool=worker.pool,
                 actor=ACTOR,
                 worker_id=new_id,
+                # A worker a rollback pinned to an older launch keeps that launch: its expiry must not
+                # bring back the image the rollback took out.
+                pinned_image_id=worker.pinned_image_id,
+                pinned_instance_type=worker.pinned_instance_type,
             )
         except Conflict:
             found = ctx.store.find_worker(new_id)
