@@ -11,7 +11,8 @@ process, counted through a botocore hook: the reconciler's and the drain functio
 executions' Step Functions transitions (their history events), and the pool's free placement capacity
 (RUNNING workers x capacity) over the wave.
 
-`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 1,000).
+`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 1,000),
+`ROLLOUT_BENCH_STRATEGIES` the strategies measured (default `surge,drain_first`).
 """
 
 from __future__ import annotations
@@ -312,13 +313,15 @@ def section(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def strategies_wanted() -> list[RolloutStrategy]:
+    names = os.environ.get("ROLLOUT_BENCH_STRATEGIES", "surge,drain_first")
+    return [RolloutStrategy(name.strip()) for name in names.split(",") if name.strip()]
+
+
 def run() -> str:
     size = workers_wanted()
     with bench_stack() as stack:
-        runs = [
-            measure(stack, strategy, size)
-            for strategy in (RolloutStrategy.SURGE, RolloutStrategy.DRAIN_FIRST)
-        ]
+        runs = [measure(stack, strategy, size) for strategy in strategies_wanted()]
     return section(runs)
 
 
