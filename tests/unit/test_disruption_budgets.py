@@ -14,6 +14,7 @@ from fleetkeeper.domain.disruption import (
     DisruptionPolicy,
     DisruptionReason,
     PoolLoad,
+    _blocked_until,  # the memo the test inspects
     assess,
     blocked_until,
     exceeded,
@@ -270,3 +271,23 @@ def test_given_text_counts_and_spacing_then_the_budget_is_held_in_one_form():
 
     assert (parsed.max, parsed.schedule) == (3, "0 9 * * mon-fri")
     assert Budget(max="007%").max == "7%"
+
+
+def test_given_overlapping_windows_when_many_refusals_ask_at_one_instant_then_the_answer_is_computed_once():
+    # Windows that overlap (every 5 minutes for 90) are one long window: its end is a walk over many
+    # matches. A rollout step asks for each worker it may not drain, at the step's one instant.
+    policy = DisruptionPolicy(
+        budgets=[
+            Budget(max=1, reasons=["rollout"], schedule=f"*/{m} * * * *", duration="90m", timezone=zone)
+            for m, zone in ((15, "Europe/Berlin"), (10, "Asia/Tokyo"), (5, "America/New_York"))
+        ]
+    )
+    at = datetime(2026, 11, 28, 10, 0, tzinfo=UTC)
+    first = blocked_until(policy, DisruptionReason.ROLLOUT, at, members=10, in_use=1)
+    before = _blocked_until.cache_info()
+
+    again = [blocked_until(policy, DisruptionReason.ROLLOUT, at, members=10, in_use=1) for _ in range(25)]
+
+    after = _blocked_until.cache_info()
+    assert again == [first] * 25
+    assert (after.hits - before.hits, after.misses - before.misses) == (25, 0)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import lru_cache
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -238,8 +239,11 @@ def _matches(schedule: str, zone: ZoneInfo, start: datetime, *, reverse: bool) -
         yield match.astimezone(UTC)
 
 
+@lru_cache(maxsize=16_384)
 def _latest_match(schedule: str, zone: ZoneInfo, at: datetime) -> datetime | None:
-    """The last match at or before `at`."""
+    """The last match at or before `at`. Cached: a window that keeps being extended (windows that
+    overlap) walks the same chain of matches for every instant a caller asks about, and a refused
+    disruption asks about dozens (`blocked_until`); uncached that is seconds of CPU a refusal."""
     return next(iter(_matches(schedule, zone, at + timedelta(microseconds=1), reverse=True)), None)
 
 
@@ -356,7 +360,19 @@ def blocked_until(
 ) -> datetime | None:
     """The first moment after `at` at which the pool's budgets would admit one more disruption of
     `reason` with as many in use as now; None when only disruptions in progress ending can free a place
-    (no window ahead changes the answer)."""
+    (no window ahead changes the answer).
+
+    Remembered per policy, reason, instant and counts: a rollout step asks once for each worker it
+    may not drain, all at the step's one instant, and with windows that overlap one answer walks
+    thousands of schedule matches."""
+    return _blocked_until(policy.model_dump_json(), reason, at, members, in_use)
+
+
+@lru_cache(maxsize=256)
+def _blocked_until(
+    policy_json: str, reason: DisruptionReason, at: datetime, members: int, in_use: int
+) -> datetime | None:
+    policy = DisruptionPolicy.model_validate_json(policy_json)
     moment = at
     for _ in range(_MAX_CHANGES):
         upcoming = next_change(budget_states(policy, moment, members))
