@@ -19,6 +19,7 @@ itself decides when a drain ends, as it decides when a replacement runs.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -198,7 +199,7 @@ def test_property_no_interleaving_takes_a_pool_beyond_its_budget_or_a_scope_beyo
     examples: Any,
 ) -> None:
     @settings(
-        max_examples=int(__import__("os").environ.get("PROP_EXAMPLES", "12")),
+        max_examples=int(os.environ.get("FLEETKEEPER_PROPERTY_EXAMPLES", "12")),  # more on demand
         deadline=None,
         derandomize=True,
         # Each example is a table and a few dozen service calls: a failure is reported as found, not
