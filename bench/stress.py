@@ -367,7 +367,7 @@ class Client:
             (self.request_operation, 3),
             (self.read_operations, 1),
             # Rollouts: a modest share, most of them refused (409) while another covers the workers.
-            (self.start_rollout, 0.8),
+            (self.start_rollout, 1.2),
             (self.pause_rollout, 0.3),
             (self.resume_rollout, 0.4),
             (self.cancel_rollout, 0.25),
@@ -781,10 +781,12 @@ class Client:
 
     def pick_rollout(self) -> str | None:
         """Mostly one of the latest rollouts (those still moving), sometimes any, now and then one
-        that does not exist (404)."""
+        that does not exist (404); none before the first has started."""
         with self.fleet.lock:
             known = list(self.fleet.rollouts)
-        if not known or self.random.random() < 0.05:
+        if not known:
+            return None
+        if self.random.random() < 0.05:
             return "ro-" + "0" * 16
         if self.random.random() < 0.7:
             return self.random.choice(known[-4:])
