@@ -11,8 +11,9 @@ What it does, in order:
 2. runs `--threads` clients doing `--ops` random operations in total, each client drawing from its own
    `random.Random(seed, client)`: placements (by pool and by worker), instance state reports, drains
    with short and long deadlines, double drains, cancels, pool drains and cancels, desired statuses,
-   new workers, EC2 stops and terminations from outside (boto3 against moto), reconcile and discovery
-   ticks, and reads that sample worker versions;
+   new workers, rollouts (started, paused, resumed, cancelled, rolled back), EC2 stops and
+   terminations from outside (boto3 against moto), reconcile and discovery ticks, and reads that
+   sample worker versions; meanwhile the RUNNING rollouts and their workers are sampled from the table;
 3. quiesces: faults off, reconcile ticks until the fleet settles or `--quiesce-seconds` pass;
 4. checks every invariant (bench/stress_check.py), prints the summary and, unless `--no-report`,
    writes its section of bench/results.md. Exit status 1 on any violation.
