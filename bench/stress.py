@@ -369,10 +369,10 @@ class Client:
             (self.read_operations, 1),
             # Rollouts: a modest share, most of them refused (409) while another covers the workers.
             (self.start_rollout, 1.2),
-            (self.pause_rollout, 0.3),
+            (self.pause_rollout, 0.2),
             (self.resume_rollout, 0.4),
-            (self.cancel_rollout, 0.25),
-            (self.rollback_rollout, 0.25),
+            (self.cancel_rollout, 0.12),
+            (self.rollback_rollout, 0.12),
             (self.read_rollout, 0.4),
         ]
 
