@@ -1121,5 +1121,6 @@ def check(
         server_errors=len(found["5xx answer"]),
         ticks=dict(seen.ticks),
         tick_failures=dict(seen.tick_failures),
-        covered=covered(shot),
+        covered=covered(shot)
+        | {"rollout samples": sum(1 for r in seen.rollout_samples if r.rollout.get("status") == "RUNNING")},
     )
