@@ -11,8 +11,9 @@ What it does, in order:
 2. runs `--threads` clients doing `--ops` random operations in total, each client drawing from its own
    `random.Random(seed, client)`: placements (by pool and by worker), instance state reports, drains
    with short and long deadlines, double drains, cancels, pool drains and cancels, desired statuses,
-   new workers, EC2 stops and terminations from outside (boto3 against moto), reconcile and discovery
-   ticks, and reads that sample worker versions;
+   new workers, rollouts (started, paused, resumed, cancelled, rolled back), EC2 stops and
+   terminations from outside (boto3 against moto), reconcile and discovery ticks, and reads that
+   sample worker versions; meanwhile the RUNNING rollouts and their workers are sampled from the table;
 3. quiesces: faults off, reconcile ticks until the fleet settles or `--quiesce-seconds` pass;
 4. checks every invariant (bench/stress_check.py), prints the summary and, unless `--no-report`,
    writes its section of bench/results.md. Exit status 1 on any violation.
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 import warnings
 from collections import Counter
@@ -47,7 +49,7 @@ import boto3
 import requests
 from botocore.exceptions import ClientError
 
-from bench.stress_check import Call, Observations, Report, check
+from bench.stress_check import Call, Observations, Report, check, sample_rollouts
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
@@ -206,6 +208,7 @@ class Fleet:
     # part of their reports and cancels there, as a busy fleet's workloads keep reporting through it.
     hot_workers: dict[str, float] = field(default_factory=dict)  # worker id -> when it became hot
     hot_pools: dict[str, float] = field(default_factory=dict)
+    rollouts: list[str] = field(default_factory=list)  # ids of the rollouts started, oldest first
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def heat(self, worker_id: str | None = None, pool: str | None = None) -> None:
@@ -364,6 +367,13 @@ class Client:
             (self.report_cpu, 4),
             (self.request_operation, 3),
             (self.read_operations, 1),
+            # Rollouts: a modest share, most of them refused (409) while another covers the workers.
+            (self.start_rollout, 1.2),
+            (self.pause_rollout, 0.2),
+            (self.resume_rollout, 0.4),
+            (self.cancel_rollout, 0.12),
+            (self.rollback_rollout, 0.12),
+            (self.read_rollout, 0.4),
         ]
 
     # -- plumbing --
@@ -738,6 +748,73 @@ class Client:
         if worker_id is not None:
             self.call("read_drain", "GET", f"/api/v1/workers/{worker_id}/drain")
 
+    def start_rollout(self) -> None:
+        """A rollout of a template (maybe in one pool) or of a few workers, with random settings: short
+        drains and bakes, so its waves move within a run."""
+        body: dict[str, Any] = {}
+        if self.random.random() < 0.6:
+            body["template"] = self.random.choice(TEMPLATES).name
+            if self.random.random() < 0.6:
+                body["pool"] = self.random.choice(POOLS)
+        else:
+            picked = {w for _ in range(self.random.randint(1, 3)) if (w := self.pick_worker())}
+            if not picked:
+                return
+            body["worker_ids"] = sorted(picked)
+        body["max_unavailable"] = (
+            self.random.randint(1, 3) if self.random.random() < 0.6 else self.random.choice(["25%", "50%"])
+        )
+        body["strategy"] = self.random.choice(["surge", "drain_first"])
+        if self.random.random() < 0.2:
+            body["replace"] = False
+        if self.random.random() < 0.3:
+            body["checkpoints"] = [50]
+            body["checkpoint_delay_seconds"] = self.random.choice([None, 5])
+        body["bake_seconds"] = self.random.choice([0, 2, 5])
+        body["drain_timeout_seconds"] = self.random.randint(60, 90)
+        body["reason"] = "stress rollout"
+        status, payload, _, _ = self.call("start_rollout", "POST", "/api/v1/rollouts", body)
+        if status == 202 and isinstance(payload, dict):
+            with self.fleet.lock:
+                self.fleet.rollouts.append(str(payload["id"]))
+            for worker_id in body.get("worker_ids", []):
+                self.fleet.heat(worker_id=worker_id)
+
+    def pick_rollout(self) -> str | None:
+        """Mostly one of the latest rollouts (those still moving), sometimes any, now and then one
+        that does not exist (404); none before the first has started."""
+        with self.fleet.lock:
+            known = list(self.fleet.rollouts)
+        if not known:
+            return None
+        if self.random.random() < 0.05:
+            return "ro-" + "0" * 16
+        if self.random.random() < 0.7:
+            return self.random.choice(known[-4:])
+        return self.random.choice(known)
+
+    def _move_rollout(self, move: str, body: Any = None) -> None:
+        rollout_id = self.pick_rollout()
+        if rollout_id is not None:
+            self.call(f"{move}_rollout", "POST", f"/api/v1/rollouts/{rollout_id}/{move}", body)
+
+    def pause_rollout(self) -> None:
+        self._move_rollout("pause")
+
+    def resume_rollout(self) -> None:
+        self._move_rollout("resume")
+
+    def cancel_rollout(self) -> None:
+        self._move_rollout("cancel")
+
+    def rollback_rollout(self) -> None:
+        self._move_rollout("rollback", {"reason": "stress rollback"} if self.random.random() < 0.5 else None)
+
+    def read_rollout(self) -> None:
+        rollout_id = self.pick_rollout()
+        if rollout_id is not None:
+            self.call("read_rollout", "GET", f"/api/v1/rollouts/{rollout_id}")
+
     def refresh(self) -> None:
         """Learn about workers created elsewhere (imports, relaunches) and forget ended instances."""
         status, payload, _, _ = self.call("list_workers", "GET", "/api/v1/workers?limit=1000", None)
@@ -909,8 +986,28 @@ def start_stack(stack: LocalStack, attempts: int = 3) -> None:
             stack.dynamodb_port, stack.moto_port = free_port(), free_port()
 
 
-def drive(clients: list[Client], options: Options, seen: Observations, fleet: Callable[[], str]) -> None:
-    """Every client on its own thread with its share of the operations; a progress line meanwhile."""
+# How often the rollouts in flight are sampled from the base table while the clients run.
+ROLLOUT_SAMPLE_SECONDS = 2.0
+
+
+def sample_every(seen: Observations, sample: Callable[[], None], done: threading.Event) -> None:
+    while not done.wait(ROLLOUT_SAMPLE_SECONDS):
+        try:
+            sample()
+        except Exception:
+            with seen.lock:
+                seen.errors.append(traceback.format_exc())
+
+
+def drive(
+    clients: list[Client],
+    options: Options,
+    seen: Observations,
+    fleet: Callable[[], str],
+    sample: Callable[[], None] | None = None,
+) -> None:
+    """Every client on its own thread with its share of the operations; a progress line meanwhile, and
+    the rollouts in flight sampled (`sample`)."""
     shares = [
         options.ops // options.threads + (1 if i < options.ops % options.threads else 0)
         for i in range(options.threads)
@@ -926,6 +1023,8 @@ def drive(clients: list[Client], options: Options, seen: Observations, fleet: Ca
     done = threading.Event()
     watcher = threading.Thread(target=watch, args=(seen, fleet, done), daemon=True)
     watcher.start()
+    if sample is not None:
+        threading.Thread(target=sample_every, args=(seen, sample, done), daemon=True).start()
     for thread in threads:
         thread.join()
     done.set()
@@ -988,7 +1087,13 @@ def run(options: Options) -> Report:
         ]
         began = time.monotonic()
         startup_seconds = began - booting
-        drive(clients, options, seen, lambda: fleet_line(dynamodb, table))
+        drive(
+            clients,
+            options,
+            seen,
+            lambda: fleet_line(dynamodb, table),
+            lambda: seen.record_rollout_samples(sample_rollouts(dynamodb, table)),
+        )
         workload_seconds = time.monotonic() - began
 
         plan.enabled = False

@@ -15,10 +15,11 @@ import traceback
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fleetkeeper.domain.lifecycle import ACTIVE_INSTANCE_STATES, Cause, WorkerStatus, can_transition
+from fleetkeeper.domain.rollouts import replacement_id, restoration_id
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
 from fleetkeeper.store.codec import deserialize
 
@@ -62,6 +63,11 @@ INVARIANTS = [
     "two scale-downs of one scope inside its cooldown",
     "worker's operation lock and its open operations disagree",
     "drain stopped its worker without its before_stop operations",
+    "rollout took more than max_unavailable of its scope out of placement",
+    "surge rollout drained a worker before its replacement ran",
+    "rollout RUNNING or ROLLING_BACK with nothing to move it",
+    "rollout lock naming no rollout",
+    "worker with two replacements from one rollout",
     "5xx answer",
     "harness error",
 ]
@@ -109,6 +115,15 @@ class Sample:
     received: datetime
 
 
+@dataclass(frozen=True)
+class RolloutSample:
+    """One rollout and the workers of its scope and their replacements, read from the base table."""
+
+    at: datetime
+    rollout: dict[str, Any]
+    workers: dict[str, dict[str, Any]]
+
+
 @dataclass
 class Observations:
     started_at: datetime
@@ -120,6 +135,7 @@ class Observations:
     pool_cancels: list[Ack] = field(default_factory=list)
     ends: list[Ack] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    rollout_samples: list[RolloutSample] = field(default_factory=list)
     external: list[tuple[str, str]] = field(default_factory=list)
     ticks: Counter[str] = field(default_factory=Counter)
     tick_failures: Counter[str] = field(default_factory=Counter)
@@ -179,6 +195,10 @@ class Observations:
         with self.lock:
             self.samples.append(sample)
 
+    def record_rollout_samples(self, samples: list[RolloutSample]) -> None:
+        with self.lock:
+            self.rollout_samples.extend(samples)
+
     def record_external(self, kind: str, machine: str) -> None:
         with self.lock:
             self.external.append((kind, machine))
@@ -217,6 +237,8 @@ class Snapshot:
     # worker id -> its operations; template name -> its before_stop operations
     operations: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     before_stop: dict[str, list[str]] = field(default_factory=dict)
+    rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rollout_locks: dict[str, str] = field(default_factory=dict)  # worker id -> the rollout it names
 
 
 def _scan(dynamodb: Any, table: str) -> Iterator[dict[str, Any]]:
@@ -239,6 +261,10 @@ def snapshot(dynamodb: Any, table: str) -> Snapshot:
             shot.operations[str(item["worker_id"])].append(item)
         elif pk.startswith("TEMPLATE#") and sk == "TEMPLATE":
             shot.before_stop[str(item["name"])] = [str(n) for n in item.get("before_stop") or []]
+        elif pk.startswith("ROLLOUT#") and sk == "ROLLOUT":
+            shot.rollouts[str(item["id"])] = item
+        elif pk.startswith("ROLLOUTLOCK#") and sk == "LOCK":
+            shot.rollout_locks[pk.removeprefix("ROLLOUTLOCK#")] = str(item.get("rollout_id"))
         elif pk.startswith("AUDIT#"):
             _, entity, entity_id = pk.split("#", 2)
             shot.audit[(entity, entity_id)].append(item)
@@ -819,6 +845,204 @@ def _before_stops(shot: Snapshot, found: dict[str, list[str]]) -> None:
                 )
 
 
+# ---- rollouts ----------------------------------------------------------------------------------------
+
+ROLLOUT_ACTOR = "rollout:"
+# Out of placement while its drain runs or its machine goes.
+_LEAVING = frozenset({WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING})
+_GONE = frozenset({WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
+# A worker in one of these has never run (a replacement still launching, or none at all).
+_NOT_RAN = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+_FINISHED_WORKER = frozenset({WorkerStatus.STOPPED, WorkerStatus.TERMINATED, WorkerStatus.FAILED, *_LEAVING})
+# A RUNNING or ROLLING_BACK rollout with no `blocked` reason writes a step every leading cycle: one
+# whose last step is older than this is stuck.
+ROLLOUT_STALL = timedelta(seconds=120)
+
+
+def _rollout_drained(rollout: dict[str, Any], worker: dict[str, Any] | None) -> bool:
+    drain = (worker or {}).get("drain") or {}
+    return drain.get("requested_by") == ROLLOUT_ACTOR + str(rollout["id"])
+
+
+def _never_ran(worker: dict[str, Any] | None, at: datetime, ran: dict[str, datetime]) -> bool:
+    """Whether a replacement had not run by `at`: absent, or neither in service nor RUNNING in its
+    audit trail before `at` (`ran`: each worker's first move to RUNNING)."""
+    if worker is None:
+        return True
+    if worker["status"] in (WorkerStatus.RUNNING, WorkerStatus.DRAINING):
+        return False
+    first = ran.get(str(worker["id"]))
+    return first is None or first > at
+
+
+def first_running(shot: Snapshot) -> dict[str, datetime]:
+    """Each worker's first move to RUNNING, from its audit trail."""
+    ran: dict[str, datetime] = {}
+    for (entity, wid), events in shot.audit.items():
+        if entity != "worker":
+            continue
+        for e in events:
+            if e.get("to_status") == WorkerStatus.RUNNING and (at := _time(e.get("at"))) is not None:
+                ran[wid] = at
+                break
+    return ran
+
+
+def rollout_out_of_placement(
+    rollout: dict[str, Any], workers: dict[str, dict[str, Any]], at: datetime, ran: dict[str, datetime]
+) -> list[str]:
+    """The scope's workers out of placement because of this rollout: its drain runs or their machine
+    goes, or (with replacements) they are gone and their replacement has not run yet."""
+    out = []
+    for wid in rollout.get("worker_ids") or []:
+        worker = workers.get(wid)
+        if worker is None or not _rollout_drained(rollout, worker):
+            continue
+        gap = (
+            rollout.get("replace", True)
+            and worker["status"] in _GONE
+            and _never_ran(workers.get(replacement_id(str(rollout["id"]), wid)), at, ran)
+        )
+        if worker["status"] in _LEAVING or gap:
+            out.append(wid)
+    return out
+
+
+def rollout_surge_short(
+    rollout: dict[str, Any], workers: dict[str, dict[str, Any]], at: datetime, ran: dict[str, datetime]
+) -> list[str]:
+    """With surge, the scope's workers the rollout took out whose replacement has not run: each is one
+    RUNNING worker fewer than the scope started with, because of the rollout."""
+    if rollout.get("strategy") != "surge" or not rollout.get("replace", True):
+        return []
+    rid = str(rollout["id"])
+    short = []
+    for wid in rollout.get("worker_ids") or []:
+        worker = workers.get(wid)
+        if worker is None or worker["status"] == WorkerStatus.RUNNING:
+            continue
+        if not _rollout_drained(rollout, worker):
+            continue
+        if _never_ran(workers.get(replacement_id(rid, wid)), at, ran):
+            short.append(wid)
+    return short
+
+
+def judge_rollout_sample(
+    sample: RolloutSample, found: dict[str, list[str]], ran: dict[str, datetime] | None = None
+) -> None:
+    """A RUNNING rollout as sampled: at most max_unavailable of its scope out because of it, and with
+    surge none of them out before its replacement ran."""
+    ran = ran or {}
+    rollout = sample.rollout
+    if rollout.get("status") != "RUNNING":
+        return
+    rid, limit = rollout["id"], int(rollout["max_unavailable"])
+    out = rollout_out_of_placement(rollout, sample.workers, sample.at, ran)
+    if len(out) > limit:
+        found["rollout took more than max_unavailable of its scope out of placement"].append(
+            f"{rid} at {sample.at.isoformat()}: {len(out)} out, max_unavailable {limit}: {', '.join(out[:5])}"
+        )
+    short = rollout_surge_short(rollout, sample.workers, sample.at, ran)
+    if short:
+        found["surge rollout drained a worker before its replacement ran"].append(
+            f"{rid} at {sample.at.isoformat()}: {len(short)} of its {len(rollout.get('worker_ids') or [])} "
+            f"drained with no replacement RUNNING: {', '.join(short[:5])}"
+        )
+
+
+def sample_rollouts(dynamodb: Any, table: str) -> list[RolloutSample]:
+    """Every RUNNING rollout and its scope's workers and replacements, strongly consistent reads of the
+    base table (the rollout first, its workers right after)."""
+    at = datetime.now(UTC)
+    rollouts = [
+        deserialize(item)
+        for page in dynamodb.get_paginator("scan").paginate(
+            TableName=table,
+            ConsistentRead=True,
+            FilterExpression="begins_with(PK, :p) AND SK = :s AND #st = :r",
+            ExpressionAttributeNames={"#st": "status"},
+            ExpressionAttributeValues={
+                ":p": {"S": "ROLLOUT#"},
+                ":s": {"S": "ROLLOUT"},
+                ":r": {"S": "RUNNING"},
+            },
+        )
+        for item in page.get("Items", [])
+    ]
+    samples = []
+    for rollout in rollouts:
+        scope = [str(w) for w in rollout.get("worker_ids") or []]
+        ids = sorted({*scope, *(replacement_id(str(rollout["id"]), w) for w in scope)})
+        samples.append(RolloutSample(at, rollout, _get_workers(dynamodb, table, ids)))
+    return samples
+
+
+def _get_workers(dynamodb: Any, table: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(ids), 100):
+        keys: list[dict[str, Any]] = [
+            {"PK": {"S": f"WORKER#{wid}"}, "SK": {"S": "WORKER"}} for wid in ids[start : start + 100]
+        ]
+        for _ in range(10):
+            if not keys:
+                break
+            answer = dynamodb.batch_get_item(RequestItems={table: {"Keys": keys, "ConsistentRead": True}})
+            for item in answer.get("Responses", {}).get(table, []):
+                worker = deserialize(item)
+                found[str(worker["id"])] = worker
+            keys = answer.get("UnprocessedKeys", {}).get(table, {}).get("Keys", [])
+    return found
+
+
+def _rollouts_at_end(shot: Snapshot, at: datetime, found: dict[str, list[str]]) -> None:
+    """Once the fleet settled: the final state judged as one more sample; no rollout left RUNNING or
+    ROLLING_BACK with nothing to move it; every lock names a rollout; no worker replaced twice."""
+    ran = first_running(shot)
+    for rollout in shot.rollouts.values():
+        judge_rollout_sample(RolloutSample(at, rollout, shot.workers), found, ran)
+        rid, status = str(rollout["id"]), rollout.get("status")
+        updated = _time(rollout.get("updated_at"))
+        if (
+            status in ("RUNNING", "ROLLING_BACK")
+            and not rollout.get("blocked")
+            and (updated is None or updated + ROLLOUT_STALL < at)
+        ):
+            found["rollout RUNNING or ROLLING_BACK with nothing to move it"].append(
+                f"{rid} {status}, not blocked, last step {updated.isoformat() if updated else '-'}"
+            )
+        _replacements(shot, rollout, found)
+    for wid, rid in shot.rollout_locks.items():
+        if rid not in shot.rollouts:
+            found["rollout lock naming no rollout"].append(f"lock of {wid} names {rid}")
+
+
+def _replacements(shot: Snapshot, rollout: dict[str, Any], found: dict[str, list[str]]) -> None:
+    """A worker this rollout created is the replacement or the restoration of one worker of its scope
+    (their ids are derived); any other is a second replacement. Once rolled back, no worker of the
+    scope keeps both its replacement and its restoration in service."""
+    rid = str(rollout["id"])
+    scope = [str(w) for w in rollout.get("worker_ids") or []]
+    derived = {replacement_id(rid, w) for w in scope} | {restoration_id(rid, w) for w in scope}
+    actor = ROLLOUT_ACTOR + rid
+    for (entity, wid), events in shot.audit.items():
+        created = next((e for e in events if e.get("action") == "WorkerCreated"), None)
+        mine = created is not None and created.get("actor") == actor
+        if entity == "worker" and mine and wid not in derived:
+            found["worker with two replacements from one rollout"].append(
+                f"{rid} created {wid}, which replaces none of its scope by id"
+            )
+    if rollout.get("status") != "ROLLED_BACK":
+        return
+    for w in scope:
+        both = [shot.workers.get(replacement_id(rid, w)), shot.workers.get(restoration_id(rid, w))]
+        if all(x is not None and x["status"] not in _FINISHED_WORKER for x in both):
+            found["worker with two replacements from one rollout"].append(
+                f"{rid} ROLLED_BACK: {w} has replacement {both[0]['id']} {both[0]['status']} and "  # type: ignore[index]
+                f"restoration {both[1]['id']} {both[1]['status']}"  # type: ignore[index]
+            )
+
+
 def covered(shot: Snapshot) -> dict[str, int]:
     """What the run went through, from the table: a run without scale-downs or operations checked
     nothing about them."""
@@ -834,6 +1058,10 @@ def covered(shot: Snapshot) -> dict[str, int]:
         "operations": len(operations),
         "before_stop operations": sum(1 for op in operations if op.get("origin") == "before_stop"),
         "operations succeeded": sum(1 for op in operations if op.get("status") == "SUCCESS"),
+        "rollouts": len(shot.rollouts),
+        "rollouts succeeded": sum(1 for r in shot.rollouts.values() if r.get("status") == "SUCCEEDED"),
+        "rollouts rolled back": sum(1 for r in shot.rollouts.values() if r.get("status") == "ROLLED_BACK"),
+        "rollout replacements": sum(int(r.get("replaced") or 0) for r in shot.rollouts.values()),
     }
 
 
@@ -875,6 +1103,10 @@ def check(
     _scale_downs(shot, cooldown, found)
     _operation_locks(shot, found)
     _before_stops(shot, found)
+    ran = first_running(shot)
+    for sample in seen.rollout_samples:
+        judge_rollout_sample(sample, found, ran)
+    _rollouts_at_end(shot, at, found)
     no_capacity = _statuses(seen, found)
     found["harness error"] = list(seen.errors)
     answers: dict[str, Counter[int]] = defaultdict(Counter)
@@ -889,5 +1121,6 @@ def check(
         server_errors=len(found["5xx answer"]),
         ticks=dict(seen.ticks),
         tick_failures=dict(seen.tick_failures),
-        covered=covered(shot),
+        covered=covered(shot)
+        | {"rollout samples": sum(1 for r in seen.rollout_samples if r.rollout.get("status") == "RUNNING")},
     )

@@ -36,4 +36,6 @@ def test_given_300_random_operations_with_faults_on_when_the_fleet_settles_then_
     failed = set(FAILED_CHECK.findall(run.stdout))
     assert not failed, summary + run.stderr[-3000:]
     assert "violations = 0" in run.stdout, summary
+    # Rollouts are in the mix: at least one was asked for.
+    assert re.search(r"start_rollout \d+", run.stdout), summary
     assert run.returncode == 0, summary

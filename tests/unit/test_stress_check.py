@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bench import stress_check as sc
+from fleetkeeper.domain.rollouts import replacement_id, restoration_id
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -245,3 +246,112 @@ def test_given_an_instance_moved_onto_a_worker_after_its_drain_finished_then_tha
     result = found()
     sc._drain_endings(shot(trail, workers=workers, instances=instances), result)
     assert result["drain finished while its worker still had active instances"] == []
+
+
+# ---- rollouts ----------------------------------------------------------------------------------------
+
+RID = "ro-0000000000000001"
+
+
+def rollout(
+    scope: list[str], *, status: str = "RUNNING", strategy: str = "surge", limit: int = 1, **kw: Any
+) -> dict[str, Any]:
+    return {
+        "id": RID,
+        "status": status,
+        "worker_ids": scope,
+        "max_unavailable": limit,
+        "strategy": strategy,
+        "replace": True,
+        "blocked": None,
+        "updated_at": at(0).isoformat(),
+    } | kw
+
+
+def worker(wid: str, status: str, drained_by: str | None = None) -> dict[str, Any]:
+    drain = {"requested_by": drained_by, "outcome": "RUNNING"} if drained_by else None
+    return {"id": wid, "status": status, "drain": drain, "version": 1}
+
+
+def test_given_two_workers_drained_by_a_rollout_of_max_unavailable_one_then_it_is_a_violation() -> None:
+    by = f"rollout:{RID}"
+    workers = {
+        "w1": worker("w1", "DRAINING", by),
+        "w2": worker("w2", "DRAINING", by),
+        # One drained by an operator is not the rollout's doing.
+        "w3": worker("w3", "DRAINING", "arn:aws:iam::1:user/op"),
+        replacement_id(RID, "w1"): worker(replacement_id(RID, "w1"), "RUNNING"),
+        replacement_id(RID, "w2"): worker(replacement_id(RID, "w2"), "RUNNING"),
+    }
+    result = found()
+    sc.judge_rollout_sample(sc.RolloutSample(at(5), rollout(["w1", "w2", "w3"]), workers), result)
+    assert len(result["rollout took more than max_unavailable of its scope out of placement"]) == 1
+    assert result["surge rollout drained a worker before its replacement ran"] == []
+    result = found()
+    sc.judge_rollout_sample(sc.RolloutSample(at(5), rollout(["w1", "w2", "w3"], limit=2), workers), result)
+    assert result["rollout took more than max_unavailable of its scope out of placement"] == []
+
+
+def test_given_drain_first_workers_gone_with_replacements_not_yet_running_then_they_count_as_out() -> None:
+    by = f"rollout:{RID}"
+    workers = {
+        "w1": worker("w1", "TERMINATED", by),
+        "w2": worker("w2", "DRAINING", by),
+        replacement_id(RID, "w1"): worker(replacement_id(RID, "w1"), "PROVISIONING"),
+    }
+    result = found()
+    sample = sc.RolloutSample(at(5), rollout(["w1", "w2"], strategy="drain_first"), workers)
+    sc.judge_rollout_sample(sample, result)
+    assert len(result["rollout took more than max_unavailable of its scope out of placement"]) == 1
+
+
+def test_given_a_surge_rollout_draining_a_worker_whose_replacement_never_ran_then_it_is_a_violation() -> None:
+    by = f"rollout:{RID}"
+    new = replacement_id(RID, "w1")
+    workers = {"w1": worker("w1", "DRAINING", by), new: worker(new, "STARTING")}
+    result = found()
+    sc.judge_rollout_sample(sc.RolloutSample(at(5), rollout(["w1"]), workers), result)
+    assert len(result["surge rollout drained a worker before its replacement ran"]) == 1
+    # The same replacement had been RUNNING before the sample (an operator stopped and restarted it).
+    result = found()
+    sc.judge_rollout_sample(sc.RolloutSample(at(5), rollout(["w1"]), workers), result, {new: at(2)})
+    assert result["surge rollout drained a worker before its replacement ran"] == []
+
+
+def test_given_an_idle_unblocked_running_rollout_and_a_lock_naming_no_rollout_then_both_are_violations() -> (
+    None
+):
+    stuck = rollout(["w1"], updated_at=at(0).isoformat())
+    blocked = rollout(
+        ["w2"], id="ro-2", blocked={"reason": "budget", "detail": "x", "since": at(0).isoformat()}
+    )
+    snap = shot(workers={"w1": worker("w1", "RUNNING"), "w2": worker("w2", "RUNNING")})
+    snap.rollouts = {RID: stuck, "ro-2": blocked}
+    snap.rollout_locks = {"w1": RID, "w2": "ro-2", "w9": "ro-gone"}
+    result = found()
+    sc._rollouts_at_end(snap, at(600), result)
+    assert len(result["rollout RUNNING or ROLLING_BACK with nothing to move it"]) == 1
+    assert result["rollout lock naming no rollout"] == ["lock of w9 names ro-gone"]
+
+
+def test_given_a_rollout_that_created_a_worker_under_another_id_then_it_is_a_second_replacement() -> None:
+    ours = replacement_id(RID, "w1")
+    created = {"action": "WorkerCreated", "actor": f"rollout:{RID}", "at": at(1).isoformat()}
+    trail = {("worker", ours): [created], ("worker", "w-extra"): [created]}
+    snap = shot(trail, workers={ours: worker(ours, "RUNNING"), "w-extra": worker("w-extra", "RUNNING")})
+    snap.rollouts = {RID: rollout(["w1"], status="SUCCEEDED")}
+    result = found()
+    sc._rollouts_at_end(snap, at(10), result)
+    assert len(result["worker with two replacements from one rollout"]) == 1
+    assert "w-extra" in result["worker with two replacements from one rollout"][0]
+
+
+def test_given_a_rolled_back_rollout_with_replacement_and_restoration_serving_then_it_is_a_violation() -> (
+    None
+):
+    new, back = replacement_id(RID, "w1"), restoration_id(RID, "w1")
+    snap = shot(workers={new: worker(new, "RUNNING"), back: worker(back, "RUNNING")})
+    snap.rollouts = {RID: rollout(["w1"], status="ROLLED_BACK")}
+    result = found()
+    sc._rollouts_at_end(snap, at(10), result)
+    assert len(result["worker with two replacements from one rollout"]) == 1
