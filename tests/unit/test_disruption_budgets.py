@@ -278,7 +278,13 @@ def test_given_overlapping_windows_when_many_refusals_ask_at_one_instant_then_th
     # matches. A rollout step asks for each worker it may not drain, at the step's one instant.
     policy = DisruptionPolicy(
         budgets=[
-            Budget(max=1, reasons=["rollout"], schedule=f"*/{m} * * * *", duration="90m", timezone=zone)
+            Budget(
+                max=1,
+                reasons=[DisruptionReason.ROLLOUT],
+                schedule=f"*/{m} * * * *",
+                duration="90m",
+                timezone=zone,
+            )
             for m, zone in ((15, "Europe/Berlin"), (10, "Asia/Tokyo"), (5, "America/New_York"))
         ]
     )

@@ -349,3 +349,54 @@ def test_given_a_rollback_that_cannot_go_on_then_an_operator_cancels_it_and_may_
     assert (status, cancelled["status"]) == (200, "CANCELLED"), cancelled
     status, again = control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")
     assert (status, again["status"]) == (202, "ROLLING_BACK"), again
+
+
+def test_given_a_rollback_while_the_forward_wave_still_drains_then_never_more_than_max_unavailable_are_out(
+    control_plane, ec2, launched_fleet
+):
+    old, _ = launched_fleet
+    store = control_plane.ctx.store
+    # A budget that does not bind: only max_unavailable keeps the drains apart here.
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 10}]}})
+    assert status == 200
+    first_wave = old[:2]
+    sessions = []
+    for worker_id in first_wave:  # running work keeps their drains in progress
+        status, placed = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker_id})
+        assert status == 201, placed
+        assert (
+            control_plane.api("POST", f"/api/v1/instances/{placed['id']}/state", {"state": "RUNNING"})[0]
+            == 200
+        )
+        sessions.append(placed["id"])
+    publish_newer_image(ec2, "lab-*")
+    _, started = control_plane.api(
+        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 2}
+    )
+    rollout_id = started["id"]
+    _cycles(control_plane, lambda: set(store.worker_statuses(first_wave).values()) == {S.DRAINING})
+    replacements = [replacement_id(rollout_id, w) for w in first_wave]
+    assert control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback")[0] == 202
+    out: list[int] = []
+
+    def sample() -> None:
+        statuses = store.worker_statuses([*first_wave, *replacements])
+        out.append(sum(1 for s in statuses.values() if s in _LEAVING))
+
+    for _ in range(4):  # the old workers still drain: the replacements' drains wait for room
+        reconcile_fleet(control_plane.ctx)
+        sample()
+    assert max(out) <= 2, out
+    assert set(store.worker_statuses(replacements).values()) == {S.RUNNING}
+    assert _view(control_plane, rollout_id)["blocked"]["reason"] == "drain_waiting"
+
+    for session in sessions:  # the work ends, the old workers go, the rollback goes on
+        assert (
+            control_plane.api("POST", f"/api/v1/instances/{session}/state", {"state": "COMPLETED"})[0] == 200
+        )
+    done = _cycles(
+        control_plane, _status_is(control_plane, rollout_id, "ROLLED_BACK", "FAILED"), sample=sample
+    )
+
+    assert done["status"] == "ROLLED_BACK", done
+    assert max(out) <= 2, out

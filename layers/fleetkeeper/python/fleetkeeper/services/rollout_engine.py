@@ -165,6 +165,10 @@ class _Step:
         self.blocked: list[tuple[BlockedReason, str]] = []
         self.failed: str | None = None
         self.starts = 0
+        # Drains this step may still start without taking more than max_unavailable of the scope out of
+        # placement, when something besides the current wave's own drains counts (a rollback); None: the
+        # wave's size bounds it.
+        self.room: int | None = None
 
     def may_start(self) -> bool:
         """Whether this step may create one more replacement or ask for one more drain."""
@@ -206,6 +210,11 @@ class _Step:
         """Ask the pool's budgets for the old worker's drain and start it; False while it must wait."""
         if old.status in _DISRUPTED:
             return True  # started by a step whose write was lost
+        if self.room is not None and self.room <= 0:
+            self.block(
+                "drain_waiting", f"worker {old.id}: {self.rollout.max_unavailable} out of placement already"
+            )
+            return False
         if not self.may_start():
             return False  # the next cycle asks
         refusal = disruption.admit(self.ctx, old.id, DisruptionReason.ROLLOUT, now=self.now)
@@ -230,6 +239,8 @@ class _Step:
             timeout_seconds=self.rollout.drain_timeout_seconds,
             then=DrainThen.TERMINATE,
         )
+        if self.room is not None:
+            self.room -= 1
         return True
 
 

@@ -50,6 +50,8 @@ from fleetkeeper.services.rollout_engine import (
 from fleetkeeper.services.rollouts import emit
 
 _LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+# Out of placement and not gone yet: what counts against max_unavailable.
+_LEAVING: Final = frozenset({WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING})
 
 
 def advance_rollbacks(
@@ -107,10 +109,21 @@ def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
         for worker_id in waves[rollout.rollback_wave]:
             work.set(worker_id, WorkerPhase.WAITING)
     current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
-    wanted = [*current]
+    # The forward wave the rollout stopped in may still be draining its old workers: they are out of
+    # placement too, so the rollback's drains wait for room beside them.
+    through = rollout.rollback_through_wave
+    forward = rollout.waves[through] if through is not None and through < len(rollout.waves) else []
+    wanted = [*current, *forward]
     wanted += [replacement_id(rollout.id, w) for w in current]
     wanted += [restoration_id(rollout.id, w, a) for w in current for a in range(MAX_RESTORATION_ATTEMPTS)]
     found = {w.id: w for w in ctx.store.get_workers(wanted)}
+    forward_out = sum(
+        1
+        for w in forward
+        if (old := found.get(w)) is not None and old.status in _LEAVING and _drained_by(rollout, old)
+    )
+    rollback_out = sum(1 for p in work.progress.values() if p.phase == WorkerPhase.DRAINING)
+    work.room = rollout.max_unavailable - forward_out - rollback_out
     for worker_id in current:
         _advance(work, worker_id, found)
     return _finish(ctx, rollout, work)
