@@ -220,8 +220,14 @@ def test_given_describe_alarms_failing_then_the_rollout_stays_and_the_cycle_comp
     assert report.counters["rollout_alarm_errors"] == 1
     assert report.counters["rollout_steps"] == 0
     after = _view(control_plane, rollout_id)
-    assert (after["status"], after["updated_at"]) == ("RUNNING", before["updated_at"])
+    # It stays RUNNING, takes no step, and says why.
+    assert (after["status"], after["wave"], after["in_progress"]) == ("RUNNING", before["wave"], 0)
+    assert after["blocked"]["reason"] == "alarms", after
+    assert "cannot be read" in after["blocked"]["detail"]
     assert set(control_plane.ctx.store.worker_statuses(old).values()) == {S.RUNNING}
+    with plan.installed():  # still unreadable: the same blocker, not written again
+        reconcile_fleet(control_plane.ctx)
+    assert _view(control_plane, rollout_id)["updated_at"] == after["updated_at"]
     # CloudWatch answers again: the alarm it could not read starts the rollback.
     reconcile_fleet(control_plane.ctx)
     view = _view(control_plane, rollout_id)

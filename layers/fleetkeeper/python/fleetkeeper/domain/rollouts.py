@@ -341,7 +341,9 @@ class WorkerProgress(BaseModel):
     since: UtcDatetime
 
 
-BlockedReason = Literal["budget", "window", "capacity", "launch_failed", "drain_waiting", "checkpoint"]
+BlockedReason = Literal[
+    "budget", "window", "capacity", "launch_failed", "drain_waiting", "checkpoint", "alarms"
+]
 
 
 class Blocked(BaseModel):

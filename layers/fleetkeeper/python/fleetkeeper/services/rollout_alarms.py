@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from fleetkeeper.domain.errors import Conflict, StaleWrite
-from fleetkeeper.domain.rollouts import Rollout
+from fleetkeeper.domain.models import utcnow
+from fleetkeeper.domain.rollouts import Blocked, Rollout, RolloutStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.rollouts import begin_rollback
@@ -23,6 +24,7 @@ def held_by_alarms(ctx: Context, rollout: Rollout, counters: Counter[str]) -> bo
     except Exception:  # CloudWatch failing never halts the cycle or the other rollouts
         logger.exception("rollout alarms unreadable", rollout_id=rollout.id)
         counters["rollout_alarm_errors"] += 1
+        _show_held(ctx, rollout, "its alarms cannot be read; it waits until they can", counters)
         return True
     if not firing:
         return False
@@ -36,6 +38,27 @@ def held_by_alarms(ctx: Context, rollout: Rollout, counters: Counter[str]) -> bo
         # Another active rollout took one of its replacements meanwhile: the operator decides.
         logger.exception("rollback on alarm refused", rollout_id=rollout.id, alarm=name)
         counters["rollout_alarm_rollbacks_refused"] += 1
+        _show_held(
+            ctx,
+            rollout,
+            f"alarm {name} is in ALARM and its rollback was refused: decide with rollback or cancel",
+            counters,
+        )
         return True
     counters["rollout_alarm_rollbacks"] += 1
     return True
+
+
+def _show_held(ctx: Context, rollout: Rollout, detail: str, counters: Counter[str]) -> None:
+    """Say in the rollout's `blocked` why a RUNNING rollout takes no step, once (a write only when it
+    changes). A PAUSED one keeps its own reason (its checkpoint); its next step sets `blocked` anew."""
+    current = rollout.blocked
+    if rollout.status != RolloutStatus.RUNNING or (
+        current is not None and (current.reason, current.detail) == ("alarms", detail)
+    ):
+        return
+    blocked = Blocked(reason="alarms", detail=detail, since=utcnow())
+    try:
+        ctx.rollouts.save(rollout, {"blocked": blocked}, actor=f"rollout:{rollout.id}")
+    except StaleWrite:
+        counters["rollout_step_conflicts"] += 1
