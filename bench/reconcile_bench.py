@@ -186,6 +186,29 @@ def context(**overrides: str) -> Context:
     return build_context(Settings.from_environ({**os.environ, **overrides}))
 
 
+def launch_machines(ec2: Any, image: str, size: int, template: str = "bench") -> list[dict[str, Any]]:
+    """`size` emulated machines tagged as the reconciler tags its launches, 1,000 a RunInstances."""
+    instances: list[dict[str, Any]] = []
+    while len(instances) < size:
+        count = min(1000, size - len(instances))
+        instances += ec2.run_instances(
+            ImageId=image,
+            InstanceType="m5.large",
+            MinCount=count,
+            MaxCount=count,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
+                        {"Key": TEMPLATE_TAG, "Value": template},
+                    ],
+                }
+            ],
+        )["Instances"]
+    return instances
+
+
 def build_fleet(stack: LocalStack, size: int) -> tuple[Context, list[Worker]]:
     """`size` RUNNING workers, each on its own emulated EC2 instance, written straight to the table."""
     stack.reset_moto()
@@ -200,24 +223,7 @@ def build_fleet(stack: LocalStack, size: int) -> tuple[Context, list[Worker]]:
         WorkerTemplate(name="bench", instance_type="m5.large", ami_name_filter="bench-*", capacity=4),
         actor="bench",
     )
-    instances: list[Any] = []
-    while len(instances) < size:
-        count = min(1000, size - len(instances))
-        instances += ec2.run_instances(
-            ImageId=image,
-            InstanceType="m5.large",
-            MinCount=count,
-            MaxCount=count,
-            TagSpecifications=[
-                {
-                    "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
-                        {"Key": TEMPLATE_TAG, "Value": "bench"},
-                    ],
-                }
-            ],
-        )["Instances"]
+    instances = launch_machines(ec2, image, size)
     now = utcnow()
     fleet = [
         Worker(

@@ -30,13 +30,12 @@ import boto3
 from botocore import handlers
 from botocore.config import Config
 
-from bench.reconcile_bench import write_fleet
+from bench.reconcile_bench import launch_machines, write_fleet
 from bench.stack import bench_stack
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.rollouts import RolloutRequest, RolloutStatus, RolloutStrategy, replacement_id
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG
 from fleetkeeper.services import catalog, rollouts
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.services.reconcile import reconcile_fleet
@@ -92,24 +91,7 @@ def build_pool(ctx: Context, size: int) -> list[Worker]:
             budgets=[Budget(max=MAX_UNAVAILABLE, reasons=[DisruptionReason.ROLLOUT])]
         ),
     )
-    instances: list[Any] = []
-    while len(instances) < size:
-        count = min(1000, size - len(instances))
-        instances += ec2.run_instances(
-            ImageId=image,
-            InstanceType="m5.large",
-            MinCount=count,
-            MaxCount=count,
-            TagSpecifications=[
-                {
-                    "ResourceType": "instance",
-                    "Tags": [
-                        {"Key": MANAGED_BY_TAG, "Value": MANAGED_BY_VALUE},
-                        {"Key": TEMPLATE_TAG, "Value": "bench"},
-                    ],
-                }
-            ],
-        )["Instances"]
+    instances = launch_machines(ec2, image, size)
     now = utcnow()
     fleet = [
         Worker(

@@ -4,7 +4,8 @@ command calls the API and prints its answer as a table or as JSON."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -14,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetkeeper_cli.client import ApiClient, CliError, resolve_api_target
+from fleetkeeper_cli.client import ApiClient, CliError, ExitCode, resolve_api_target
 from fleetkeeper_cli.durations import parse_duration
 
 
@@ -81,6 +82,19 @@ def print_error(message: str) -> None:
 def fail(error: CliError) -> NoReturn:
     print_error(error.message)
     raise typer.Exit(int(error.exit_code))
+
+
+@contextmanager
+def detachable(hint: str) -> Iterator[None]:
+    """Follow something that goes on without us: an API error ends the command as every error does,
+    Ctrl-C detaches with `hint` (how to follow it again, on one line to copy) and exit 0."""
+    try:
+        yield
+    except CliError as error:
+        fail(error)
+    except KeyboardInterrupt:
+        error_console.print(hint, markup=False, soft_wrap=True)
+        raise typer.Exit(int(ExitCode.OK)) from None
 
 
 def seconds(timeout: str | None, option: str = "--timeout") -> int | None:

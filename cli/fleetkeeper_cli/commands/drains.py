@@ -14,7 +14,7 @@ from fleetkeeper_cli.output import (
     Output,
     OutputOption,
     console,
-    error_console,
+    detachable,
     fail,
     json_mode,
     print_budget_exceeded,
@@ -59,17 +59,12 @@ def _watch(ctx: typer.Context, worker_id: str, interval: float) -> None:
     """Follow a drain to its end; exit 1 when it failed or timed out. Ctrl-C detaches."""
     as_json = settings(ctx).output == Output.JSON
     watch = DrainWatch(settings(ctx).client(), worker_id, interval=interval)
-    try:
+    hint = (
+        f"detached: the drain of {worker_id} goes on. "
+        f"Re-attach with: fleetkeeper drain-status {worker_id} --watch"
+    )
+    with detachable(hint):
         outcome = follow(watch, console, live=not as_json)
-    except CliError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        error_console.print(
-            f"detached: the drain of {worker_id} goes on. "
-            f"Re-attach with: fleetkeeper drain-status {worker_id} --watch",
-            soft_wrap=True,  # a command to copy: never broken across lines
-        )
-        raise typer.Exit(int(ExitCode.OK)) from None
     if as_json:
         print_json(outcome)
     else:

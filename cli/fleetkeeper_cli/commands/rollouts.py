@@ -17,7 +17,7 @@ from fleetkeeper_cli.output import (
     Output,
     OutputOption,
     console,
-    error_console,
+    detachable,
     fail,
     json_mode,
     print_json,
@@ -129,18 +129,12 @@ def _follow(ctx: typer.Context, rollout_id: str, interval: float) -> None:
     it failed, was cancelled or its alarms rolled it back."""
     as_json = settings(ctx).output == Output.JSON
     watch = RolloutWatch(settings(ctx).client(), rollout_id, interval=interval)
-    try:
+    hint = (
+        f"detached: rollout {rollout_id} goes on. "
+        f"Follow it with: fleetkeeper rollout status {rollout_id} --wait"
+    )
+    with detachable(hint):
         view = follow_rollout(watch, console, live=not as_json)
-    except CliError as error:
-        fail(error)
-    except KeyboardInterrupt:
-        error_console.print(
-            f"detached: rollout {rollout_id} goes on. "
-            f"Follow it with: fleetkeeper rollout status {rollout_id} --wait",
-            markup=False,
-            soft_wrap=True,  # a command to copy: never broken across lines
-        )
-        raise typer.Exit(int(ExitCode.OK)) from None
     if as_json:
         print_json(view)
     else:
