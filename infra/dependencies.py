@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -282,9 +282,8 @@ def layer_dir() -> Path:
 
 def build_layer(target: Path) -> None:
     """Install requirements/lambda.txt for the Lambda platform into `target`/python, from wheels only."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+
+    def install(site: Path) -> None:
         _run(
             [
                 uv_executable(),
@@ -303,23 +302,38 @@ def build_layer(target: Path) -> None:
                 "--link-mode",
                 "copy",
                 "--target",
-                str(staging / "python"),
+                str(site),
                 "--requirement",
                 str(LAMBDA_LOCK),
             ],
             ROOT,
         )
-        _drop_scripts(staging / "python")
+        _drop_scripts(site)
+
+    publish_build(target, install)
+
+
+def publish_build(target: Path, fill: Callable[[Path], object]) -> None:
+    """Build an asset directory (`target`/python, with its bytecode) so that nobody ever sees half of it.
+
+    `fill` writes the site into a staging directory beside `target`, which is then renamed into place:
+    a build killed halfway leaves only its staging directory, never a `target` that looks complete.
+    Builds of other keys in the same directory are removed once this one is in place.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fill(staging / "python")
         compile_bytecode(staging / "python")
         try:
             staging.rename(target)
         except OSError:
-            # Another process built the same key first; its build is the same bytes.
+            # Another process (a parallel synth) built the same key first; its build is the same bytes.
             if not target.is_dir():
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    for old in LAYER_BUILD_DIR.iterdir():
+    for old in target.parent.iterdir():
         if old.is_dir() and old != target and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Final
 
-from infra.dependencies import LAMBDA_PYTHON, ROOT, compile_bytecode
+from infra.dependencies import LAMBDA_PYTHON, ROOT, publish_build
 
 SOURCE: Final = ROOT / "layers" / "fleetkeeper" / "python"
 SHARED_LAYER_BUILD_DIR: Final = ROOT / "build" / "shared-layer"
@@ -48,20 +47,8 @@ def shared_layer_dir() -> Path:
     target = SHARED_LAYER_BUILD_DIR / shared_layer_key()
     if target.is_dir():
         return target
-    SHARED_LAYER_BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=SHARED_LAYER_BUILD_DIR))
-    try:
-        shutil.copytree(SOURCE, staging / "python", ignore=shutil.ignore_patterns(*_LEFTOVERS))
-        compile_bytecode(staging / "python")
-        try:
-            staging.rename(target)
-        except OSError:
-            # Another process (a parallel synth) built the same key first; its build is the same bytes.
-            if not target.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    for old in SHARED_LAYER_BUILD_DIR.iterdir():
-        if old.is_dir() and old != target and not old.name.startswith("."):
-            shutil.rmtree(old, ignore_errors=True)
+    publish_build(
+        target,
+        lambda site: shutil.copytree(SOURCE, site, ignore=shutil.ignore_patterns(*_LEFTOVERS)),
+    )
     return target

@@ -7,7 +7,6 @@ the reconciler, EC2 events.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ from fleetkeeper.domain.models import AuditEvent, Pool, Worker
 from fleetkeeper.domain.rollouts import Rollout
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.rollouts import RolloutStore
+from fleetkeeper_local.loop import Loop
 
 # The reason a drain's force step writes on the instances it terminates.
 FORCED_REASON = "drain_timeout"
@@ -105,12 +105,10 @@ class FleetConsole:
         self._rollouts = rollouts
         self._print = printer
         self._clock = clock
-        self._interval = interval_seconds
         self._workers: dict[str, _WorkerSeen] | None = None
         self._pools: dict[str, _PoolSeen] = {}
         self._rollouts_seen: dict[str, _RolloutSeen] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Loop("fleet-console", interval_seconds, self.poll_once, self._could_not_read)
 
     def _say(self, text: str) -> None:
         self._print(f"{self._clock():%H:%M:%S}  {text}")
@@ -270,21 +268,13 @@ class FleetConsole:
         ):
             self._say(f"drain of pool {pool.name} ended {now.drain_outcome}")
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except Exception as exc:  # a console glitch must not stop the control plane
-                self._say(f"(console could not read the fleet: {exc})")
-            self._stop.wait(self._interval)
+    def _could_not_read(self, exc: Exception) -> None:
+        # A console glitch must not stop the control plane.
+        self._say(f"(console could not read the fleet: {exc})")
 
     def start(self) -> FleetConsole:
-        self._thread = threading.Thread(target=self._run, name="fleet-console", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        self._loop.stop(10)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from fleetkeeper_local.event_shapes import schedule_input, state_change_event
 from fleetkeeper_local.faults import EventStreamFaults, unhooked_client
 from fleetkeeper_local.invocation import invoke
+from fleetkeeper_local.loop import Loop
 from fleetkeeper_local.stack import LOCAL_REGION
 
 log = logging.getLogger("fleetkeeper_local.scheduler")
@@ -56,36 +56,11 @@ def default_schedules(region: str = LOCAL_REGION) -> list[Schedule]:
     ]
 
 
-class _Loop:
-    """A daemon thread running `tick` every `interval` seconds until stopped."""
+def _log_failure(name: str, interval: float) -> Callable[[Exception], None]:
+    def report(_: Exception) -> None:
+        log.exception("%s failed; trying again in %.1fs", name, interval)
 
-    def __init__(self, name: str, interval: float, tick: Callable[[], Any]) -> None:
-        self._name = name
-        self._interval = interval
-        self._tick = tick
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._tick()
-            except Exception:
-                log.exception("%s failed; trying again in %.1fs", self._name, self._interval)
-            self._stop.wait(self._interval)
+    return report
 
 
 class LocalScheduler:
@@ -93,9 +68,13 @@ class LocalScheduler:
 
     def __init__(self, schedules: list[Schedule] | None = None, *, region: str = LOCAL_REGION) -> None:
         self.schedules = schedules if schedules is not None else default_schedules(region)
-        self._loops = [_Loop(s.name, s.every_seconds, self._invoker(s)) for s in self.schedules]
+        self._loops = [
+            Loop(s.name, s.every_seconds, self._invoker(s), _log_failure(s.name, s.every_seconds))
+            for s in self.schedules
+        ]
 
-    def _invoker(self, schedule: Schedule) -> Callable[[], Any]:
+    @staticmethod
+    def _invoker(schedule: Schedule) -> Callable[[], Any]:
         def fire() -> Any:
             return invoke(schedule.function, dict(schedule.payload))
 
@@ -136,7 +115,8 @@ class Ec2EventPump:
         interval = interval_seconds or float(
             os.environ.get("FLEETKEEPER_LOCAL_EVENT_PUMP_SECONDS", DEFAULT_PUMP_SECONDS)
         )
-        self._loop = _Loop("ec2-event-pump", interval, self.poll_once)
+        name = "ec2-event-pump"
+        self._loop = Loop(name, interval, self.poll_once, _log_failure(name, interval))
 
     def _client(self) -> Any:
         # The pump stands in for EventBridge, not for a caller of the EC2 API: it polls outside the

@@ -10,7 +10,6 @@ normal and only counted: the fleet is small and a draining pool or worker takes 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from fleetkeeper.domain.errors import FleetkeeperError
 from fleetkeeper.domain.lifecycle import ACTIVE_INSTANCE_STATES, InstanceState
 from fleetkeeper.services import instances, placement
 from fleetkeeper.services.context import Context
+from fleetkeeper_local.loop import Loop
 
 WORKLOAD_ACTOR = "workload-simulator"
 ADOPT_EVERY_SECONDS = 5.0
@@ -55,11 +55,10 @@ class WorkloadSimulator:
     _due: dict[str, float] = field(default_factory=dict)
     _next_placement: float = 0.0
     _next_adoption: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.settings.seed)  # noqa: S311 - a simulation, not a secret
+        self._loop = Loop("workload", 0.5, self.step, self._step_failed)
 
     def step(self) -> None:
         """Place what is due, then end what is due."""
@@ -108,24 +107,17 @@ class WorkloadSimulator:
             return
         self.counts.completed += 1
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # the simulation must not stop the control plane
-                print(f"workload: {exc}", flush=True)
-            self._stop.wait(0.5)
+    @staticmethod
+    def _step_failed(exc: Exception) -> None:
+        # The simulation must not stop the control plane.
+        print(f"workload: {exc}", flush=True)
 
     def start(self) -> WorkloadSimulator:
-        self._thread = threading.Thread(target=self._run, name="workload", daemon=True)
-        self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        self._loop.stop(10)
 
     def summary(self) -> str:
         c = self.counts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
 from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import Conflict, InvalidInput
@@ -54,42 +55,50 @@ def create_worker(
 
 def set_desired_status(store: FleetStore, worker_id: str, desired: WorkerStatus, *, actor: str) -> Worker:
     """Record what the operator wants; the reconciler moves the worker there."""
-
-    def update() -> Worker:
-        worker = store.get_worker(worker_id)
-        if worker.status == WorkerStatus.TERMINATED:
-            raise Conflict(
-                "worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED; it has no future"
-            )
-        return store.update_worker(
-            worker,
-            {"desired_status": desired},
-            actor=actor,
-            action="WorkerDesiredStatusSet",
-            reason=f"desired {desired}",
-        )
-
-    return retry_conflicts(update)
+    return _update_live_worker(
+        store,
+        worker_id,
+        {"desired_status": desired},
+        actor=actor,
+        action="WorkerDesiredStatusSet",
+        reason=f"desired {desired}",
+        refusal="it has no future",
+    )
 
 
 def set_do_not_disrupt_until(
     store: FleetStore, worker_id: str, until: datetime | None, *, actor: str
 ) -> Worker:
     """Protect the worker from scale-down until `until` (None lifts it); it lapses by itself."""
+    return _update_live_worker(
+        store,
+        worker_id,
+        {"do_not_disrupt_until": until},
+        actor=actor,
+        action="WorkerDoNotDisruptSet",
+        reason=f"do not disrupt until {until.isoformat()}" if until else "do-not-disrupt lifted",
+        refusal="nothing to protect",
+    )
+
+
+def _update_live_worker(
+    store: FleetStore,
+    worker_id: str,
+    changes: dict[str, Any],
+    *,
+    actor: str,
+    action: str,
+    reason: str,
+    refusal: str,
+) -> Worker:
+    """An operator's change to a worker that is not TERMINATED (409 saying `refusal` if it is), written
+    on the worker's version and retried on a fresh read when another write came first."""
 
     def update() -> Worker:
         worker = store.get_worker(worker_id)
         if worker.status == WorkerStatus.TERMINATED:
-            raise Conflict(
-                "worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED; nothing to protect"
-            )
-        return store.update_worker(
-            worker,
-            {"do_not_disrupt_until": until},
-            actor=actor,
-            action="WorkerDoNotDisruptSet",
-            reason=f"do not disrupt until {until.isoformat()}" if until else "do-not-disrupt lifted",
-        )
+            raise Conflict("worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED; {refusal}")
+        return store.update_worker(worker, changes, actor=actor, action=action, reason=reason)
 
     return retry_conflicts(update)
 
