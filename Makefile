@@ -160,8 +160,12 @@ bench: install ## run the benchmarks and write bench/results.md
 clean: ## remove .venv, node_modules and every cache
 	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
 
-# The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked.
+# The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
+# then the rollout budget property at 60 examples (`make test` runs 6).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
-stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on; checks invariants, writes bench/results.md
+PROPERTY_EXAMPLES ?= 60
+stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, and the rollout property at 60 examples
 	$(PY) -m bench.stress $(STRESS_ARGS)
+	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly \
+		tests/integration/reconciler/test_rollout_budget_property.py

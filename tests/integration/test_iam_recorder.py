@@ -73,6 +73,11 @@ def test_given_a_machine_without_the_managed_tag_when_a_drain_stops_it_then_ec2_
     assert (denial["function"], denial["action"]) == ("drain-tasks", "ec2:StopInstances")
     assert denial["resource"] == f"arn:aws:ec2:{CANONICAL.region}:{CANONICAL.account}:instance/{foreign}"
     assert denial["path"] == "cloud/ec2.py:Ec2Gateway.stop"
+    # The denial names the test it happened in, so a denial in a whole run is found from its report.
+    assert denial["during"].startswith(
+        "tests/integration/test_iam_recorder.py::test_given_a_machine_without_the_managed_tag"
+    )
+    assert "first during tests/integration/test_iam_recorder.py::" in "\n".join(record.report())
 
 
 def test_given_fleetkeepers_machine_when_a_drain_stops_it_then_it_stops_and_the_grant_is_recorded(

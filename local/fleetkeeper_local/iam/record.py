@@ -50,7 +50,16 @@ class Summary:
         self.usage.setdefault(f"{function}|{action}|{statement}", set()).add(path)
 
     def deny(
-        self, function: str, action: str, resource: str, *, operation: str, why: str, path: str, context: str
+        self,
+        function: str,
+        action: str,
+        resource: str,
+        *,
+        operation: str,
+        why: str,
+        path: str,
+        context: str,
+        during: str = "",
     ) -> None:
         key = f"{function}|{action}|{resource}"
         found = self.denials.setdefault(
@@ -63,6 +72,7 @@ class Summary:
                 "why": why,
                 "path": path,
                 "context": context,
+                "during": during,
                 "count": 0,
             },
         )
@@ -149,6 +159,7 @@ class Summary:
                 f"  DENIED {denial['function']}: {denial['action']} on {denial['resource']} "
                 f"({denial['operation']} from {denial['path']}, {denial['count']}x): {denial['why']}; "
                 f"context {denial.get('context') or '{}'}"
+                + (f"; first during {denial['during']}" if denial.get("during") else "")
             )
         for entry in sorted(self.unmodelled.values(), key=lambda e: (e["function"], e["operation"])):
             where = f"{entry['function']}: {entry['operation']} ({entry['count']}x)"

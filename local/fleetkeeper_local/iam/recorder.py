@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import threading
 import time
@@ -223,6 +224,8 @@ class Recorder:
                     why="; ".join(decision.denials),
                     path=path,
                     context=context,
+                    # Under pytest, the test (and its phase) that made it: a denial is found from its test.
+                    during=os.environ.get("PYTEST_CURRENT_TEST", ""),
                 )
             if denied:
                 self.summary.denied_requests += 1
