@@ -90,6 +90,17 @@ def test_given_a_cancel_that_commits_before_the_finishing_mark_then_no_before_st
     assert ctx.store.list_operations(drained_worker.id).items == []
 
 
+def assert_stopping_after_its_operation(ctx: Context, worker_id: str) -> Worker:
+    """The drain finished: SUCCESS, the worker STOPPING, its one before_stop operation succeeded."""
+    after = ctx.store.get_worker(worker_id)
+    assert after.status is WorkerStatus.STOPPING
+    assert after.drain is not None
+    assert after.drain.outcome is DrainOutcome.SUCCESS
+    [op] = ctx.store.list_operations(worker_id).items
+    assert (op.name, op.status) == ("deregister-license", OperationStatus.SUCCESS)
+    return after
+
+
 def test_given_a_cancel_between_the_finishing_mark_and_the_send_then_it_is_a_409_and_the_drain_finishes(
     ctx: Context, drained_worker: Worker
 ) -> None:
@@ -103,13 +114,9 @@ def test_given_a_cancel_between_the_finishing_mark_and_the_send_then_it_is_a_409
     assert body["error"] == "DRAIN_FINISHING"
     assert "cannot undo" in body["message"]
     assert body["details"]["generation"] == drain.generation
-    after = ctx.store.get_worker(drained_worker.id)
-    assert after.status is WorkerStatus.STOPPING
+    after = assert_stopping_after_its_operation(ctx, drained_worker.id)
     assert after.drain is not None
-    assert after.drain.outcome is DrainOutcome.SUCCESS
     assert after.drain.cancelled_by is None
-    [op] = ctx.store.list_operations(drained_worker.id).items
-    assert (op.name, op.status) == ("deregister-license", OperationStatus.SUCCESS)
 
 
 def test_given_a_cancel_after_the_drain_finished_then_it_is_a_409_and_the_worker_keeps_stopping(
@@ -177,12 +184,7 @@ def test_given_finish_crashes_after_the_mark_then_cancel_is_refused_and_the_retr
 
     drains.finish(ctx, drain)  # Step Functions retries the task
 
-    after = ctx.store.get_worker(drained_worker.id)
-    assert after.status is WorkerStatus.STOPPING
-    assert after.drain is not None
-    assert after.drain.outcome is DrainOutcome.SUCCESS
-    [op] = ctx.store.list_operations(drained_worker.id).items
-    assert (op.name, op.status) == ("deregister-license", OperationStatus.SUCCESS)
+    assert_stopping_after_its_operation(ctx, drained_worker.id)
 
 
 def test_given_finish_crashes_after_the_mark_and_its_execution_is_lost_then_a_restarted_one_finishes_it(
@@ -207,13 +209,7 @@ def test_given_finish_crashes_after_the_mark_and_its_execution_is_lost_then_a_re
     assert plan["empty"] is True
     drains.finish(ctx, replacement)
 
-    after = ctx.store.get_worker(drained_worker.id)
-    assert after.status is WorkerStatus.STOPPING
-    assert after.drain is not None
-    assert after.drain.outcome is DrainOutcome.SUCCESS
-    assert [op.status for op in ctx.store.list_operations(drained_worker.id).items] == [
-        OperationStatus.SUCCESS
-    ]
+    assert_stopping_after_its_operation(ctx, drained_worker.id)
 
 
 def test_given_a_finishing_drain_then_a_deadline_move_and_a_force_are_409_and_change_nothing(
