@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from fleetkeeper.domain.models import WorkerTemplate
+import boto3
+
+from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog
 from fleetkeeper.store.repository import FleetStore
@@ -62,3 +65,22 @@ def ec2_state(ec2: Any, instance_id: str) -> str:
 def instances_tagged(ec2: Any, worker_id: str) -> list[str]:
     reservations = ec2.describe_instances(Filters=[{"Name": f"tag:{WORKER_ID_TAG}", "Values": [worker_id]}])
     return [i["InstanceId"] for r in reservations["Reservations"] for i in r["Instances"]]
+
+
+# Scale-down on, with a metrics period of a minute and half an hour of idleness before a worker goes.
+SCALE_DOWN = {"SCALE_DOWN_ENABLED": "true", "METRICS_INTERVAL_SECONDS": "60", "IDLE_WINDOW_SECONDS": "1800"}
+
+
+def report_cpu(worker: Worker, value: float) -> None:
+    """The worker's machine reports `value` percent CPU half a minute ago, as CloudWatch would hold it."""
+    boto3.client("cloudwatch").put_metric_data(
+        Namespace="AWS/EC2",
+        MetricData=[
+            {
+                "MetricName": "CPUUtilization",
+                "Dimensions": [{"Name": "InstanceId", "Value": worker.ec2_instance_id or ""}],
+                "Value": value,
+                "Timestamp": utcnow() - timedelta(seconds=30),
+            }
+        ],
+    )

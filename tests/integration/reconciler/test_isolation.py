@@ -16,26 +16,17 @@ from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from tests.integration.functions import reconcile_fleet
-from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch
+from tests.integration.reconciler.support import (
+    LAB_IMAGE_NAME,
+    SCALE_DOWN,
+    ensure_template,
+    launch,
+    report_cpu,
+)
 
 pytestmark = pytest.mark.integration
 
 S = WorkerStatus
-SCALE_DOWN = {"SCALE_DOWN_ENABLED": "true", "METRICS_INTERVAL_SECONDS": "60", "IDLE_WINDOW_SECONDS": "1800"}
-
-
-def report_cpu(worker: Worker, value: float) -> None:
-    boto3.client("cloudwatch").put_metric_data(
-        Namespace="AWS/EC2",
-        MetricData=[
-            {
-                "MetricName": "CPUUtilization",
-                "Dimensions": [{"Name": "InstanceId", "Value": worker.ec2_instance_id or ""}],
-                "Value": value,
-                "Timestamp": utcnow() - timedelta(seconds=30),
-            }
-        ],
-    )
 
 
 def write_naive_timeslot(dynamodb: Any, table_name: str, instance_id: str) -> None:

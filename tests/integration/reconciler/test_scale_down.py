@@ -4,31 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import boto3
 import pytest
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.functions import reconcile_fleet
+from tests.integration.reconciler.support import SCALE_DOWN as ENABLED
+from tests.integration.reconciler.support import report_cpu
 
 pytestmark = pytest.mark.integration
-
-ENABLED = {"SCALE_DOWN_ENABLED": "true", "METRICS_INTERVAL_SECONDS": "60", "IDLE_WINDOW_SECONDS": "1800"}
-
-
-def report_cpu(worker: Worker, value: float) -> None:
-    boto3.client("cloudwatch").put_metric_data(
-        Namespace="AWS/EC2",
-        MetricData=[
-            {
-                "MetricName": "CPUUtilization",
-                "Dimensions": [{"Name": "InstanceId", "Value": worker.ec2_instance_id or ""}],
-                "Value": value,
-                "Timestamp": utcnow() - timedelta(seconds=30),
-            }
-        ],
-    )
 
 
 def idle_for(store: FleetStore, worker: Worker, minutes: int) -> Worker:
