@@ -15,23 +15,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import statistics
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 
+from bench.stack import bench_stack, drain_plane
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Worker, WorkerTemplate, utcnow
-from fleetkeeper.services import catalog, drains, instances, placement, workers
-from fleetkeeper.services.context import Context, default_context
-from fleetkeeper_local.controlplane import activate, provision
-from fleetkeeper_local.stack import LocalStack, free_port
+from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Worker, utcnow
+from fleetkeeper.services import drains, instances, placement, workers
+from fleetkeeper.services.context import Context
 
 RESULTS = Path(__file__).parent / "results" / "drain.md"
 POLL_INTERVAL_BASELINE = 1.0
@@ -236,24 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--drains", type=int, default=60, help="drains per latency series (>= 50)")
     args = parser.parse_args(argv)
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
-    try:
-        os.environ.update(stack.environment())
-        resources = provision(stack, f"fk-bench-{uuid.uuid4().hex[:8]}")
-        activate(resources, heartbeat_seconds=300)
-        ctx = default_context()
-        catalog.put_template(
-            ctx.store,
-            WorkerTemplate(name="bench", instance_type="m5.large", ami_name_filter="bench-*", capacity=4),
-            actor="bench",
-        )
+    with bench_stack(log_level="ERROR") as stack:
+        ctx = drain_plane(stack)
         callback = callback_latency(ctx, args.drains)
         polling = polling_latency(ctx, max(20, args.drains // 3), POLL_INTERVAL_BASELINE)
         counts = transition_counts(ctx)
-    finally:
-        stack.stop()
     report = render(callback, polling, counts)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(report)

@@ -21,16 +21,13 @@ import platform
 import statistics
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 from bench.drain_bench import running_worker, wait_for
+from bench.stack import bench_stack, drain_plane
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
-from fleetkeeper.domain.models import WorkerTemplate
-from fleetkeeper.services import catalog, drains, placement
-from fleetkeeper.services.context import Context, default_context
-from fleetkeeper_local.controlplane import activate, provision
-from fleetkeeper_local.stack import LocalStack, free_port
+from fleetkeeper.services import drains, placement
+from fleetkeeper.services.context import Context
 
 WITH_REPEATS = 10
 WITHOUT_REPEATS = 3
@@ -141,23 +138,10 @@ def render(with_samples: list[float], moved: int, without_samples: list[float], 
 
 
 def run() -> str:
-    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "ERROR")
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
-    try:
-        os.environ.update(stack.environment())
-        resources = provision(stack, f"fk-bench-{uuid.uuid4().hex[:8]}")
-        activate(resources, heartbeat_seconds=300)
-        ctx = default_context()
-        catalog.put_template(
-            ctx.store,
-            WorkerTemplate(name="bench", instance_type="m5.large", ami_name_filter="bench-*", capacity=4),
-            actor="bench",
-        )
+    with bench_stack(log_level="ERROR") as stack:
+        ctx = drain_plane(stack)
         with_samples, moved = with_reschedule(ctx)
         without_samples, forced = without_reschedule(ctx)
-    finally:
-        stack.stop()
     return render(with_samples, moved, without_samples, forced)
 
 

@@ -12,9 +12,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from fleetkeeper.cloud.clients import reset_clients
-from fleetkeeper.services.context import default_context
+from fleetkeeper.domain.models import WorkerTemplate
+from fleetkeeper.services import catalog
+from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.settings import get_settings
+from fleetkeeper_local.controlplane import activate, provision
 from fleetkeeper_local.stack import LocalStack, free_port
+
+# The template the drain benchmarks' workers are of.
+BENCH_TEMPLATE = WorkerTemplate(name="bench", instance_type="m5.large", ami_name_filter="bench-*", capacity=4)
 
 
 @contextmanager
@@ -50,3 +56,13 @@ def use_table(stack: LocalStack, prefix: str = "fk-bench") -> str:
     get_settings.cache_clear()
     default_context.cache_clear()
     return name
+
+
+def drain_plane(stack: LocalStack) -> Context:
+    """A provisioned control plane (table, drain state machine and its function, bus, topic) made the
+    process's own, with the bench template stored: what a drain benchmark runs its drains on."""
+    resources = provision(stack, f"fk-bench-{uuid.uuid4().hex[:8]}")
+    activate(resources, heartbeat_seconds=300)
+    ctx = default_context()
+    catalog.put_template(ctx.store, BENCH_TEMPLATE, actor="bench")
+    return ctx
