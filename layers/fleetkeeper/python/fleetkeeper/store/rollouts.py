@@ -25,6 +25,7 @@ import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final, cast
 
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
@@ -233,39 +234,53 @@ class RolloutStore(TableAccess):
             name="DeleteItem",
         )
 
-    def _lock_chunk(self, rollout: Rollout, chunk: Sequence[str]) -> None:
+    def _lock_chunk(self, rollout: Rollout, chunk: Sequence[str], holders: dict[str, Rollout | None]) -> None:
         """Take one transaction's worth of locks; RolloutCovered or StaleWrite as _lock_all says, with
-        none of this chunk's locks taken."""
+        none of this chunk's locks taken. `holders`: the rollouts this start has read, by id."""
+        # Locks can be held by finished rollouts' leftovers (the same workers rolled again): the chunk's
+        # holders are read, and when all are finished their locks are taken over on the condition that
+        # each still names its holder. The first transaction is tried blind while this start has met no
+        # leftovers (a fresh scope pays no read); once it has, the other chunks read first rather than
+        # have a transaction refused. A lock that changed meanwhile refuses, and is read again.
         finished: dict[str, str] = {}
-        # Locks can be refused by finished rollouts' leftovers: read every holder of the chunk and,
-        # when all are finished, take their locks over on the condition that each still names its
-        # holder. A lock that changed meanwhile refuses again and is read again.
-        for _ in range(3):
-            refused = self._take_locks(rollout, chunk, finished)
-            if refused is None:
+        for attempt in range(3):
+            if attempt or holders:
+                # After a refusal a holder may have moved since it was read: read it again.
+                read: dict[str, Rollout | None] = dict(holders) if attempt == 0 else {}
+                finished = self._finished_holders(rollout, chunk, read)
+                holders.update(read)
+            if self._take_locks(rollout, chunk, finished) is None:
                 return
-            finished = {}
-            # A rollout's locks name it many times: each holder is read once.
-            read: dict[str, Rollout | None] = {}
-            for worker_id, holder in sorted(self._lock_holders(chunk).items()):
-                if holder == rollout.id:
-                    continue
-                if holder not in read:
-                    read[holder] = self.find(holder)
-                other = read[holder]
-                if other is not None and not other.finished:
-                    raise RolloutCovered(worker_id, holder, str(other.status))
-                finished[worker_id] = holder
         raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
+
+    def _finished_holders(
+        self, rollout: Rollout, chunk: Sequence[str], read: dict[str, Rollout | None]
+    ) -> dict[str, str]:
+        """The finished rollout holding each of these workers' locks, by worker (free ones and our own
+        left out); RolloutCovered when an active rollout holds one. `read`: rollouts read, by id."""
+        finished: dict[str, str] = {}
+        for worker_id, holder in sorted(self._lock_holders(chunk).items()):
+            if holder == rollout.id:
+                continue
+            if holder not in read:
+                # A rollout's locks name it many times: each holder is read once.
+                read[holder] = self.find(holder)
+            other = read[holder]
+            if other is not None and not other.finished:
+                raise RolloutCovered(worker_id, holder, str(other.status))
+            finished[worker_id] = holder
+        return finished
 
     def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
         """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)
         when an active rollout holds one of them, StaleWrite when they kept changing. The locks taken
         meanwhile are given back."""
         chunks = [ids[i : i + LOCKS_PER_TRANSACTION] for i in range(0, len(ids), LOCKS_PER_TRANSACTION)]
+        holders: dict[str, Rollout | None] = {}
+        lock = partial(self._lock_chunk, holders=holders)
         errors: list[Exception] = []
         taken: list[str] = []
-        for chunk, error in zip(chunks, self._each_chunk(self._lock_chunk, rollout, chunks), strict=True):
+        for chunk, error in zip(chunks, self._each_chunk(lock, rollout, chunks), strict=True):
             if error is None:
                 taken.extend(chunk)
             else:
