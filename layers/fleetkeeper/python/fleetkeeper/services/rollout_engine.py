@@ -77,20 +77,53 @@ def advance_rollouts(
     """One step of each RUNNING rollout, the end of the checkpoint waits that have passed, and the
     rollback of those whose alarms fired."""
     now = now or utcnow()
+    if not serve_in_turn(
+        ctx,
+        RolloutStatus.PAUSED,
+        counters,
+        "paused rollout check",
+        partial(_check_paused, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    ):
+        return
+    serve_in_turn(
+        ctx,
+        RolloutStatus.RUNNING,
+        counters,
+        "rollout step",
+        partial(_step_running, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    )
+
+
+def serve_in_turn(
+    ctx: Context,
+    status: RolloutStatus,
+    counters: Counter[str],
+    what: str,
+    call: Callable[[str], None],
+    *,
+    time_left: Callable[[], float],
+    margin_seconds: float,
+) -> bool:
+    """`call` on each rollout in `status`, at most MAX_ROLLOUTS_PER_CYCLE, each through guarded_step,
+    starting after the one the last cycle served last and going around: with more of them than a cycle
+    serves, each gets its turn within a few cycles. False when the time left ran out."""
     store = ctx.rollouts
-    for rollout_id in list(store.active_ids(RolloutStatus.PAUSED, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        check = partial(_check_paused, ctx, rollout_id, now, counters)
-        guarded_step(counters, rollout_id, "paused rollout check", check)
-    for rollout_id in list(store.active_ids(RolloutStatus.RUNNING, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        guarded_step(
-            counters, rollout_id, "rollout step", partial(_step_running, ctx, rollout_id, now, counters)
-        )
+    served: str | None = None
+    try:
+        for rollout_id in store.active_ids(status, limit=MAX_ROLLOUTS_PER_CYCLE, after=store.turn(status)):
+            if time_left() < margin_seconds:
+                counters["rollouts_deferred"] += 1
+                return False
+            guarded_step(counters, rollout_id, what, partial(call, rollout_id))
+            served = rollout_id
+    finally:
+        if served is not None:
+            store.set_turn(status, served)
+    return True
 
 
 def guarded_step(counters: Counter[str], rollout_id: str, what: str, call: Callable[[], None]) -> None:
@@ -106,14 +139,14 @@ def guarded_step(counters: Counter[str], rollout_id: str, what: str, call: Calla
         counters["rollout_errors"] += 1
 
 
-def _check_paused(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
+def _check_paused(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
     paused = ctx.rollouts.find(rollout_id)
     if paused is None or paused.status != RolloutStatus.PAUSED or held_by_alarms(ctx, paused, counters):
         return
     _resume_after_delay(ctx, paused, now, counters)
 
 
-def _step_running(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
+def _step_running(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
     rollout = ctx.rollouts.find(rollout_id)
     if rollout is None or rollout.status != RolloutStatus.RUNNING or held_by_alarms(ctx, rollout, counters):
         return

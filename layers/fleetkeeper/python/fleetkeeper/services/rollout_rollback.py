@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
@@ -40,10 +41,9 @@ from fleetkeeper.services.rollout_engine import (
     _DISRUPTED,
     _FAILED,
     _GONE,
-    MAX_ROLLOUTS_PER_CYCLE,
     _drained_by,
     _Step,
-    guarded_step,
+    serve_in_turn,
 )
 from fleetkeeper.services.rollouts import emit
 
@@ -60,26 +60,26 @@ def advance_rollbacks(
     margin_seconds: float,
     now: datetime | None = None,
 ) -> None:
-    """One step of each ROLLING_BACK rollout (at most MAX_ROLLOUTS_PER_CYCLE), within the time left."""
+    """One step of each ROLLING_BACK rollout (at most MAX_ROLLOUTS_PER_CYCLE, in turn), within the time
+    left."""
     now = now or utcnow()
-    for rollout_id in list(ctx.rollouts.active_ids(RolloutStatus.ROLLING_BACK, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        advance_rollback(ctx, rollout_id, now, counters)
+    serve_in_turn(
+        ctx,
+        RolloutStatus.ROLLING_BACK,
+        counters,
+        "rollback step",
+        partial(_step_rollback, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    )
 
 
-def advance_rollback(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
-    """One step of a ROLLING_BACK rollout; a step that lost to another write is dropped."""
-
-    def one() -> None:
-        rollout = ctx.rollouts.find(rollout_id)
-        if rollout is None or rollout.status != RolloutStatus.ROLLING_BACK:
-            return
-        step_rollback(ctx, rollout, now)
-        counters["rollback_steps"] += 1
-
-    guarded_step(counters, rollout_id, "rollback step", one)
+def _step_rollback(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
+    rollout = ctx.rollouts.find(rollout_id)
+    if rollout is None or rollout.status != RolloutStatus.ROLLING_BACK:
+        return
+    step_rollback(ctx, rollout, now)
+    counters["rollback_steps"] += 1
 
 
 def _reason(rollout: Rollout) -> str:

@@ -22,7 +22,7 @@ progress, and a member page at most MEMBER_PAGE_SIZE ids: both stay far inside t
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from functools import partial
@@ -53,6 +53,10 @@ _LOCK_DAYS_DEFAULT: Final = 90
 
 def rollout_key(rollout_id: str) -> dict[str, str]:
     return {"PK": f"ROLLOUT#{rollout_id}", "SK": "ROLLOUT"}
+
+
+def rollout_turn_key(status: RolloutStatus) -> dict[str, str]:
+    return {"PK": f"ROLLOUTTURN#{status}", "SK": "TURN"}
 
 
 def member_page_key(rollout_id: str, page: int) -> dict[str, str]:
@@ -164,17 +168,47 @@ class RolloutStore(TableAccess):
         """The workers of the rollout's wave `wave` (and of its rollback's, which are the same)."""
         return self.members(rollout, *rollout.wave_bounds(wave))
 
-    def active_ids(self, status: RolloutStatus, *, limit: int) -> Iterator[str]:
-        """Ids of rollouts in `status` (an active one), oldest first, at most `limit`; the index may lag,
-        so callers read each rollout again before acting on it."""
-        items, _ = self._query(
-            IndexName=BY_STATUS,
-            KeyConditionExpression="GSI1PK = :pk",
-            ExpressionAttributeValues={":pk": {"S": rollout_status_partition(status)}},
-            Limit=limit,
+    def active_ids(self, status: RolloutStatus, *, limit: int, after: str | None = None) -> list[str]:
+        """Ids of rollouts in `status` (an active one), at most `limit`, in id order from the first after
+        `after`, then around from the first; the index may lag, so callers read each rollout again
+        before acting on it."""
+        partition = {":pk": {"S": rollout_status_partition(status)}}
+        if after is None:
+            items, _ = self._query(
+                IndexName=BY_STATUS,
+                KeyConditionExpression="GSI1PK = :pk",
+                ExpressionAttributeValues=partition,
+                Limit=limit,
+            )
+        else:
+            items, _ = self._query(
+                IndexName=BY_STATUS,
+                KeyConditionExpression="GSI1PK = :pk AND GSI1SK > :after",
+                ExpressionAttributeValues={**partition, ":after": {"S": after}},
+                Limit=limit,
+            )
+            if len(items) < limit:
+                wrapped, _ = self._query(
+                    IndexName=BY_STATUS,
+                    KeyConditionExpression="GSI1PK = :pk AND GSI1SK <= :after",
+                    ExpressionAttributeValues={**partition, ":after": {"S": after}},
+                    Limit=limit - len(items),
+                )
+                items += wrapped
+        return [str(item["GSI1SK"]["S"]) for item in items]
+
+    def turn(self, status: RolloutStatus) -> str | None:
+        """The id of the rollout in `status` the last cycle served last: the next cycle starts after it."""
+        item = self._get(rollout_turn_key(status))
+        return str(deserialize(item)["after"]) if item else None
+
+    def set_turn(self, status: RolloutStatus, after: str) -> None:
+        """Record the rollout in `status` this cycle served last. Only the leading shard, under its lease,
+        writes it; should two cycles ever race, the loser's rollouts wait one cycle more, nothing else."""
+        self._client.put_item(
+            TableName=self.table_name,
+            Item=serialize({**rollout_turn_key(status), "after": after}),
         )
-        for item in items:
-            yield str(item["GSI1SK"]["S"])
 
     def lock_holder(self, worker_id: str) -> str | None:
         item = self._get(rollout_lock_key(worker_id))
