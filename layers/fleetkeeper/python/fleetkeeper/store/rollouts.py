@@ -28,6 +28,7 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Final, cast
 
+from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
@@ -205,10 +206,8 @@ class RolloutStore(TableAccess):
     def set_turn(self, status: RolloutStatus, after: str) -> None:
         """Record the rollout in `status` this cycle served last. Only the leading shard, under its lease,
         writes it; should two cycles ever race, the loser's rollouts wait one cycle more, nothing else."""
-        self._client.put_item(
-            TableName=self.table_name,
-            Item=serialize({**rollout_turn_key(status), "after": after}),
-        )
+        item = serialize({**rollout_turn_key(status), "after": after})
+        with_backoff(lambda: self._client.put_item(TableName=self.table_name, Item=item), name="PutItem")
 
     def lock_holder(self, worker_id: str) -> str | None:
         item = self._get(rollout_lock_key(worker_id))
