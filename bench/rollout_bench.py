@@ -11,7 +11,7 @@ process, counted through a botocore hook: the reconciler's and the drain functio
 executions' Step Functions transitions (their history events), and the pool's free placement capacity
 (RUNNING workers x capacity) over the wave.
 
-`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 1,000),
+`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 10,000),
 `ROLLOUT_BENCH_STRATEGIES` the strategies measured (default `surge,drain_first`).
 """
 
