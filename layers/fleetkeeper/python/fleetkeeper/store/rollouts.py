@@ -47,6 +47,9 @@ LOCK_TRANSACTIONS_AT_ONCE: Final = 8
 # and 10,000 workers make 20 pages, written in the start's one transaction with the rollout and its audit.
 MEMBER_PAGE_SIZE: Final = 500
 _MAX_TRANSACTION_ITEMS: Final = 100
+# The finished rollouts a lock's condition names at most before a chunk is read first (DynamoDB's IN
+# takes 100 operands; a scope rolled out again mostly names one or two).
+_MAX_FINISHED_IN_CONDITION: Final = 20
 ROLLOUT_KIND: Final = "ROLLOUT"
 # How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
 _LOCK_DAYS_DEFAULT: Final = 90
@@ -228,9 +231,9 @@ class RolloutStore(TableAccess):
 
     # ---- writes ------------------------------------------------------------------------------
 
-    def _lock_put(self, worker_id: str, rollout: Rollout, holder: str | None) -> dict[str, Any]:
-        """Take the worker's lock: absent, already ours, or (when `holder` is given) held by that rollout,
-        which has finished."""
+    def _lock_put(self, worker_id: str, rollout: Rollout, finished: Sequence[str]) -> dict[str, Any]:
+        """Take the worker's lock: absent, already ours, or held by one of the rollouts `finished`
+        names, which have finished."""
         days = self.audit_retention_days or _LOCK_DAYS_DEFAULT
         item = {
             **rollout_lock_key(worker_id),
@@ -239,16 +242,15 @@ class RolloutStore(TableAccess):
         }
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
         values: dict[str, Any] = {":me": rollout.id}
-        if holder is not None:
-            condition += " OR rollout_id = :finished"
-            values[":finished"] = holder
+        if finished:
+            names = [f":finished{n}" for n in range(len(finished))]
+            condition += f" OR rollout_id IN ({', '.join(names)})"
+            values |= dict(zip(names, finished, strict=True))
         return self._put(item, condition, values)
 
-    def _take_locks(
-        self, rollout: Rollout, worker_ids: Sequence[str], finished: dict[str, str]
-    ) -> int | None:
+    def _take_locks(self, rollout: Rollout, worker_ids: Sequence[str], finished: Sequence[str]) -> int | None:
         """Put one chunk of locks; None when all were taken, else the index of one held by another."""
-        puts = [self._lock_put(w, rollout, finished.get(w)) for w in worker_ids]
+        puts = [self._lock_put(w, rollout, finished) for w in worker_ids]
         try:
             self._transact(puts, {i: (lambda _, i=i: _LockTaken(i)) for i in range(len(puts))})  # type: ignore[misc]
         except _LockTaken as taken:
@@ -267,31 +269,34 @@ class RolloutStore(TableAccess):
             name="DeleteItem",
         )
 
-    def _lock_chunk(self, rollout: Rollout, chunk: Sequence[str], holders: dict[str, Rollout | None]) -> None:
+    def _lock_chunk(self, rollout: Rollout, chunk: Sequence[str], known: dict[str, Rollout | None]) -> None:
         """Take one transaction's worth of locks; RolloutCovered or StaleWrite as _lock_all says, with
-        none of this chunk's locks taken. `holders`: the rollouts this start has read, by id."""
-        # Locks can be held by finished rollouts' leftovers (the same workers rolled again): the chunk's
-        # holders are read, and when all are finished their locks are taken over on the condition that
-        # each still names its holder. The first transaction is tried blind while this start has met no
-        # leftovers (a fresh scope pays no read); once it has, the other chunks read first rather than
-        # have a transaction refused. A lock that changed meanwhile refuses, and is read again.
-        finished: dict[str, str] = {}
+        none of this chunk's locks taken. `known`: the other rollouts this start has read, by id."""
+        # Locks can be held by finished rollouts' leftovers (the same workers rolled out again). A chunk
+        # is first tried on the condition that each lock is free, ours, or held by a finished rollout
+        # this start already met (rolled again, a scope's locks mostly name one rollout, so a chunk rarely
+        # needs a read of its own). Refused, its holders are read: when all are finished their locks are
+        # taken over on the condition that each still names one of them, else RolloutCovered. A lock
+        # that changed meanwhile refuses again and is read again.
+        seen = dict(known)
+        finished = sorted(h for h, other in seen.items() if other is None or other.finished)
+        if len(finished) > _MAX_FINISHED_IN_CONDITION:
+            finished = []
         for attempt in range(3):
-            if attempt or holders:
-                # After a refusal a holder may have moved since it was read: read it again.
-                read: dict[str, Rollout | None] = dict(holders) if attempt == 0 else {}
+            if attempt:
+                read: dict[str, Rollout | None] = {}
                 finished = self._finished_holders(rollout, chunk, read)
-                holders.update(read)
+                known.update(read)
             if self._take_locks(rollout, chunk, finished) is None:
                 return
         raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
 
     def _finished_holders(
         self, rollout: Rollout, chunk: Sequence[str], read: dict[str, Rollout | None]
-    ) -> dict[str, str]:
-        """The finished rollout holding each of these workers' locks, by worker (free ones and our own
-        left out); RolloutCovered when an active rollout holds one. `read`: rollouts read, by id."""
-        finished: dict[str, str] = {}
+    ) -> list[str]:
+        """The finished rollouts holding these workers' locks (free ones and our own left out);
+        RolloutCovered when an active rollout holds one. `read`: the rollouts read, by id."""
+        finished: set[str] = set()
         for worker_id, holder in sorted(self._lock_holders(chunk).items()):
             if holder == rollout.id:
                 continue
@@ -301,16 +306,16 @@ class RolloutStore(TableAccess):
             other = read[holder]
             if other is not None and not other.finished:
                 raise RolloutCovered(worker_id, holder, str(other.status))
-            finished[worker_id] = holder
-        return finished
+            finished.add(holder)
+        return sorted(finished)
 
     def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
         """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)
         when an active rollout holds one of them, StaleWrite when they kept changing. The locks taken
         meanwhile are given back."""
         chunks = [ids[i : i + LOCKS_PER_TRANSACTION] for i in range(0, len(ids), LOCKS_PER_TRANSACTION)]
-        holders: dict[str, Rollout | None] = {}
-        lock = partial(self._lock_chunk, holders=holders)
+        known: dict[str, Rollout | None] = {}
+        lock = partial(self._lock_chunk, known=known)
         errors: list[Exception] = []
         taken: list[str] = []
         for chunk, error in zip(chunks, self._each_chunk(lock, rollout, chunks), strict=True):
