@@ -11,7 +11,7 @@ process, counted through a botocore hook: the reconciler's and the drain functio
 executions' Step Functions transitions (their history events), and the pool's free placement capacity
 (RUNNING workers x capacity) over the wave.
 
-`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 1,000),
+`ROLLOUT_BENCH_WORKERS` sets the fleet's size (default 100; the rollout cap is 10,000),
 `ROLLOUT_BENCH_STRATEGIES` the strategies measured (default `surge,drain_first`).
 """
 
@@ -35,7 +35,13 @@ from bench.stack import bench_stack
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
-from fleetkeeper.domain.rollouts import RolloutRequest, RolloutStatus, RolloutStrategy, replacement_id
+from fleetkeeper.domain.rollouts import (
+    RolloutRequest,
+    RolloutStatus,
+    RolloutStrategy,
+    plan_waves,
+    replacement_id,
+)
 from fleetkeeper.services import catalog, rollouts
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.services.reconcile import reconcile_fleet
@@ -180,7 +186,7 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
             actor="bench",
         )
         run.max_unavailable = rollout.max_unavailable
-        waves = rollout.waves
+        waves = plan_waves(old, rollout.max_unavailable)
         wave_of = {w: n for n, members in enumerate(waves) for w in members}
         ids = old + [replacement_id(rollout.id, w) for w in old]
         run.start_running = run.min_running = _running(ctx, ids)

@@ -48,9 +48,9 @@ class _RolloutSeen:
 
 def _started_wave(rollout: Rollout) -> int:
     """The last forward wave that has begun: a wave begins when its workers get their progress."""
-    if rollout.wave < len(rollout.waves) and rollout.progress and rollout.rollback_through_wave is None:
+    if rollout.wave < rollout.wave_count and rollout.progress and rollout.rollback_through_wave is None:
         return rollout.wave
-    return min(rollout.wave, len(rollout.waves)) - 1
+    return min(rollout.wave, rollout.wave_count) - 1
 
 
 def _started_rollback_wave(rollout: Rollout) -> int:
@@ -154,7 +154,7 @@ class FleetConsole:
                     wave_told = self._waves(rollout, wave_told, wave)
                 self._say(self._rollout_line(rollout, event))
             wave_told = self._waves(rollout, wave_told, wave)
-            waves = len(rollout.rollback_waves)
+            waves = rollout.rollback_wave_count
             for index in range(rollback_told + 1, rollback_wave + 1):
                 self._say(f"rollout {rollout.id} rollback wave {index + 1}/{waves} started")
             self._rollouts_seen[rollout.id] = _RolloutSeen(
@@ -167,8 +167,8 @@ class FleetConsole:
     def _waves(self, rollout: Rollout, told: int, started: int) -> int:
         for index in range(told + 1, started + 1):
             self._say(
-                f"rollout {rollout.id} wave {index + 1}/{len(rollout.waves)} started: "
-                f"{len(rollout.waves[index])} worker(s)"
+                f"rollout {rollout.id} wave {index + 1}/{rollout.wave_count} started: "
+                f"{rollout.wave_size(index)} worker(s)"
             )
         return max(told, started)
 
@@ -186,7 +186,7 @@ class FleetConsole:
             because = f" ({event.reason})" if event.reason else ""
             return (
                 f"rollout {rollout.id} started by {event.actor}: {rollout.total} worker(s) of {scope} in "
-                f"{len(rollout.waves)} wave(s){because}"
+                f"{rollout.wave_count} wave(s){because}"
             )
         # RolloutRollbackStarted -> "rollback started"; the engine's own steps need no "by".
         words = re.sub(r"(?<!^)(?=[A-Z])", " ", name).lower()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fleetkeeper.domain.models import Worker
+from fleetkeeper.services import rollouts
+from fleetkeeper.store import rollouts as rollout_store
 from tests.integration.emf import metric_totals
 
 pytestmark = pytest.mark.integration
@@ -31,7 +33,30 @@ def test_given_a_dry_run_then_200_with_the_waves_and_nothing_written(control_pla
     assert (plan["total"], plan["max_unavailable"]) == (5, 2)
     ids = sorted(w.id for w in labs)
     assert [w["worker_ids"] for w in plan["waves"]] == [ids[0:2], ids[2:4], ids[4:5]]
+    assert [w["count"] for w in plan["waves"]] == [2, 2, 1]
     assert control_plane.api("GET", "/api/v1/rollouts")[1]["items"] == []
+
+
+def test_given_a_dry_run_larger_than_the_listed_workers_then_later_waves_answer_their_count_only(
+    control_plane, labs, monkeypatch
+):
+    # 5 workers in waves of 2, ids listed up to 3: the first wave only (the second would reach 4).
+    monkeypatch.setattr(rollouts, "PLAN_LISTED_WORKERS", 3)
+
+    status, plan = control_plane.api(
+        "POST",
+        "/api/v1/rollouts",
+        {"template": "lab-small", "pool": "labs", "max_unavailable": 2, "dry_run": True},
+    )
+
+    assert status == 200, plan
+    ids = sorted(w.id for w in labs)
+    assert plan["total"] == 5
+    assert [(w["index"], w["count"], w["worker_ids"]) for w in plan["waves"]] == [
+        (0, 2, ids[0:2]),
+        (1, 2, None),
+        (2, 1, None),
+    ]
 
 
 def test_given_a_rollout_started_then_202_with_the_view_and_it_lists_and_reads(
@@ -138,6 +163,26 @@ def test_given_an_active_rollout_then_another_covering_one_of_its_workers_is_409
     status, again = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
     assert (status, again["total"]) == (202, 5), again
     assert all(control_plane.ctx.rollouts.lock_holder(w.id) == again["id"] for w in labs)
+
+
+def test_given_locks_in_many_transactions_at_once_then_a_refused_start_gives_back_every_lock_taken(
+    control_plane, labs, monkeypatch
+):
+    # Two locks a transaction: the pool's five workers take three, run at once.
+    monkeypatch.setattr(rollout_store, "LOCKS_PER_TRANSACTION", 2)
+    ids = sorted(w.id for w in labs)
+    _, first = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": ids[3:5]})
+    locks = control_plane.ctx.rollouts
+
+    status, refused = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+
+    assert (status, refused["details"]["id"], refused["details"]["worker_id"]) == (409, first["id"], ids[3])
+    assert locks.lock_holders(ids) == {ids[3]: first["id"], ids[4]: first["id"]}
+    # Cancelled, its locks are taken over beside free ones, across the chunks.
+    assert control_plane.api("POST", f"/api/v1/rollouts/{first['id']}/cancel")[0] == 200
+    status, again = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+    assert (status, again["total"]) == (202, 5), again
+    assert locks.lock_holders(ids) == dict.fromkeys(ids, again["id"])
 
 
 def test_given_pause_resume_cancel_then_each_moves_only_from_its_statuses(control_plane, labs, audit_feed):

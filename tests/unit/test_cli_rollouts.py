@@ -151,8 +151,13 @@ def test_given_dry_run_then_the_plans_waves_print_as_a_table(server):
         "pool": None,
         "strategy": "surge",
         "max_unavailable": 2,
-        "total": 3,
-        "waves": [{"index": 0, "worker_ids": ["w-a", "w-b"]}, {"index": 1, "worker_ids": ["w-c"]}],
+        "total": 5,
+        "waves": [
+            {"index": 0, "count": 2, "worker_ids": ["w-a", "w-b"]},
+            {"index": 1, "count": 2, "worker_ids": ["w-c", "w-d"]},
+            # Past the workers a large plan lists: the count only.
+            {"index": 2, "count": 1, "worker_ids": None},
+        ],
         "checkpoints": [50],
     }
     Recorder.answer = (200, plan)
@@ -161,12 +166,13 @@ def test_given_dry_run_then_the_plans_waves_print_as_a_table(server):
 
     assert exit_code == 0, output
     assert Recorder.requests[0][2]["dry_run"] is True
-    assert "plan (surge): 3 worker(s) of template lab, 2 wave(s) of at most 2; checkpoints 50%" in output
-    rows = [line for line in output.splitlines() if "w-" in line]
-    assert len(rows) == 2
+    assert "plan (surge): 5 worker(s) of template lab, 3 wave(s) of at most 2; checkpoints 50%" in output
+    rows = [line for line in output.splitlines() if "w-" in line or "not listed" in line]
+    assert len(rows) == 3
     assert "w-a w-b" in rows[0]
     assert rows[0].split()[1:3] == ["1", "│"]
-    assert "w-c" in rows[1]
+    assert "w-c w-d" in rows[1]
+    assert rows[2].split()[1:6] == ["3", "│", "1", "│", "(not"], rows[2]
     code, raw = run("--api", server, "rollout", "start", "lab", "--dry-run", "-o", "json")
     assert (code, json.loads(raw)) == (0, plan)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -14,7 +14,9 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.rollouts import (
     ACTIVE,
     FINISHED,
+    MAX_ID_LENGTH,
     MAX_RESTORATION_ATTEMPTS,
+    MAX_ROLLBACK_ALARMS,
     MAX_ROLLOUT_WORKERS,
     MAX_WAIT_SECONDS,
     MAX_WAVE_WORKERS,
@@ -37,10 +39,12 @@ from fleetkeeper.domain.rollouts import (
     restoration_id,
     rollback_action,
     rollback_scope,
+    wave_bounds,
+    wave_count,
 )
-from fleetkeeper.store.codec import record_attributes, serialize
+from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.item_size import ITEM_BUDGET_BYTES, item_size
-from fleetkeeper.store.rollouts import rollout_key
+from fleetkeeper.store.rollouts import MEMBER_PAGE_SIZE, RolloutStore, member_page_item
 
 
 def test_given_only_a_template_then_the_defaults_apply():
@@ -162,15 +166,21 @@ def test_given_progress_then_the_checkpoint_reached_is_the_highest_not_yet_passe
     assert checkpoint_reached([50], [50], 4, 6) is None
 
 
+def _longest_id(n: int) -> str:
+    return f"w-{n:062x}"  # MAX_ID_LENGTH characters: the longest id a request may name
+
+
 def test_given_the_largest_rollout_then_its_item_stays_inside_the_item_budget():
     now = datetime(2026, 11, 27, tzinfo=UTC)
-    ids = [f"w-{n:016x}" for n in range(MAX_ROLLOUT_WORKERS)]
+    ids = [_longest_id(n) for n in range(MAX_ROLLOUT_WORKERS)]
+    assert len(ids[0]) == MAX_ID_LENGTH
     rollout = Rollout(
         id="ro-0123456789abcdef",
         template="lab-small",
         pool="labs",
-        worker_ids=ids,
-        # Every worker in one wave, each with a replacement: the most progress the item ever holds.
+        total=len(ids),
+        member_page_size=MEMBER_PAGE_SIZE,
+        # 500-wide waves, the first in full progress, each with a replacement: the most the item holds.
         max_unavailable=MAX_WAVE_WORKERS,
         max_unavailable_requested="100%",
         strategy=RolloutStrategy.SURGE,
@@ -179,16 +189,51 @@ def test_given_the_largest_rollout_then_its_item_stays_inside_the_item_budget():
         started_by="arn:aws:iam::123456789012:role/" + "o" * 64,
         created_at=now,
         updated_at=now,
+        wave=MAX_ROLLOUT_WORKERS // MAX_WAVE_WORKERS - 1,
+        replaced=MAX_ROLLOUT_WORKERS - MAX_WAVE_WORKERS,
         progress={
             w: WorkerProgress(phase=WorkerPhase.REPLACED_PENDING, replacement_id=f"w-{n:016x}", since=now)
             for n, w in enumerate(ids[:MAX_WAVE_WORKERS])
         },
+        rollback_on_alarms=[f"{n}" + "a" * 254 for n in range(MAX_ROLLBACK_ALARMS)],
+        rollback_through_wave=MAX_ROLLOUT_WORKERS // MAX_WAVE_WORKERS - 1,
+        rollback_reason="b" * 500,
+        rollback_started_by="arn:aws:iam::123456789012:role/" + "o" * 64,
+        rollback_started_at=now,
         blocked=Blocked(reason="capacity", detail="d" * 200, since=now),
     )
+    store = RolloutStore(cast(Any, None), "fleetkeeper")
 
-    item = serialize({**rollout_key(rollout.id), **record_attributes(rollout), "GSI3PK": "KIND#ROLLOUT"})
+    item = serialize(store._item(rollout))
 
+    assert rollout.total == 10_000
+    assert rollout.wave_count == 20
     assert item_size(item) <= ITEM_BUDGET_BYTES
+    # The progress of the wave is what the item holds: a rollback's in full instead weighs the same.
+    rollback = rollout.model_copy(update={"rollback_progress": rollout.progress, "progress": {}})
+    assert item_size(serialize(store._item(rollback))) <= ITEM_BUDGET_BYTES
+
+
+def test_given_the_largest_scope_then_each_member_page_stays_inside_the_item_budget():
+    ids = sorted(_longest_id(n) for n in range(MEMBER_PAGE_SIZE))
+
+    item = serialize(member_page_item("ro-0123456789abcdef", MAX_ROLLOUT_WORKERS // MEMBER_PAGE_SIZE, ids))
+
+    assert item_size(item) <= ITEM_BUDGET_BYTES // 2
+    # Every page of the largest scope, the rollout and its audit are one transaction (100 items, 4 MB).
+    assert MAX_ROLLOUT_WORKERS // MEMBER_PAGE_SIZE + 2 <= 100
+    assert (MAX_ROLLOUT_WORKERS // MEMBER_PAGE_SIZE) * item_size(item) + 2 * ITEM_BUDGET_BYTES < 4_000_000
+
+
+@pytest.mark.parametrize(("total", "width"), [(1, 1), (7, 3), (10, 5), (23, 4), (10_000, 500), (9_999, 333)])
+def test_given_a_scope_then_each_wave_is_its_slice_and_the_rollback_recuts_the_same_waves(total, width):
+    ids = [f"w-{n:05d}" for n in range(total)]
+    waves = plan_waves(ids, width)
+
+    assert wave_count(total, width) == len(waves)
+    assert [ids[slice(*wave_bounds(total, width, k))] for k in range(len(waves))] == waves
+    for through in range(min(len(waves), 6)):
+        assert plan_waves(rollback_scope(ids, width, through), width) == waves[: through + 1]
 
 
 def test_given_a_rollback_then_its_scope_is_the_waves_the_rollout_reached():

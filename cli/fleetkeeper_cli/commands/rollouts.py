@@ -106,6 +106,13 @@ def _print_hint(view: dict[str, Any]) -> None:
         )
 
 
+def _wave_row(wave: dict[str, Any]) -> list[Any]:
+    # A large plan lists the ids of its first waves only (null after): the count says how many.
+    ids = wave.get("worker_ids")
+    count = wave.get("count", len(ids or []))
+    return [wave["index"] + 1, count, " ".join(ids) if ids is not None else "(not listed)"]
+
+
 def print_plan(plan: dict[str, Any]) -> None:
     """dry_run: the waves the rollout would run, and their workers."""
     scope = f"template {plan.get('template')}" if plan.get("template") else "the workers named"
@@ -118,9 +125,7 @@ def print_plan(plan: dict[str, Any]) -> None:
         "Nothing was started.",
         markup=False,
     )
-    rows = [
-        [wave["index"] + 1, len(wave["worker_ids"]), " ".join(wave["worker_ids"])] for wave in plan["waves"]
-    ]
+    rows = [_wave_row(wave) for wave in plan["waves"]]
     console.print(table("waves", ["wave", "workers", "worker ids"], rows, keep={"wave"}))
 
 

@@ -14,6 +14,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.observability import metrics
+from fleetkeeper.services.rollout_engine import MAX_ROLLOUTS_PER_CYCLE
 from tests.integration.emf import metric_totals
 from tests.integration.functions import reconcile_fleet
 
@@ -231,3 +232,27 @@ def test_given_a_worker_already_draining_for_another_reason_then_a_surge_rollout
     assert control_plane.ctx.store.get_worker(leaving).status is WorkerStatus.DRAINING
     finals = _statuses(control_plane, [replacement_id(started["id"], w) for w in others])
     assert set(finals.values()) == {WorkerStatus.RUNNING}
+
+
+def test_given_more_active_rollouts_than_a_cycle_serves_then_each_advances_within_two_cycles(
+    control_plane, live_worker
+):
+    started = []
+    for _ in range(MAX_ROLLOUTS_PER_CYCLE + 5):
+        worker = live_worker(pool="labs")
+        status, view = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": [worker.id]})
+        assert status == 202, view
+        started.append(view["id"])
+    rollouts = control_plane.ctx.rollouts
+
+    def advanced() -> set[str]:
+        return {r for r in started if rollouts.get(r).version > 1}
+
+    first = reconcile_fleet(control_plane.ctx)
+    after_first = advanced()
+    second = reconcile_fleet(control_plane.ctx)
+
+    assert first.counters["rollout_steps"] == len(after_first) == MAX_ROLLOUTS_PER_CYCLE
+    # The second cycle starts after the last one served: the five left first, then around.
+    assert second.counters["rollout_steps"] == MAX_ROLLOUTS_PER_CYCLE
+    assert advanced() == set(started)

@@ -23,16 +23,20 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WrapValidator,
     field_validator,
+    model_validator,
 )
 
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.models import Name, UtcDatetime
 
-# The most workers one rollout covers: its record (ids, per-worker progress) stays far inside the
-# table's item budget (store/item_size.py), and the lock of each is one conditional write.
-MAX_ROLLOUT_WORKERS: Final = 1000
+# The most workers one rollout covers. The scope's ids live in member page items beside the rollout's
+# (store/rollouts.py), so its own item holds only counts and the current wave's progress; the lock of
+# each worker is one conditional write, taken in transactions at the start.
+MAX_ROLLOUT_WORKERS: Final = 10_000
+# Rollouts stored before member pages kept the scope inline in their item, at most this many ids.
+MAX_INLINE_WORKERS: Final = 1000
 # The most workers one wave takes (a percentage resolves to at most this): the wave's progress is kept
-# per worker in the rollout's item, and with the scope's ids it must stay inside the item budget.
+# per worker in the rollout's item, and it must stay inside the item budget.
 MAX_WAVE_WORKERS: Final = 500
 MAX_REASON_LENGTH: Final = 500
 # A bake or a checkpoint's wait longer than a week is a typo, not a policy.
@@ -250,6 +254,20 @@ def plan_waves(worker_ids: Sequence[str], max_unavailable: int) -> list[list[str
     return [ordered[i : i + max_unavailable] for i in range(0, len(ordered), max_unavailable)]
 
 
+def wave_bounds(total: int, max_unavailable: int, wave: int) -> tuple[int, int]:
+    """Where wave `wave` of plan_waves over `total` sorted ids starts and stops (stop excluded): the plan
+    is the sorted scope cut every `max_unavailable`, so a wave is read as a slice of it."""
+    if max_unavailable < 1:
+        raise ValueError("max_unavailable must be at least 1")
+    start = min(wave * max_unavailable, total)
+    return start, min(start + max_unavailable, total)
+
+
+def wave_count(total: int, max_unavailable: int) -> int:
+    """How many waves plan_waves cuts `total` workers into."""
+    return -(-total // max_unavailable)
+
+
 def replacement_id(rollout_id: str, worker_id: str) -> str:
     """The replacement's id, the same every time it is chosen: a step whose write was lost creates
     it again with this id and finds it there."""
@@ -270,7 +288,8 @@ def restoration_id(rollout_id: str, worker_id: str, attempt: int = 0) -> str:
 
 def rollback_scope(worker_ids: Sequence[str], max_unavailable: int, through_wave: int) -> list[str]:
     """The workers a rollback looks at: those of every wave the rollout reached (none later ever had a
-    replacement), sorted."""
+    replacement), sorted. They are the sorted scope's first waves, so the rollback's own waves (this
+    cut again every `max_unavailable`) are the rollout's waves 0..through_wave, read the same way."""
     waves = plan_waves(worker_ids, max_unavailable)
     return sorted(w for wave in waves[: through_wave + 1] for w in wave)
 
@@ -364,8 +383,12 @@ class Rollout(BaseModel):
     status: RolloutStatus = RolloutStatus.RUNNING
     template: Name | None = None
     pool: Name | None = None
-    # The scope, sorted: the waves are plan_waves(worker_ids, max_unavailable).
-    worker_ids: list[str] = Field(max_length=MAX_ROLLOUT_WORKERS)
+    # The scope's size; its sorted ids are in member pages of `member_page_size` ids each
+    # (store/rollouts.py), and the waves are plan_waves(those ids, max_unavailable).
+    total: int = Field(ge=0, le=MAX_ROLLOUT_WORKERS)
+    member_page_size: int | None = Field(default=None, ge=1)
+    # A rollout stored before member pages (member_page_size None) keeps its sorted scope here.
+    worker_ids: list[str] = Field(default_factory=list, max_length=MAX_INLINE_WORKERS)
     max_unavailable: int = Field(ge=1)
     max_unavailable_requested: int | str
     strategy: RolloutStrategy
@@ -401,24 +424,37 @@ class Rollout(BaseModel):
     rollback_started_by: str | None = None
     rollback_reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _inline_total(cls, data: Any) -> Any:
+        # An item stored with its ids inline has no total: it is their count.
+        if isinstance(data, dict) and "total" not in data and "worker_ids" in data:
+            return {**data, "total": len(data["worker_ids"])}
+        return data
+
     @property
-    def rollback_worker_ids(self) -> list[str]:
+    def wave_count(self) -> int:
+        return wave_count(self.total, self.max_unavailable)
+
+    def wave_bounds(self, wave: int) -> tuple[int, int]:
+        """Where wave `wave` starts and stops in the sorted scope (stop excluded)."""
+        return wave_bounds(self.total, self.max_unavailable, wave)
+
+    def wave_size(self, wave: int) -> int:
+        start, stop = self.wave_bounds(wave)
+        return stop - start
+
+    @property
+    def rollback_total(self) -> int:
+        """The workers of the waves the rollout reached: the rollback's scope."""
         if self.rollback_through_wave is None:
-            return []
-        return rollback_scope(self.worker_ids, self.max_unavailable, self.rollback_through_wave)
+            return 0
+        return self.wave_bounds(min(self.rollback_through_wave, max(self.wave_count - 1, 0)))[1]
 
     @property
-    def rollback_waves(self) -> list[list[str]]:
-        ids = self.rollback_worker_ids
-        return plan_waves(ids, self.max_unavailable) if ids else []
-
-    @property
-    def total(self) -> int:
-        return len(self.worker_ids)
-
-    @property
-    def waves(self) -> list[list[str]]:
-        return plan_waves(self.worker_ids, self.max_unavailable)
+    def rollback_wave_count(self) -> int:
+        """The rollback's waves: the rollout's waves 0..rollback_through_wave (rollback_scope)."""
+        return wave_count(self.rollback_total, self.max_unavailable)
 
     @property
     def in_progress(self) -> int:

@@ -16,6 +16,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Final
 
 from fleetkeeper.domain.disruption import DisruptionReason
@@ -76,43 +77,81 @@ def advance_rollouts(
     """One step of each RUNNING rollout, the end of the checkpoint waits that have passed, and the
     rollback of those whose alarms fired."""
     now = now or utcnow()
+    if not serve_in_turn(
+        ctx,
+        RolloutStatus.PAUSED,
+        counters,
+        "paused rollout check",
+        partial(_check_paused, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    ):
+        return
+    serve_in_turn(
+        ctx,
+        RolloutStatus.RUNNING,
+        counters,
+        "rollout step",
+        partial(_step_running, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    )
+
+
+def serve_in_turn(
+    ctx: Context,
+    status: RolloutStatus,
+    counters: Counter[str],
+    what: str,
+    call: Callable[[str], None],
+    *,
+    time_left: Callable[[], float],
+    margin_seconds: float,
+) -> bool:
+    """`call` on each rollout in `status`, at most MAX_ROLLOUTS_PER_CYCLE, each through guarded_step,
+    starting after the one the last cycle served last and going around: with more of them than a cycle
+    serves, each gets its turn within a few cycles. False when the time left ran out."""
     store = ctx.rollouts
-    for rollout_id in list(store.active_ids(RolloutStatus.PAUSED, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        try:
-            paused = store.find(rollout_id)
-            if (
-                paused is None
-                or paused.status != RolloutStatus.PAUSED
-                or held_by_alarms(ctx, paused, counters)
-            ):
-                continue
-            _resume_after_delay(ctx, paused, now, counters)
-        except StaleWrite:
-            counters["rollout_step_conflicts"] += 1
-        except Exception:  # one paused rollout's failure never stops the others, nor the running ones
-            logger.exception("paused rollout check failed", rollout_id=rollout_id)
-            counters["rollout_errors"] += 1
-    for rollout_id in list(store.active_ids(RolloutStatus.RUNNING, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        try:
-            rollout = store.find(rollout_id)
-            if rollout is None or rollout.status != RolloutStatus.RUNNING:
-                continue
-            if held_by_alarms(ctx, rollout, counters):
-                continue
-            step(ctx, rollout, now)
-            counters["rollout_steps"] += 1
-        except StaleWrite:
-            # An operator paused or cancelled it meanwhile: the step is dropped, the next cycle decides.
-            counters["rollout_step_conflicts"] += 1
-        except Exception:  # one rollout's failure never stops the others; it is tried again next cycle
-            logger.exception("rollout step failed", rollout_id=rollout_id)
-            counters["rollout_errors"] += 1
+    served: str | None = None
+    try:
+        for rollout_id in store.active_ids(status, limit=MAX_ROLLOUTS_PER_CYCLE, after=store.turn(status)):
+            if time_left() < margin_seconds:
+                counters["rollouts_deferred"] += 1
+                return False
+            guarded_step(counters, rollout_id, what, partial(call, rollout_id))
+            served = rollout_id
+    finally:
+        if served is not None:
+            store.set_turn(status, served)
+    return True
+
+
+def guarded_step(counters: Counter[str], rollout_id: str, what: str, call: Callable[[], None]) -> None:
+    """Run one rollout's step of a cycle: a step that lost to another write (an operator's pause or
+    cancel) is dropped and the next cycle decides; any other failure is logged and counted, and never
+    stops the other rollouts (it is tried again next cycle)."""
+    try:
+        call()
+    except StaleWrite:
+        counters["rollout_step_conflicts"] += 1
+    except Exception:
+        logger.exception(f"{what} failed", rollout_id=rollout_id)
+        counters["rollout_errors"] += 1
+
+
+def _check_paused(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
+    paused = ctx.rollouts.find(rollout_id)
+    if paused is None or paused.status != RolloutStatus.PAUSED or held_by_alarms(ctx, paused, counters):
+        return
+    _resume_after_delay(ctx, paused, now, counters)
+
+
+def _step_running(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
+    rollout = ctx.rollouts.find(rollout_id)
+    if rollout is None or rollout.status != RolloutStatus.RUNNING or held_by_alarms(ctx, rollout, counters):
+        return
+    step(ctx, rollout, now)
+    counters["rollout_steps"] += 1
 
 
 def _resume_after_delay(ctx: Context, rollout: Rollout, now: datetime, counters: Counter[str]) -> None:
@@ -188,6 +227,16 @@ class _Step:
     def block(self, reason: BlockedReason, detail: str) -> None:
         self.blocked.append((reason, detail))
 
+    def blocked_now(self) -> Blocked | None:
+        """Why the rollout waits after this step: the first reason found, since when the rollout has
+        waited for that reason (a reason that changed starts now); None when nothing holds it."""
+        if not self.blocked:
+            return None
+        reason, detail = self.blocked[0]
+        before = self.rollout.blocked
+        since = before.since if before is not None and before.reason == reason else self.now
+        return Blocked(reason=reason, detail=detail, since=since)
+
     def create_replacement(self, old: Worker, *, new_id: str | None = None, pinned: bool = False) -> str:
         """Create old's replacement (PENDING) under a derived id; `pinned`: launched with the image and
         instance type old was launched with (a rollback), not the template's newest."""
@@ -246,11 +295,11 @@ class _Step:
 
 def step(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     """Advance one RUNNING rollout by what is due now, and write it back (StaleWrite if it moved)."""
-    waves = rollout.waves
     work = _Step(ctx, rollout, now)
-    starting = rollout.wave < len(waves) and not rollout.progress
+    starting = rollout.wave < rollout.wave_count and not rollout.progress
     if starting:
-        for worker_id in waves[rollout.wave]:
+        # The wave's ids are read once, as it begins: from then on they are its progress's keys.
+        for worker_id in ctx.rollouts.wave_ids(rollout, rollout.wave):
             work.set(worker_id, WorkerPhase.WAITING)
     current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
     found = {w.id: w for w in ctx.store.get_workers(current)}
@@ -259,7 +308,7 @@ def step(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     saved = _finish_step(ctx, rollout, work)
     if starting and saved.version != rollout.version:
         # Announced once the step that began the wave is stored: a dropped step announces nothing.
-        emit(ctx, "RolloutWaveStarted", saved, wave=rollout.wave, workers=len(waves[rollout.wave]))
+        emit(ctx, "RolloutWaveStarted", saved, wave=rollout.wave, workers=rollout.wave_size(rollout.wave))
     return saved
 
 
@@ -355,11 +404,7 @@ def _finish_step(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
     skipped = sum(1 for p in progress.values() if p.phase == WorkerPhase.SKIPPED)
     wave_over = bool(progress) and done + skipped == len(progress)
     changes: dict[str, Any] = {"progress": progress}
-    blocked: Blocked | None = None
-    if work.blocked:
-        reason, detail = work.blocked[0]
-        since = rollout.blocked.since if rollout.blocked and rollout.blocked.reason == reason else now
-        blocked = Blocked(reason=reason, detail=detail, since=since)
+    blocked = work.blocked_now()
     if work.failed is not None:
         changes |= {"status": RolloutStatus.FAILED, "finished_at": now, "blocked": blocked}
         saved = ctx.rollouts.save(
@@ -372,7 +417,7 @@ def _finish_step(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
         skipped_total = rollout.skipped + skipped
         wave_done_at = rollout.wave_done_at or now
         changes |= {"wave_done_at": wave_done_at}
-        last = rollout.wave + 1 >= len(rollout.waves)
+        last = rollout.wave + 1 >= rollout.wave_count
         reached = checkpoint_reached(rollout.checkpoints, rollout.checkpoints_passed, replaced, rollout.total)
         if last:
             changes |= {

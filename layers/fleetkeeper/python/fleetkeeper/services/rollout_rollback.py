@@ -20,15 +20,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
-from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
     MAX_REASON_LENGTH,
     MAX_RESTORATION_ATTEMPTS,
-    Blocked,
     RollbackAction,
     Rollout,
     RolloutStatus,
@@ -37,15 +36,14 @@ from fleetkeeper.domain.rollouts import (
     restoration_id,
     rollback_action,
 )
-from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.rollout_engine import (
     _DISRUPTED,
     _FAILED,
     _GONE,
-    MAX_ROLLOUTS_PER_CYCLE,
     _drained_by,
     _Step,
+    serve_in_turn,
 )
 from fleetkeeper.services.rollouts import emit
 
@@ -62,28 +60,26 @@ def advance_rollbacks(
     margin_seconds: float,
     now: datetime | None = None,
 ) -> None:
-    """One step of each ROLLING_BACK rollout (at most MAX_ROLLOUTS_PER_CYCLE), within the time left."""
+    """One step of each ROLLING_BACK rollout (at most MAX_ROLLOUTS_PER_CYCLE, in turn), within the time
+    left."""
     now = now or utcnow()
-    for rollout_id in list(ctx.rollouts.active_ids(RolloutStatus.ROLLING_BACK, limit=MAX_ROLLOUTS_PER_CYCLE)):
-        if time_left() < margin_seconds:
-            counters["rollouts_deferred"] += 1
-            return
-        advance_rollback(ctx, rollout_id, now, counters)
+    serve_in_turn(
+        ctx,
+        RolloutStatus.ROLLING_BACK,
+        counters,
+        "rollback step",
+        partial(_step_rollback, ctx, now=now, counters=counters),
+        time_left=time_left,
+        margin_seconds=margin_seconds,
+    )
 
 
-def advance_rollback(ctx: Context, rollout_id: str, now: datetime, counters: Counter[str]) -> None:
-    """One step of a ROLLING_BACK rollout; a step that lost to another write is dropped."""
-    try:
-        rollout = ctx.rollouts.find(rollout_id)
-        if rollout is None or rollout.status != RolloutStatus.ROLLING_BACK:
-            return
-        step_rollback(ctx, rollout, now)
-        counters["rollback_steps"] += 1
-    except StaleWrite:
-        counters["rollout_step_conflicts"] += 1
-    except Exception:  # one rollback's failure never stops the others; it is tried again next cycle
-        logger.exception("rollback step failed", rollout_id=rollout_id)
-        counters["rollout_errors"] += 1
+def _step_rollback(ctx: Context, rollout_id: str, *, now: datetime, counters: Counter[str]) -> None:
+    rollout = ctx.rollouts.find(rollout_id)
+    if rollout is None or rollout.status != RolloutStatus.ROLLING_BACK:
+        return
+    step_rollback(ctx, rollout, now)
+    counters["rollback_steps"] += 1
 
 
 def _reason(rollout: Rollout) -> str:
@@ -103,16 +99,20 @@ def _live(worker: Worker | None) -> bool:
 
 def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     """Advance one ROLLING_BACK rollout by what is due now, and write it back (StaleWrite if it moved)."""
-    waves = rollout.rollback_waves
     work = _Step(ctx, rollout, now, progress=rollout.rollback_progress, drain_reason=_reason(rollout))
-    if rollout.rollback_wave < len(waves) and not rollout.rollback_progress:
-        for worker_id in waves[rollout.rollback_wave]:
+    if rollout.rollback_wave < rollout.rollback_wave_count and not rollout.rollback_progress:
+        # The rollback's waves are the rollout's waves 0..through, recut the same (rollback_scope).
+        for worker_id in ctx.rollouts.wave_ids(rollout, rollout.rollback_wave):
             work.set(worker_id, WorkerPhase.WAITING)
     current = [w for w, p in work.progress.items() if p.phase not in (WorkerPhase.DONE, WorkerPhase.SKIPPED)]
     # The forward wave the rollout stopped in may still be draining its old workers: they are out of
     # placement too, so the rollback's drains wait for room beside them.
     through = rollout.rollback_through_wave
-    forward = rollout.waves[through] if through is not None and through < len(rollout.waves) else []
+    forward = (
+        ctx.rollouts.wave_ids(rollout, through)
+        if through is not None and through < rollout.wave_count
+        else []
+    )
     wanted = [*current, *forward]
     wanted += [replacement_id(rollout.id, w) for w in current]
     wanted += [restoration_id(rollout.id, w, a) for w in current for a in range(MAX_RESTORATION_ATTEMPTS)]
@@ -234,11 +234,7 @@ def _finish(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
     done = sum(1 for p in progress.values() if p.phase == WorkerPhase.DONE)
     skipped = sum(1 for p in progress.values() if p.phase == WorkerPhase.SKIPPED)
     wave_over = bool(progress) and done + skipped == len(progress)
-    blocked: Blocked | None = None
-    if work.blocked:
-        reason, detail = work.blocked[0]
-        since = rollout.blocked.since if rollout.blocked and rollout.blocked.reason == reason else now
-        blocked = Blocked(reason=reason, detail=detail, since=since)
+    blocked = work.blocked_now()
     changes: dict[str, Any] = {"rollback_progress": progress, "blocked": blocked}
     if work.failed is not None:
         changes |= {"status": RolloutStatus.FAILED, "finished_at": now}
@@ -254,7 +250,7 @@ def _finish(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
             "rollback_progress": {},
             "blocked": None,
         }
-        if rollout.rollback_wave + 1 >= len(rollout.rollback_waves):
+        if rollout.rollback_wave + 1 >= rollout.rollback_wave_count:
             changes |= {"status": RolloutStatus.ROLLED_BACK, "finished_at": now}
             saved = ctx.rollouts.save(
                 rollout, changes, actor=work.actor, action="RolloutRolledBack", reason=rollout.rollback_reason

@@ -49,6 +49,11 @@ METRIC_EVENTS: Final = (
 )
 
 
+# A dry run lists the ids of its first waves up to this many workers; the waves after answer their count:
+# 10,000 ids would make a body of hundreds of KB nobody reads.
+PLAN_LISTED_WORKERS: Final = 1000
+
+
 def store_of(ctx: Context) -> RolloutStore:
     return ctx.rollouts
 
@@ -72,12 +77,12 @@ class RollbackView(BaseModel):
     def of(cls, rollout: Rollout) -> RollbackView:
         done = {WorkerPhase.DONE, WorkerPhase.SKIPPED}
         return cls(
-            total=len(rollout.rollback_worker_ids),
+            total=rollout.rollback_total,
             rolled_back=rollout.rolled_back,
             skipped=rollout.rollback_skipped,
             in_progress=sum(1 for p in rollout.rollback_progress.values() if p.phase not in done),
             wave=rollout.rollback_wave,
-            waves=len(rollout.rollback_waves),
+            waves=rollout.rollback_wave_count,
             started_by=rollout.rollback_started_by,
             started_at=rollout.rollback_started_at,
             reason=rollout.rollback_reason,
@@ -129,7 +134,7 @@ class RolloutView(BaseModel):
             skipped=rollout.skipped,
             percent=percent_done(rollout.replaced, rollout.total),
             wave=rollout.wave,
-            waves=len(rollout.waves),
+            waves=rollout.wave_count,
             checkpoint=rollout.paused_at_checkpoint,
             checkpoints=rollout.checkpoints,
             replace=rollout.replace,
@@ -146,7 +151,11 @@ class RolloutView(BaseModel):
 
 class RolloutWave(BaseModel):
     index: int
-    worker_ids: list[str]
+    count: int = Field(description="the workers of the wave")
+    worker_ids: list[str] | None = Field(
+        description=f"the wave's workers, sorted; null past the first {PLAN_LISTED_WORKERS} workers of the "
+        "plan (the waves after those answer their count only)"
+    )
 
 
 class RolloutPlan(BaseModel):
@@ -208,7 +217,14 @@ def plan(ctx: Context, request: RolloutRequest) -> RolloutPlan:
         strategy=request.strategy,
         max_unavailable=limit,
         total=len(workers),
-        waves=[RolloutWave(index=i, worker_ids=w) for i, w in enumerate(plan_waves(workers, limit))],
+        waves=[
+            RolloutWave(
+                index=i,
+                count=len(wave),
+                worker_ids=wave if i * limit + len(wave) <= max(PLAN_LISTED_WORKERS, limit) else None,
+            )
+            for i, wave in enumerate(plan_waves(workers, limit))
+        ],
         checkpoints=request.checkpoints,
     )
 
@@ -221,7 +237,7 @@ def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
         id=new_id("ro"),
         template=request.template,
         pool=request.pool,
-        worker_ids=workers,
+        total=len(workers),
         max_unavailable=resolve_max_unavailable(request.max_unavailable, len(workers)),
         max_unavailable_requested=request.max_unavailable,
         strategy=request.strategy,
@@ -236,7 +252,7 @@ def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
         created_at=now,
         updated_at=now,
     )
-    stored = store_of(ctx).start(rollout, actor=actor)
+    stored = store_of(ctx).start(rollout, workers, actor=actor)
     emit(ctx, "RolloutStarted", stored, actor=actor)
     return stored
 
@@ -315,8 +331,10 @@ def begin_rollback(ctx: Context, current: Rollout, *, actor: str, reason: str | 
     it moved meanwhile); the reconcile cycle then undoes its replacements wave by wave."""
     check_move(current.id, current.status, RolloutStatus.ROLLING_BACK)
     now = utcnow()
-    through = min(current.wave, len(current.waves) - 1)
-    replacements = [replacement_id(current.id, w) for wave in current.waves[: through + 1] for w in wave]
+    through = min(current.wave, current.wave_count - 1)
+    # The workers of waves 0..through: the sorted scope's first ones, read page by page.
+    reached = store_of(ctx).members(current, 0, current.wave_bounds(through)[1])
+    replacements = [replacement_id(current.id, w) for w in reached]
     changes: dict[str, Any] = {
         "status": RolloutStatus.ROLLING_BACK,
         "rollback_through_wave": through,

@@ -10,16 +10,25 @@
   rollout's locks are not removed: the next rollout of those workers takes them over, and they expire
   with the audit retention.
 
-A rollout covers at most MAX_ROLLOUT_WORKERS workers, so its item (ids and the current wave's
-progress) stays far inside the item budget.
+- Its scope, sorted, in member pages: `PK = ROLLOUT#<id>`, `SK = MEMBERS#<page:05d>`, each
+  `member_page_size` ids (the last fewer), written with the rollout in its start transaction and never
+  changed. A wave is a slice of the sorted scope of at most MAX_WAVE_WORKERS ids, so a step reads only
+  the page or two it spans. A rollout stored before member pages keeps its ids inline (`worker_ids`).
+
+A rollout covers at most MAX_ROLLOUT_WORKERS workers; its own item holds counts and the current wave's
+progress, and a member page at most MEMBER_PAGE_SIZE ids: both stay far inside the item budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import contextvars
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Final
+from functools import partial
+from typing import Any, Final, cast
 
+from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
@@ -31,6 +40,16 @@ from fleetkeeper.store.table import Page, TableAccess, conditional_write, curren
 MAX_ROLLOUT_PAGE: Final = 100
 # Locks taken per transaction: DynamoDB allows 100 items in one, the rollout's own item is one of them.
 LOCKS_PER_TRANSACTION: Final = 99
+# Lock transactions a start runs at once: 10,000 locks one transaction after another would not fit in
+# API Gateway's 29 s.
+LOCK_TRANSACTIONS_AT_ONCE: Final = 8
+# The scope's ids per member page: 500 ids of at most 64 characters stay far inside the item budget,
+# and 10,000 workers make 20 pages, written in the start's one transaction with the rollout and its audit.
+MEMBER_PAGE_SIZE: Final = 500
+_MAX_TRANSACTION_ITEMS: Final = 100
+# The finished rollouts a lock's condition names at most before a chunk is read first (DynamoDB's IN
+# takes 100 operands; a scope rolled out again mostly names one or two).
+_MAX_FINISHED_IN_CONDITION: Final = 20
 ROLLOUT_KIND: Final = "ROLLOUT"
 # How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
 _LOCK_DAYS_DEFAULT: Final = 90
@@ -38,6 +57,19 @@ _LOCK_DAYS_DEFAULT: Final = 90
 
 def rollout_key(rollout_id: str) -> dict[str, str]:
     return {"PK": f"ROLLOUT#{rollout_id}", "SK": "ROLLOUT"}
+
+
+def rollout_turn_key(status: RolloutStatus) -> dict[str, str]:
+    return {"PK": f"ROLLOUTTURN#{status}", "SK": "TURN"}
+
+
+def member_page_key(rollout_id: str, page: int) -> dict[str, str]:
+    return {"PK": f"ROLLOUT#{rollout_id}", "SK": f"MEMBERS#{page:05d}"}
+
+
+def member_page_item(rollout_id: str, page: int, ids: Sequence[str]) -> dict[str, Any]:
+    """Member page `page` of a rollout: the sorted scope's ids from position page * MEMBER_PAGE_SIZE."""
+    return {**member_page_key(rollout_id, page), "ids": list(ids)}
 
 
 def rollout_lock_key(worker_id: str) -> dict[str, str]:
@@ -119,17 +151,66 @@ class RolloutStore(TableAccess):
             ScanIndexForward=False,
         )
 
-    def active_ids(self, status: RolloutStatus, *, limit: int) -> Iterator[str]:
-        """Ids of rollouts in `status` (an active one), oldest first, at most `limit`; the index may lag,
-        so callers read each rollout again before acting on it."""
-        items, _ = self._query(
-            IndexName=BY_STATUS,
-            KeyConditionExpression="GSI1PK = :pk",
-            ExpressionAttributeValues={":pk": {"S": rollout_status_partition(status)}},
-            Limit=limit,
-        )
-        for item in items:
-            yield str(item["GSI1SK"]["S"])
+    def members(self, rollout: Rollout, start: int, stop: int) -> list[str]:
+        """The sorted scope's ids from position `start` to `stop` (excluded), read from the member pages
+        that slice spans (strongly consistent), or from the item of a rollout stored with them inline."""
+        stop = min(stop, rollout.total)
+        if start >= stop:
+            return []
+        size = rollout.member_page_size
+        if size is None:
+            return rollout.worker_ids[start:stop]
+        first, last = start // size, (stop - 1) // size
+        items = self._batch_get_items([member_page_key(rollout.id, p) for p in range(first, last + 1)])
+        pages = {int(str(i["SK"]["S"]).removeprefix("MEMBERS#")): deserialize(i)["ids"] for i in items}
+        if len(pages) != last - first + 1:
+            raise NotFound("rollout members", rollout.id)
+        ids = [str(w) for p in range(first, last + 1) for w in pages[p]]
+        return ids[start - first * size : stop - first * size]
+
+    def wave_ids(self, rollout: Rollout, wave: int) -> list[str]:
+        """The workers of the rollout's wave `wave` (and of its rollback's, which are the same)."""
+        return self.members(rollout, *rollout.wave_bounds(wave))
+
+    def active_ids(self, status: RolloutStatus, *, limit: int, after: str | None = None) -> list[str]:
+        """Ids of rollouts in `status` (an active one), at most `limit`, in id order from the first after
+        `after`, then around from the first; the index may lag, so callers read each rollout again
+        before acting on it."""
+        partition = {":pk": {"S": rollout_status_partition(status)}}
+        if after is None:
+            items, _ = self._query(
+                IndexName=BY_STATUS,
+                KeyConditionExpression="GSI1PK = :pk",
+                ExpressionAttributeValues=partition,
+                Limit=limit,
+            )
+        else:
+            items, _ = self._query(
+                IndexName=BY_STATUS,
+                KeyConditionExpression="GSI1PK = :pk AND GSI1SK > :after",
+                ExpressionAttributeValues={**partition, ":after": {"S": after}},
+                Limit=limit,
+            )
+            if len(items) < limit:
+                wrapped, _ = self._query(
+                    IndexName=BY_STATUS,
+                    KeyConditionExpression="GSI1PK = :pk AND GSI1SK <= :after",
+                    ExpressionAttributeValues={**partition, ":after": {"S": after}},
+                    Limit=limit - len(items),
+                )
+                items += wrapped
+        return [str(item["GSI1SK"]["S"]) for item in items]
+
+    def turn(self, status: RolloutStatus) -> str | None:
+        """The id of the rollout in `status` the last cycle served last: the next cycle starts after it."""
+        item = self._get(rollout_turn_key(status))
+        return str(deserialize(item)["after"]) if item else None
+
+    def set_turn(self, status: RolloutStatus, after: str) -> None:
+        """Record the rollout in `status` this cycle served last. Only the leading shard, under its lease,
+        writes it; should two cycles ever race, the loser's rollouts wait one cycle more, nothing else."""
+        item = serialize({**rollout_turn_key(status), "after": after})
+        with_backoff(lambda: self._client.put_item(TableName=self.table_name, Item=item), name="PutItem")
 
     def lock_holder(self, worker_id: str) -> str | None:
         item = self._get(rollout_lock_key(worker_id))
@@ -150,9 +231,9 @@ class RolloutStore(TableAccess):
 
     # ---- writes ------------------------------------------------------------------------------
 
-    def _lock_put(self, worker_id: str, rollout: Rollout, holder: str | None) -> dict[str, Any]:
-        """Take the worker's lock: absent, already ours, or (when `holder` is given) held by that rollout,
-        which has finished."""
+    def _lock_put(self, worker_id: str, rollout: Rollout, finished: Sequence[str]) -> dict[str, Any]:
+        """Take the worker's lock: absent, already ours, or held by one of the rollouts `finished`
+        names, which have finished."""
         days = self.audit_retention_days or _LOCK_DAYS_DEFAULT
         item = {
             **rollout_lock_key(worker_id),
@@ -161,16 +242,15 @@ class RolloutStore(TableAccess):
         }
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
         values: dict[str, Any] = {":me": rollout.id}
-        if holder is not None:
-            condition += " OR rollout_id = :finished"
-            values[":finished"] = holder
+        if finished:
+            names = [f":finished{n}" for n in range(len(finished))]
+            condition += f" OR rollout_id IN ({', '.join(names)})"
+            values |= dict(zip(names, finished, strict=True))
         return self._put(item, condition, values)
 
-    def _take_locks(
-        self, rollout: Rollout, worker_ids: Sequence[str], finished: dict[str, str]
-    ) -> int | None:
+    def _take_locks(self, rollout: Rollout, worker_ids: Sequence[str], finished: Sequence[str]) -> int | None:
         """Put one chunk of locks; None when all were taken, else the index of one held by another."""
-        puts = [self._lock_put(w, rollout, finished.get(w)) for w in worker_ids]
+        puts = [self._lock_put(w, rollout, finished) for w in worker_ids]
         try:
             self._transact(puts, {i: (lambda _, i=i: _LockTaken(i)) for i in range(len(puts))})  # type: ignore[misc]
         except _LockTaken as taken:
@@ -189,52 +269,121 @@ class RolloutStore(TableAccess):
             name="DeleteItem",
         )
 
-    def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
-        """Take the lock of each worker for `rollout`; RolloutCovered (409) when an active rollout holds
-        one of them, StaleWrite when they kept changing. The locks taken meanwhile are given back."""
-        taken: list[str] = []
-        for start in range(0, len(ids), LOCKS_PER_TRANSACTION):
-            chunk = ids[start : start + LOCKS_PER_TRANSACTION]
-            finished: dict[str, str] = {}
-            # Locks can be refused by finished rollouts' leftovers: read every holder of the chunk and,
-            # when all are finished, take their locks over on the condition that each still names its
-            # holder. A lock that changed meanwhile refuses again and is read again.
-            for _ in range(3):
-                refused = self._take_locks(rollout, chunk, finished)
-                if refused is None:
-                    taken.extend(chunk)
-                    break
-                finished = {}
-                # A rollout's locks name it many times: each holder is read once.
+    def _lock_chunk(self, rollout: Rollout, chunk: Sequence[str], known: dict[str, Rollout | None]) -> None:
+        """Take one transaction's worth of locks; RolloutCovered or StaleWrite as _lock_all says, with
+        none of this chunk's locks taken. `known`: the other rollouts this start has read, by id."""
+        # Locks can be held by finished rollouts' leftovers (the same workers rolled out again). A chunk
+        # is first tried on the condition that each lock is free, ours, or held by a finished rollout
+        # this start already met (rolled again, a scope's locks mostly name one rollout, so a chunk rarely
+        # needs a read of its own). Refused, its holders are read: when all are finished their locks are
+        # taken over on the condition that each still names one of them, else RolloutCovered. A lock
+        # that changed meanwhile refuses again and is read again.
+        seen = dict(known)
+        finished = sorted(h for h, other in seen.items() if other is None or other.finished)
+        if len(finished) > _MAX_FINISHED_IN_CONDITION:
+            finished = []
+        for attempt in range(3):
+            if attempt:
                 read: dict[str, Rollout | None] = {}
-                for worker_id, holder in sorted(self._lock_holders(chunk).items()):
-                    if holder == rollout.id:
-                        continue
-                    if holder not in read:
-                        read[holder] = self.find(holder)
-                    other = read[holder]
-                    if other is not None and not other.finished:
-                        self._release_all(rollout, taken)
-                        raise RolloutCovered(worker_id, holder, str(other.status))
-                    finished[worker_id] = holder
-            else:
-                self._release_all(rollout, taken)
-                raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
+                finished = self._finished_holders(rollout, chunk, read)
+                known.update(read)
+            if self._take_locks(rollout, chunk, finished) is None:
+                return
+        raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
 
-    def start(self, rollout: Rollout, *, actor: str) -> Rollout:
-        """Take the lock of every worker the rollout covers, then store it RUNNING with its audit item.
+    def _finished_holders(
+        self, rollout: Rollout, chunk: Sequence[str], read: dict[str, Rollout | None]
+    ) -> list[str]:
+        """The finished rollouts holding these workers' locks (free ones and our own left out);
+        RolloutCovered when an active rollout holds one. `read`: the rollouts read, by id."""
+        finished: set[str] = set()
+        for worker_id, holder in sorted(self._lock_holders(chunk).items()):
+            if holder == rollout.id:
+                continue
+            if holder not in read:
+                # A rollout's locks name it many times: each holder is read once.
+                read[holder] = self.find(holder)
+            other = read[holder]
+            if other is not None and not other.finished:
+                raise RolloutCovered(worker_id, holder, str(other.status))
+            finished.add(holder)
+        return sorted(finished)
+
+    def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
+        """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)
+        when an active rollout holds one of them, StaleWrite when they kept changing. The locks taken
+        meanwhile are given back."""
+        chunks = [ids[i : i + LOCKS_PER_TRANSACTION] for i in range(0, len(ids), LOCKS_PER_TRANSACTION)]
+        known: dict[str, Rollout | None] = {}
+        lock = partial(self._lock_chunk, known=known)
+        errors: list[Exception] = []
+        taken: list[str] = []
+        for chunk, error in zip(chunks, self._each_chunk(lock, rollout, chunks), strict=True):
+            if error is None:
+                taken.extend(chunk)
+            else:
+                errors.append(error)
+        if errors:
+            self._release_all(rollout, taken)
+            # A refusal naming the holder says more than a chunk that kept changing.
+            raise next((e for e in errors if isinstance(e, RolloutCovered)), errors[0])
+
+    def _each_chunk(
+        self,
+        call: Callable[[Rollout, Sequence[str]], None],
+        rollout: Rollout,
+        chunks: Sequence[Sequence[str]],
+    ) -> list[Exception | None]:
+        """`call` on every chunk, LOCK_TRANSACTIONS_AT_ONCE at a time (each in a copy of this context, so
+        its AWS calls are still this function's); what each raised, in order."""
+        if len(chunks) <= 1:
+            errors: list[Exception | None] = []
+            for chunk in chunks:
+                try:
+                    call(rollout, chunk)
+                    errors.append(None)
+                except Exception as exc:  # handed back to the caller, as the pool's future would
+                    errors.append(exc)
+            return errors
+        with ThreadPoolExecutor(max_workers=LOCK_TRANSACTIONS_AT_ONCE) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, call, rollout, c) for c in chunks]
+            return [cast(Exception | None, f.exception()) for f in futures]
+
+    def start(self, rollout: Rollout, worker_ids: Sequence[str], *, actor: str) -> Rollout:
+        """Take the lock of every worker the rollout covers, then store it RUNNING with its member pages
+        and its audit item, in one transaction.
 
         RolloutCovered (409) when an active rollout holds one of the locks; the locks taken meanwhile
         are given back. A lock held by a finished rollout is taken over."""
+        ids = sorted(set(worker_ids))
+        if len(ids) != len(worker_ids) or len(ids) != rollout.total:
+            raise ValueError("a rollout's total counts its distinct workers")
         if rollout.total > MAX_ROLLOUT_WORKERS:
             raise ValueError("a rollout covers at most MAX_ROLLOUT_WORKERS workers")
+        size = MEMBER_PAGE_SIZE
+        pages = [ids[i : i + size] for i in range(0, len(ids), size)]
+        if len(pages) + 2 > _MAX_TRANSACTION_ITEMS:
+            raise ValueError("a rollout's member pages, item and audit fit in one transaction")
         now = utcnow()
-        stored = rollout.model_copy(update={"version": 1, "created_at": now, "updated_at": now})
-        self._lock_all(stored, stored.worker_ids)
+        stored = rollout.model_copy(
+            update={
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+                "member_page_size": size,
+                "worker_ids": [],
+            }
+        )
+        self._lock_all(stored, ids)
+        members = [
+            self._put(member_page_item(stored.id, n, page), "attribute_not_exists(PK)")
+            for n, page in enumerate(pages)
+        ]
         self._transact(
             [
                 self._put(self._item(stored), "attribute_not_exists(PK)"),
                 self._audit(stored, "RolloutStarted", actor, stored.reason, None),
+                *members,
             ],
             {0: lambda _: Conflict("rollout", stored.id, None, f"rollout {stored.id} already exists")},
             written=stored,
@@ -254,10 +403,18 @@ class RolloutStore(TableAccess):
         its scope since: RolloutCovered, 409), then save the rollout ROLLING_BACK under its version."""
         if len(replacement_ids) > MAX_ROLLOUT_WORKERS:
             raise ValueError("a rollback covers at most MAX_ROLLOUT_WORKERS workers")
+        # The replacements of the waves the rollback covers.
         self._lock_all(rollout, sorted(replacement_ids))
         return self.save(rollout, changes, actor=actor, action="RolloutRollbackStarted", reason=reason)
 
     def _release_all(self, rollout: Rollout, worker_ids: Sequence[str]) -> None:
+        step = LOCKS_PER_TRANSACTION
+        chunks = [worker_ids[i : i + step] for i in range(0, len(worker_ids), step)]
+        errors = [e for e in self._each_chunk(self._release_chunk, rollout, chunks) if e is not None]
+        if errors:
+            raise errors[0]
+
+    def _release_chunk(self, rollout: Rollout, worker_ids: Sequence[str]) -> None:
         for worker_id in worker_ids:
             self._delete_lock(worker_id, rollout.id)
 

@@ -51,7 +51,11 @@ class RolloutControlRequest(BaseModel):
     summary="Replace a template's workers (or those named) wave by wave",
     responses=responses(
         {
-            200: ("dry_run: the plan, its waves and their workers; nothing was written", RolloutPlan),
+            200: (
+                "dry_run: the plan, each wave with its count and the first waves with their workers (up to "
+                "1,000); nothing was written",
+                RolloutPlan,
+            ),
             202: ("the rollout, RUNNING: the reconciler advances it", RolloutView),
         },
         409,
