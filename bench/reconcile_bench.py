@@ -12,7 +12,9 @@ import os
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -25,11 +27,12 @@ from fleetkeeper.cloud.ec2 import DESCRIBE_PAGE_SIZE
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.scale_down import scope_of
+from fleetkeeper.domain.sharding import Shard
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG
 from fleetkeeper.services import catalog
 from fleetkeeper.services.context import Context, build_context, default_context
 from fleetkeeper.services.discovery import discover_and_collect
-from fleetkeeper.services.reconcile import reconcile_fleet
+from fleetkeeper.services.reconcile import cycle, reconcile_fleet
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import record_attributes, serialize
@@ -148,6 +151,43 @@ def speed_up_moto_instance_filters() -> None:
     InstanceBackend.all_reservations = all_reservations  # type: ignore[method-assign]
 
 
+def speed_up_moto_launches() -> None:
+    """Make moto's launch of one instance cost the same whatever the region holds (same result, in this
+    process's moto server).
+
+    moto gives every launched instance a root volume, and on the way looks the new instance up by
+    scanning every instance of the region (`get_instance`) and the new volume up by scanning every
+    volume (`describe_volumes` with its one id): building a 100,000-machine fleet, 1,000 a RunInstances,
+    would cost 5 x 10^9 comparisons of the emulator's. The instance lookup here scans the newest
+    reservations first (a launch's instance is in the last one) and the one-id volume lookup is a dict
+    lookup; every answer, error included, is the one moto gives.
+    """
+    from moto.ec2.exceptions import InvalidInstanceIdError, InvalidVolumeIdError
+    from moto.ec2.models.elastic_block_store import EBSBackend
+    from moto.ec2.models.instances import InstanceBackend
+    from moto.ec2.utils import generic_filter
+
+    def get_instance(self: Any, instance_id: str) -> Any:
+        for reservation in reversed(list(self.reservations.values())):
+            for instance in reservation.instances:
+                if instance.id == instance_id:
+                    return instance
+        raise InvalidInstanceIdError(instance_id)
+
+    scan_volumes = EBSBackend.describe_volumes
+
+    def describe_volumes(self: Any, volume_ids: list[str] | None = None, filters: Any = None) -> list[Any]:
+        if volume_ids is None or len(volume_ids) != 1:
+            return scan_volumes(self, volume_ids, filters)
+        volume = self.volumes.get(volume_ids[0])
+        if volume is None:
+            raise InvalidVolumeIdError(set(volume_ids))
+        return generic_filter(filters, [volume]) if filters else [volume]
+
+    InstanceBackend.get_instance = get_instance  # type: ignore[method-assign]
+    EBSBackend.describe_volumes = describe_volumes  # type: ignore[method-assign]
+
+
 def page_moto_instances_like_aws() -> None:
     """Make moto page DescribeInstances by instance, as AWS does, instead of by reservation.
 
@@ -180,6 +220,38 @@ def page_moto_instances_like_aws() -> None:
         return ActionResult({"Reservations": page, "NextToken": page[-1].id if more else None})
 
     InstanceResponse.describe_instances = describe_instances  # type: ignore[method-assign]
+
+
+@contextmanager
+def fleet_stack() -> Iterator[LocalStack]:
+    """The local stack for a benchmark of large steady fleets: `bench_stack` with moto's region-wide
+    scans (tag lookup, instance filters, launches) swapped for lookups and DescribeInstances paged by
+    instance, as AWS pages it. The patches stay for the process: the answers do not change."""
+    speed_up_moto_tag_lookup()
+    speed_up_moto_instance_filters()
+    speed_up_moto_launches()
+    page_moto_instances_like_aws()
+    with bench_stack() as stack:
+        yield stack
+
+
+# A cycle that hit any of these did not do the steady fleet's work (an emulator answer timed out, say):
+# its time is not a figure, and the workers it backed off would skew the next cycles.
+NOT_STEADY = ("worker_errors", "region_unavailable", "backoff_waiting", "deferred", "conflicts")
+
+
+def steady(report: cycle.CycleReport) -> None:
+    """Stop the benchmark when a cycle did not do what a steady cycle does."""
+    if not (report.lease_acquired and report.completed) or any(report.counters[n] for n in NOT_STEADY):
+        raise RuntimeError(f"not a steady cycle, so not a figure: {report.as_dict()}")
+
+
+def warmed_up(ctx: Context, shard: Shard) -> Context:
+    """`ctx` on a stage configured for the shard's split, after one steady warm-up cycle of the shard
+    (first touches, cold client pools): the context to time the shard's cycles with."""
+    ctx = replace(ctx, settings=ctx.settings.model_copy(update={"reconcile_shards": shard.count}))
+    steady(reconcile_fleet(ctx, shard=shard))
+    return ctx
 
 
 def context(**overrides: str) -> Context:

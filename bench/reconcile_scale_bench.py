@@ -14,9 +14,9 @@ bench/reconcile_bench.py. Each figure is the median of REPEATS cycles after one 
   worker must be handled by exactly one shard (the shards' worker counts add up to the fleet, and each
   is the number of ids its bucket range owns).
 
-moto's tag filter and instance-id filter scan every instance of the region per call; the benchmark
-swaps both for dict and set lookups (same answers, bench/reconcile_bench.py) so that the wall times
-show fleetkeeper's cost, not the emulator's.
+moto's tag filter, instance-id filter and launches scan every instance of the region per call; the
+benchmark swaps them for dict and set lookups (same answers, `fleet_stack` in bench/reconcile_bench.py)
+so that the wall times show fleetkeeper's cost, not the emulator's.
 
 Run: `make bench` or `python -m bench reconcile_scale`.
 """
@@ -30,18 +30,11 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from unittest.mock import patch
 
-from bench.reconcile_bench import (
-    build_fleet,
-    page_moto_instances_like_aws,
-    speed_up_moto_instance_filters,
-    speed_up_moto_tag_lookup,
-)
-from bench.stack import bench_stack
+from bench.reconcile_bench import build_fleet, fleet_stack, steady, warmed_up
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import cycle, reconcile_fleet
@@ -89,22 +82,10 @@ class PhaseClock:
         return taken
 
 
-# A cycle that hit any of these did not do the steady fleet's work (an emulator answer timed out, say):
-# its time is not a figure, and the workers it backed off would skew the next cycles.
-NOT_STEADY = ("worker_errors", "region_unavailable", "backoff_waiting", "deferred", "conflicts")
-
-
-def steady(report: cycle.CycleReport) -> None:
-    """Stop the benchmark when a cycle did not do what a steady cycle does."""
-    if not (report.lease_acquired and report.completed) or any(report.counters[n] for n in NOT_STEADY):
-        raise RuntimeError(f"not a steady cycle, so not a figure: {report.as_dict()}")
-
-
 def timed_cycles(ctx: Context, shard: Shard, clock: PhaseClock) -> dict[str, Any]:
     """Median wall time (and phases) of REPEATS cycles of one shard, after a warm-up cycle, on a stage
     configured for that shard's split."""
-    ctx = replace(ctx, settings=ctx.settings.model_copy(update={"reconcile_shards": shard.count}))
-    steady(reconcile_fleet(ctx, shard=shard))
+    ctx = warmed_up(ctx, shard)
     walls: list[float] = []
     phases: list[defaultdict[str, float]] = []
     workers = 0
@@ -235,10 +216,7 @@ def section(curve: list[dict[str, Any]], shards: list[dict[str, Any]]) -> str:
 
 
 def run() -> str:
-    speed_up_moto_tag_lookup()
-    speed_up_moto_instance_filters()
-    page_moto_instances_like_aws()
-    with bench_stack() as stack:
+    with fleet_stack() as stack:
         clock = PhaseClock()
         curve, shards = measure(stack, clock)
     return section(curve, shards)
