@@ -18,6 +18,7 @@ executions' Step Functions transitions (their history events), and the pool's fr
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -30,12 +31,18 @@ import boto3
 from botocore import handlers
 from botocore.config import Config
 
-from bench.reconcile_bench import launch_machines, write_fleet
+from bench.reconcile_bench import (
+    launch_machines,
+    speed_up_moto_instance_filters,
+    speed_up_moto_tag_lookup,
+    write_fleet,
+)
 from bench.stack import bench_stack
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.rollouts import RolloutRequest, RolloutStatus, RolloutStrategy, replacement_id
+from fleetkeeper.observability import logger
 from fleetkeeper.services import catalog, rollouts
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.services.reconcile import reconcile_fleet
@@ -55,12 +62,29 @@ def workers_wanted() -> int:
     return int(os.environ.get("ROLLOUT_BENCH_WORKERS", DEFAULT_WORKERS))
 
 
+# The bench's own reads (its samples of the fleet between cycles) are not the product's calls.
+_not_counted = threading.local()
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Calls this thread makes inside the block are left out of `counting`."""
+    _not_counted.active = True
+    try:
+        yield
+    finally:
+        _not_counted.active = False
+
+
 @contextmanager
 def counting() -> Iterator[Counter[str]]:
-    """Every AWS call made through a client created inside the block, by `<service>:<Operation>`."""
+    """Every AWS call made through a client created inside the block, by `<service>:<Operation>`,
+    but the bench's own (`uncounted`)."""
     seen: Counter[str] = Counter()
 
     def record(event_name: str, **_: Any) -> None:
+        if getattr(_not_counted, "active", False):
+            return
         parts = event_name.split(".")
         seen[f"{parts[1]}:{parts[-1]}"] += 1
 
@@ -143,7 +167,8 @@ class Run:
 
 
 def _running(ctx: Context, ids: list[str]) -> int:
-    statuses = ctx.store.worker_statuses(ids)
+    with uncounted():
+        statuses = ctx.store.worker_statuses(ids)
     return sum(1 for s in statuses.values() if s == WorkerStatus.RUNNING)
 
 
@@ -197,7 +222,8 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
             current.free_min = min(current.free_min, free)
             current.free_max = max(current.free_max, free)
             current.out_max = max(current.out_max, size - running)
-            now = ctx.rollouts.find(rollout.id)
+            with uncounted():
+                now = ctx.rollouts.find(rollout.id)
             assert now is not None
             if now.wave != current.index or now.status != RolloutStatus.RUNNING:
                 current.seconds = time.perf_counter() - wave_started
@@ -302,8 +328,23 @@ def strategies_wanted() -> list[RolloutStrategy]:
 
 def run() -> str:
     size = workers_wanted()
-    with bench_stack() as stack:
-        runs = [measure(stack, strategy, size) for strategy in strategies_wanted()]
+    # moto answers tag and instance-id filters by scanning every resource for each instance: at 1,000
+    # workers that emulator artefact, not the product's calls, would set the cycles' pace.
+    speed_up_moto_tag_lookup()
+    speed_up_moto_instance_filters()
+    # The logger is made at import, before bench_stack sets the level: a line per worker moved would
+    # only slow the cycles timed here.
+    level = logger.log_level
+    logger.setLevel("WARNING")
+    runs: list[Run] = []
+    try:
+        with bench_stack() as stack:
+            for strategy in strategies_wanted():
+                runs.append(measure(stack, strategy, size))
+                # What is measured so far, should a later strategy not finish.
+                print(section(runs), flush=True)
+    finally:
+        logger.setLevel(level)
     return section(runs)
 
 
