@@ -18,6 +18,7 @@ executions' Step Functions transitions (their history events), and the pool's fr
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -189,6 +190,20 @@ def _transitions(resources: Any, wave_of: dict[str, int], run: Run) -> None:
             wave.transitions += sum(len(h["events"]) for h in history)
 
 
+def _close(run: Run, wave: Wave) -> None:
+    """The wave ended: kept, and its figures printed at once (a long run can be followed, and read
+    should it be cut short)."""
+    run.waves.append(wave)
+    dynamodb, ec2 = _service(wave.calls, "dynamodb"), _service(wave.calls, "ec2")
+    print(
+        f"{run.strategy} {run.size}: wave {wave.index} ({wave.workers} workers) {wave.seconds:.1f} s, "
+        f"{wave.cycles} cycles, DynamoDB {dynamodb}, EC2 {ec2}, "
+        f"free {wave.free_min}-{wave.free_max}, out of placement max {wave.out_max}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
     stack.reset_moto()
     resources = provision(stack, f"bench-rollout-{uuid.uuid4().hex[:8]}")
@@ -229,7 +244,7 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
                 current.seconds = time.perf_counter() - wave_started
                 current.calls = Counter(calls)
                 calls.clear()
-                run.waves.append(current)
+                _close(run, current)
                 if now.status != RolloutStatus.RUNNING:
                     run.status = str(now.status)
                     break
@@ -239,7 +254,7 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
                 run.status = f"stuck in wave {current.index}: {now.blocked}"
                 current.seconds = time.perf_counter() - wave_started
                 current.calls = Counter(calls)
-                run.waves.append(current)
+                _close(run, current)
                 break
             time.sleep(PAUSE_SECONDS)
         run.seconds = time.perf_counter() - started
