@@ -18,6 +18,8 @@ executions' Step Functions transitions (their history events), and the pool's fr
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -30,7 +32,12 @@ import boto3
 from botocore import handlers
 from botocore.config import Config
 
-from bench.reconcile_bench import launch_machines, write_fleet
+from bench.reconcile_bench import (
+    launch_machines,
+    speed_up_moto_instance_filters,
+    speed_up_moto_tag_lookup,
+    write_fleet,
+)
 from bench.stack import bench_stack
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import WorkerStatus
@@ -42,6 +49,7 @@ from fleetkeeper.domain.rollouts import (
     plan_waves,
     replacement_id,
 )
+from fleetkeeper.observability import logger
 from fleetkeeper.services import catalog, rollouts
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.services.reconcile import reconcile_fleet
@@ -61,12 +69,29 @@ def workers_wanted() -> int:
     return int(os.environ.get("ROLLOUT_BENCH_WORKERS", DEFAULT_WORKERS))
 
 
+# The bench's own reads (its samples of the fleet between cycles) are not the product's calls.
+_not_counted = threading.local()
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Calls this thread makes inside the block are left out of `counting`."""
+    _not_counted.active = True
+    try:
+        yield
+    finally:
+        _not_counted.active = False
+
+
 @contextmanager
 def counting() -> Iterator[Counter[str]]:
-    """Every AWS call made through a client created inside the block, by `<service>:<Operation>`."""
+    """Every AWS call made through a client created inside the block, by `<service>:<Operation>`,
+    but the bench's own (`uncounted`)."""
     seen: Counter[str] = Counter()
 
     def record(event_name: str, **_: Any) -> None:
+        if getattr(_not_counted, "active", False):
+            return
         parts = event_name.split(".")
         seen[f"{parts[1]}:{parts[-1]}"] += 1
 
@@ -149,7 +174,8 @@ class Run:
 
 
 def _running(ctx: Context, ids: list[str]) -> int:
-    statuses = ctx.store.worker_statuses(ids)
+    with uncounted():
+        statuses = ctx.store.worker_statuses(ids)
     return sum(1 for s in statuses.values() if s == WorkerStatus.RUNNING)
 
 
@@ -168,6 +194,20 @@ def _transitions(resources: Any, wave_of: dict[str, int], run: Run) -> None:
             wave = run.waves[wave_of[worker]]
             wave.executions += 1
             wave.transitions += sum(len(h["events"]) for h in history)
+
+
+def _close(run: Run, wave: Wave) -> None:
+    """The wave ended: kept, and its figures printed at once (a long run can be followed, and read
+    should it be cut short)."""
+    run.waves.append(wave)
+    dynamodb, ec2 = _service(wave.calls, "dynamodb"), _service(wave.calls, "ec2")
+    print(
+        f"{run.strategy} {run.size}: wave {wave.index} ({wave.workers} workers) {wave.seconds:.1f} s, "
+        f"{wave.cycles} cycles, DynamoDB {dynamodb}, EC2 {ec2}, "
+        f"free {wave.free_min}-{wave.free_max}, out of placement max {wave.out_max}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
@@ -203,13 +243,14 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
             current.free_min = min(current.free_min, free)
             current.free_max = max(current.free_max, free)
             current.out_max = max(current.out_max, size - running)
-            now = ctx.rollouts.find(rollout.id)
+            with uncounted():
+                now = ctx.rollouts.find(rollout.id)
             assert now is not None
             if now.wave != current.index or now.status != RolloutStatus.RUNNING:
                 current.seconds = time.perf_counter() - wave_started
                 current.calls = Counter(calls)
                 calls.clear()
-                run.waves.append(current)
+                _close(run, current)
                 if now.status != RolloutStatus.RUNNING:
                     run.status = str(now.status)
                     break
@@ -219,7 +260,7 @@ def measure(stack: LocalStack, strategy: RolloutStrategy, size: int) -> Run:
                 run.status = f"stuck in wave {current.index}: {now.blocked}"
                 current.seconds = time.perf_counter() - wave_started
                 current.calls = Counter(calls)
-                run.waves.append(current)
+                _close(run, current)
                 break
             time.sleep(PAUSE_SECONDS)
         run.seconds = time.perf_counter() - started
@@ -308,8 +349,23 @@ def strategies_wanted() -> list[RolloutStrategy]:
 
 def run() -> str:
     size = workers_wanted()
-    with bench_stack() as stack:
-        runs = [measure(stack, strategy, size) for strategy in strategies_wanted()]
+    # moto answers tag and instance-id filters by scanning every resource for each instance: at 1,000
+    # workers that emulator artefact, not the product's calls, would set the cycles' pace.
+    speed_up_moto_tag_lookup()
+    speed_up_moto_instance_filters()
+    # The logger is made at import, before bench_stack sets the level: a line per worker moved would
+    # only slow the cycles timed here.
+    level = logger.log_level
+    logger.setLevel("WARNING")
+    runs: list[Run] = []
+    try:
+        with bench_stack() as stack:
+            for strategy in strategies_wanted():
+                runs.append(measure(stack, strategy, size))
+                # What is measured so far, should a later strategy not finish.
+                print(section(runs), flush=True)
+    finally:
+        logger.setLevel(level)
     return section(runs)
 
 
