@@ -197,6 +197,27 @@ def test_given_two_templates_of_many_workers_then_a_cycle_reads_images_once_per_
     assert all(store.get_worker(w.id).drift is not None for w in fleet)
 
 
+def test_given_many_workers_to_launch_then_a_cycle_reads_their_image_once_and_launches_each_on_it(
+    make_ctx: ContextFactory, store, ec2
+):
+    _template(store, "alpha")
+    image, _ = publish_newer_image(ec2, "alpha-*")
+    pending = [
+        workers.create_worker(store, template="alpha", region="us-east-1", actor="test") for _ in range(6)
+    ]
+
+    with aws_calls() as calls:
+        report = reconcile_fleet(make_ctx())
+
+    # A wave of launches spends one DescribeImages of the region's budget, not one per launch.
+    assert calls.of("ec2", "DescribeImages") == 1
+    assert calls.of("ec2", "RunInstances") == 6
+    launched = [store.get_worker(w.id) for w in pending]
+    assert all(w.ec2_instance_id for w in launched)
+    assert {w.image_id for w in launched} == {image}
+    assert report.counters["reconcile_errors"] == 0
+
+
 def test_given_describe_images_failing_for_one_template_then_the_others_drift_is_still_computed(
     make_ctx: ContextFactory, store, ec2
 ):

@@ -50,6 +50,7 @@ from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, f
 from fleetkeeper.services.reconcile.auto_rollout import start_auto_rollouts
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
+from fleetkeeper.services.reconcile.images import NewestImages
 from fleetkeeper.services.reconcile.scale_down import FleetView, plan_steady_running, scale_down
 from fleetkeeper.services.rollout_engine import advance_rollouts
 from fleetkeeper.services.rollout_rollback import advance_rollbacks
@@ -221,6 +222,8 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     observations, unreadable = _observe(ctx, due, report, shard=shard)
     readings = _collect_metrics(ctx, due, now, report)
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
+    # Drift and launches ask the same question of each template's filter: answered once this cycle.
+    images = NewestImages(ctx)
     try:
         plan_steady_running(
             ctx,
@@ -237,7 +240,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         report.counters["reconcile_errors"] += 1
     try:
         # After scale-down, which rewrites the changes of the steps it plans (services/reconcile/drift.py).
-        plan_drift(ctx, work, now, report.counters)
+        plan_drift(ctx, work, now, report.counters, images)
     except Exception:  # drift waits a cycle; every step still runs
         logger.exception("drift planning failed")
         report.counters["drift_errors"] += 1
@@ -252,7 +255,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
         if remaining() < SAFETY_MARGIN_SECONDS:
             # Out of time: what is left waits for the next cycle rather than being cut off mid-step.
             return Outcome.REQUEUE, Counter(deferred=1)
-        return act(ctx, item, now)
+        return act(ctx, item, now, images)
 
     with ContextThreadPool(max_workers=PARALLELISM) as pool:
         for outcome, counters in pool.map(act_in_time, busy):
@@ -398,14 +401,16 @@ def _collect_metrics(
 # ---- acting on one worker, isolated ----------------------------------------------------------------
 
 
-def act(ctx: Context, item: Work, now: datetime) -> tuple[Outcome, Counter[str]]:
+def act(
+    ctx: Context, item: Work, now: datetime, images: NewestImages | None = None
+) -> tuple[Outcome, Counter[str]]:
     """The worker's step; whatever it raises stays with this worker (logged, counted, backed off)."""
     counters: Counter[str] = Counter()
     worker = item.worker
     if item.error is not None:
         return _worker_failed(ctx, item, item.error, now, counters), counters
     try:
-        return _dispatch(ctx, item, now, counters), counters
+        return _dispatch(ctx, item, now, counters, images), counters
     except Conflict as lost:
         # Someone else (an EC2 event, the API, a drain) changed the worker since it was read.
         counters["conflicts"] += 1
@@ -417,10 +422,12 @@ def act(ctx: Context, item: Work, now: datetime) -> tuple[Outcome, Counter[str]]
         return _worker_failed(ctx, item, error, now, counters), counters
 
 
-def _dispatch(ctx: Context, item: Work, now: datetime, counters: Counter[str]) -> Outcome:
+def _dispatch(
+    ctx: Context, item: Work, now: datetime, counters: Counter[str], images: NewestImages | None
+) -> Outcome:
     worker, step = item.worker, item.step
     if step.call is Ec2Call.LAUNCH:
-        return provisioning.launch(ctx, worker, now, counters)
+        return provisioning.launch(ctx, worker, now, counters, images)
     if step.call is Ec2Call.RETIRE_LAUNCHED:
         return provisioning.retire_launched(ctx, worker, step, counters)
     if item.scale_down is not None:

@@ -22,9 +22,8 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile.actions import Work
+from fleetkeeper.services.reconcile.images import ImageKey, NewestImages
 
-# A template's image is looked for by its name filter in a region: templates sharing a filter share it.
-ImageKey = tuple[str, str]
 # DescribeImages of one cycle run on this many threads; the calls are few (templates x regions).
 IMAGE_PARALLELISM: Final = 4
 # The steps that write the worker with their changes (apply_step, scale_down). A launch, a retirement
@@ -44,7 +43,7 @@ def _writes_changes(item: Work) -> bool:
 
 
 def desired_images(
-    ctx: Context, keys: Sequence[ImageKey], counters: Counter[str]
+    keys: Sequence[ImageKey], images: NewestImages, counters: Counter[str]
 ) -> dict[ImageKey, str | None]:
     """The newest image of each (filter, region), one DescribeImages each; a key whose read failed is
     left out (logged and counted), so its templates' drift stays as it was."""
@@ -52,7 +51,7 @@ def desired_images(
     def newest(key: ImageKey) -> tuple[ImageKey, str | None, BaseException | None]:
         name_filter, region = key
         try:
-            return key, ctx.ec2(region).newest_image(name_filter, owners=ctx.settings.ami_owners), None
+            return key, images.newest(name_filter, region), None
         except Exception as error:  # one template's images, not the cycle
             return key, None, error
 
@@ -78,6 +77,7 @@ def plan_drift(
     work: Sequence[Work],
     now: datetime,
     counters: Counter[str],
+    images: NewestImages | None = None,
 ) -> None:
     """Add each due worker's changed drift to the changes its step writes.
 
@@ -101,7 +101,7 @@ def plan_drift(
             and (item.step.target or item.worker.status) in DRIFT_STATUSES
         }
     )
-    images = desired_images(ctx, keys, counters)
+    found = desired_images(keys, images or NewestImages(ctx), counters)
     for item in relevant:
         worker = item.worker
         status = item.step.target or worker.status
@@ -112,10 +112,10 @@ def plan_drift(
             continue  # a worker of a deleted template: nothing to compare with
         else:
             key = (template.ami_name_filter, worker.region)
-            if key not in images:
+            if key not in found:
                 counters["drift_unknown"] += 1
                 continue
-            drift = drift_of(worker.model_copy(update={"status": status}), template, images[key], now)
+            drift = drift_of(worker.model_copy(update={"status": status}), template, found[key], now)
         if drift == worker.drift:
             continue
         if worker.drift is None:

@@ -25,6 +25,7 @@ from fleetkeeper.services.reconcile.actions import (
     fail,
     reset_backoff,
 )
+from fleetkeeper.services.reconcile.images import NewestImages
 
 # EC2 states of a machine that is gone or going: nothing to adopt or to terminate.
 _ENDING_STATES = frozenset({"terminated", "shutting-down"})
@@ -53,7 +54,9 @@ def machines_of(gateway: Ec2Gateway, worker: Worker) -> list[Ec2Instance]:
     return [machine for machine in found if machine.state not in _ENDING_STATES]
 
 
-def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) -> Outcome:
+def launch(
+    ctx: Context, worker: Worker, now: datetime, counters: Counter[str], images: NewestImages | None = None
+) -> Outcome:
     """Template, region config, newest AMI, RunInstances, PROVISIONING (docs/lifecycle.md)."""
     template = ctx.store.find_template(worker.template)
     if template is None:
@@ -84,8 +87,8 @@ def launch(ctx: Context, worker: Worker, now: datetime, counters: Counter[str]) 
     image_id = worker.launch_image_id if worker.launch_token else None
     token = worker.launch_token
     if image_id is None or token is None:
-        image_id = worker.pinned_image_id or gateway.newest_image(
-            template.ami_name_filter, owners=ctx.settings.ami_owners
+        image_id = worker.pinned_image_id or (images or NewestImages(ctx)).newest(
+            template.ami_name_filter, worker.region
         )
         if image_id is None:
             return fail(ctx, worker, f"no AMI matches '{template.ami_name_filter}'", counters)
