@@ -105,9 +105,18 @@ class WriteLedger:
             )
             for index in schema.global_secondary_indexes()
         }
-        events = dynamodb.meta.events
-        events.register("provide-client-params.dynamodb.*", self._before, unique_id=f"hot-before-{id(self)}")
-        events.register("after-call.dynamodb.*", self._after, unique_id=f"hot-after-{id(self)}")
+        # Each ledger keeps its own entry in the call's context and removes its hooks when closed: the
+        # clients are cached per process, so the next run's ledger is on the same client.
+        self._slot = f"hot_keys_{id(self)}"
+        self._events = dynamodb.meta.events
+        self._events.register(
+            "provide-client-params.dynamodb.*", self._before, unique_id=f"{self._slot}-before"
+        )
+        self._events.register("after-call.dynamodb.*", self._after, unique_id=f"{self._slot}-after")
+
+    def close(self) -> None:
+        self._events.unregister("provide-client-params.dynamodb.*", unique_id=f"{self._slot}-before")
+        self._events.unregister("after-call.dynamodb.*", unique_id=f"{self._slot}-after")
 
     def _targets(self, operation: str, params: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """(action, key) of each item the write touches."""
@@ -129,10 +138,10 @@ class WriteLedger:
         if model.name not in _WRITES:
             return
         targets = self._targets(model.name, params)
-        context["hot_keys"] = (model.name, targets, [self._image(key) for _, key in targets])
+        context[self._slot] = (model.name, targets, [self._image(key) for _, key in targets])
 
     def _after(self, http_response: Any, parsed: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-        recorded = context.pop("hot_keys", None)
+        recorded = context.pop(self._slot, None)
         if recorded is None or http_response.status_code >= 300 or "Error" in parsed:
             return
         operation, targets, before = recorded
@@ -221,11 +230,16 @@ def run_placements(ctx: Context, choices: dict[str, list[str]]) -> tuple[WriteLe
     ledger = WriteLedger(ctx.store._client, ctx.settings.table_name)
     rolls = random.Random(SEED)
     started = time.perf_counter()
-    for _ in range(PLACEMENTS):
-        if rolls.random() < 0.6:
-            placement.place_instance(ctx.store, actor="bench", pool=rolls.choice(choices["pools"]))
-        else:
-            placement.place_instance(ctx.store, actor="bench", template=rolls.choice(choices["templates"]))
+    try:
+        for _ in range(PLACEMENTS):
+            if rolls.random() < 0.6:
+                placement.place_instance(ctx.store, actor="bench", pool=rolls.choice(choices["pools"]))
+            else:
+                placement.place_instance(
+                    ctx.store, actor="bench", template=rolls.choice(choices["templates"])
+                )
+    finally:
+        ledger.close()
     return ledger, time.perf_counter() - started
 
 

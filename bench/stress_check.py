@@ -249,6 +249,7 @@ def _scan(dynamodb: Any, table: str) -> Iterator[dict[str, Any]]:
 
 def snapshot(dynamodb: Any, table: str) -> Snapshot:
     shot = Snapshot({}, {}, {}, defaultdict(list))
+    member_pages: dict[str, dict[str, list[str]]] = defaultdict(dict)
     for item in _scan(dynamodb, table):
         pk, sk = str(item["PK"]), str(item["SK"])
         if pk.startswith("WORKER#") and sk == "WORKER":
@@ -263,6 +264,8 @@ def snapshot(dynamodb: Any, table: str) -> Snapshot:
             shot.before_stop[str(item["name"])] = [str(n) for n in item.get("before_stop") or []]
         elif pk.startswith("ROLLOUT#") and sk == "ROLLOUT":
             shot.rollouts[str(item["id"])] = item
+        elif pk.startswith("ROLLOUT#") and sk.startswith("MEMBERS#"):
+            member_pages[pk.removeprefix("ROLLOUT#")][sk] = [str(w) for w in item.get("ids") or []]
         elif pk.startswith("ROLLOUTLOCK#") and sk == "LOCK":
             shot.rollout_locks[pk.removeprefix("ROLLOUTLOCK#")] = str(item.get("rollout_id"))
         elif pk.startswith("AUDIT#"):
@@ -270,7 +273,30 @@ def snapshot(dynamodb: Any, table: str) -> Snapshot:
             shot.audit[(entity, entity_id)].append(item)
     for events in shot.audit.values():
         events.sort(key=lambda e: str(e["SK"]))
+    for rid, rollout in shot.rollouts.items():
+        _with_scope(rollout, member_pages.get(rid, {}))
     return shot
+
+
+def _with_scope(rollout: dict[str, Any], pages: dict[str, list[str]]) -> None:
+    """The rollout's scope as `worker_ids`, whether it is stored inline (as an earlier release stored it)
+    or in member pages beside the item (page order is scope order): every check reads it there."""
+    if not rollout.get("worker_ids") and pages:
+        rollout["worker_ids"] = [w for _, ids in sorted(pages.items()) for w in ids]
+
+
+def _member_pages(dynamodb: Any, table: str, rollout_id: str) -> dict[str, list[str]]:
+    pages: dict[str, list[str]] = {}
+    for page in dynamodb.get_paginator("query").paginate(
+        TableName=table,
+        ConsistentRead=True,
+        KeyConditionExpression="PK = :pk AND begins_with(SK, :m)",
+        ExpressionAttributeValues={":pk": {"S": f"ROLLOUT#{rollout_id}"}, ":m": {"S": "MEMBERS#"}},
+    ):
+        for item in page.get("Items", []):
+            found = deserialize(item)
+            pages[str(found["SK"])] = [str(w) for w in found.get("ids") or []]
+    return pages
 
 
 def _time(value: Any) -> datetime | None:
@@ -972,6 +998,8 @@ def sample_rollouts(dynamodb: Any, table: str) -> list[RolloutSample]:
     ]
     samples = []
     for rollout in rollouts:
+        if not rollout.get("worker_ids"):
+            _with_scope(rollout, _member_pages(dynamodb, table, str(rollout["id"])))
         scope = [str(w) for w in rollout.get("worker_ids") or []]
         ids = sorted({*scope, *(replacement_id(str(rollout["id"]), w) for w in scope)})
         samples.append(RolloutSample(at, rollout, _get_workers(dynamodb, table, ids)))

@@ -355,3 +355,20 @@ def test_given_a_rolled_back_rollout_with_replacement_and_restoration_serving_th
     result = found()
     sc._rollouts_at_end(snap, at(10), result)
     assert len(result["worker with two replacements from one rollout"]) == 1
+
+
+def test_given_a_rollout_whose_scope_is_in_member_pages_then_the_checks_read_it_from_them() -> None:
+    # As the current release stores it: no ids on the item, the scope in pages beside it, in page order.
+    stored = rollout([], status="SUCCEEDED")
+    del stored["worker_ids"]
+    sc._with_scope(stored, {"MEMBERS#00001": ["w3"], "MEMBERS#00000": ["w1", "w2"]})
+    assert stored["worker_ids"] == ["w1", "w2", "w3"]
+
+    ours = [replacement_id(RID, w) for w in ("w1", "w2", "w3")]
+    created = {"action": "WorkerCreated", "actor": f"rollout:{RID}", "at": at(1).isoformat()}
+    snap = shot({("worker", r): [created] for r in ours}, workers={r: worker(r, "RUNNING") for r in ours})
+    snap.rollouts = {RID: stored}
+    result = found()
+    sc._rollouts_at_end(snap, at(10), result)
+    # Each replacement is derived from a worker of the paged scope: none is a second one.
+    assert result["worker with two replacements from one rollout"] == []
