@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +14,7 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_T
 from fleetkeeper.services import catalog
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.controlplane import ensure_worker_profile
+from tests.integration.functions import reconcile_fleet
 
 LAB_IMAGE_NAME = "lab-2026.02"
 
@@ -84,3 +87,23 @@ def report_cpu(worker: Worker, value: float) -> None:
             }
         ],
     )
+
+
+def cycle_until(
+    control_plane: Any,
+    until: Callable[[], Any],
+    sample: Callable[[], None] = lambda: None,
+    *,
+    max_cycles: int,
+    pause: float,
+) -> Any:
+    """Run reconcile cycles (sampling after each) until `until` answers something; that answer. The
+    drain workflows run on their own between cycles, so a short pause lets them move."""
+    for _ in range(max_cycles):
+        reconcile_fleet(control_plane.ctx)
+        sample()
+        found = until()
+        if found:
+            return found
+        time.sleep(pause)
+    raise AssertionError(f"not there in {max_cycles} cycles")

@@ -6,7 +6,6 @@ and an alarm in ALARM starts the rollback (a CloudWatch that fails leaves the ro
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -19,6 +18,7 @@ from fleetkeeper.services import workers
 from fleetkeeper_local import faults
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.functions import reconcile_fleet
+from tests.integration.reconciler.support import cycle_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,14 +34,7 @@ def _put_template(control_plane, **fields: Any) -> None:
 
 
 def _cycles(control_plane, until: Callable[[], Any], sample: Callable[[], None] = lambda: None) -> Any:
-    for _ in range(MAX_CYCLES):
-        reconcile_fleet(control_plane.ctx)
-        sample()
-        found = until()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"not there in {MAX_CYCLES} cycles")
+    return cycle_until(control_plane, until, sample, max_cycles=MAX_CYCLES, pause=0.2)
 
 
 def _view(control_plane, rollout_id: str) -> dict[str, Any]:

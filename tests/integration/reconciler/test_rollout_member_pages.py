@@ -4,7 +4,6 @@ stored with its ids inline (before member pages) still advances."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -17,7 +16,7 @@ from fleetkeeper.domain.rollouts import Rollout, RolloutStrategy, plan_waves, re
 from fleetkeeper.store import rollouts as rollout_store
 from fleetkeeper.store.codec import record_attributes, serialize
 from fleetkeeper_local.images import publish_newer_image
-from tests.integration.functions import reconcile_fleet
+from tests.integration.reconciler.support import cycle_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -27,15 +26,8 @@ PAGE = 4
 WIDTH = 3
 
 
-def _cycles(control_plane, until: Callable[[], Any], sample: Callable[[], None]) -> Any:
-    for _ in range(MAX_CYCLES):
-        reconcile_fleet(control_plane.ctx)
-        sample()
-        found = until()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not there in {MAX_CYCLES} cycles")
+def _cycles(control_plane, until: Callable[[], Any], sample: Callable[[], None] = lambda: None) -> Any:
+    return cycle_until(control_plane, until, sample, max_cycles=MAX_CYCLES, pause=0.1)
 
 
 def _status_is(control_plane, rollout_id: str, *statuses: str) -> Callable[[], dict[str, Any] | None]:

@@ -9,6 +9,9 @@
   finished), so two active rollouts never cover the same worker, whatever their scopes. A finished
   rollout's locks are not removed: the next rollout of those workers takes them over, and they expire
   with the audit retention.
+- A finished rollout, and its member pages, expire with the audit retention after it finished (the
+  save that finishes it sets their TTL in the same transaction). A rollback of a finished rollout makes
+  it active again, and the same kind of save takes the TTL off before anything can expire under it.
 
 - Its scope, sorted, in member pages: `PK = ROLLOUT#<id>`, `SK = MEMBERS#<page:05d>`, each
   `member_page_size` ids (the last fewer), written with the rollout in its start transaction and never
@@ -32,10 +35,10 @@ from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
-from fleetkeeper.store.codec import deserialize, record_attributes, serialize
+from fleetkeeper.store.codec import deserialize, record_attributes, serialize, serialize_value
 from fleetkeeper.store.retention import expiration
-from fleetkeeper.store.schema import BY_KIND, BY_STATUS
-from fleetkeeper.store.table import Page, TableAccess, conditional_write, current_status
+from fleetkeeper.store.schema import BY_KIND, BY_STATUS, TTL_ATTRIBUTE
+from fleetkeeper.store.table import Page, Refusal, TableAccess, conditional_write, current_status
 
 MAX_ROLLOUT_PAGE: Final = 100
 # Locks taken per transaction: DynamoDB allows 100 items in one, the rollout's own item is one of them.
@@ -113,7 +116,38 @@ class RolloutStore(TableAccess):
         if rollout.status in ACTIVE:
             item["GSI1PK"] = rollout_status_partition(rollout.status)
             item["GSI1SK"] = rollout.id
+        else:
+            item.update(self._kept_after_finish(rollout))
         return item
+
+    def _kept_after_finish(self, rollout: Rollout) -> dict[str, Any]:
+        """The TTL of a finished rollout's item and member pages (none while the audit is kept forever)."""
+        return expiration(rollout.finished_at or rollout.updated_at, self.audit_retention_days)
+
+    def _member_page_updates(self, rollout: Rollout) -> list[dict[str, Any]]:
+        """Set (finished) or take off (active) the TTL of each of the rollout's member pages, each on the
+        condition that the page is there: an update must never create a page of ids out of nothing."""
+        size = rollout.member_page_size
+        if size is None:
+            return []
+        kept = self._kept_after_finish(rollout) if rollout.finished else {}
+        if kept:
+            expression, values = "SET #ttl = :ttl", {":ttl": serialize_value(kept[TTL_ATTRIBUTE])}
+        else:
+            expression, values = "REMOVE #ttl", {}
+        updates = []
+        for page in range(-(-rollout.total // size)):
+            update: dict[str, Any] = {
+                "TableName": self.table_name,
+                "Key": serialize(member_page_key(rollout.id, page)),
+                "UpdateExpression": expression,
+                "ConditionExpression": "attribute_exists(PK)",
+                "ExpressionAttributeNames": {"#ttl": TTL_ATTRIBUTE},
+            }
+            if values:
+                update["ExpressionAttributeValues"] = values
+            updates.append({"Update": update})
+        return updates
 
     def _audit(
         self, rollout: Rollout, action: str, actor: str, reason: str | None, previous: str | None
@@ -455,5 +489,13 @@ class RolloutStore(TableAccess):
         if action is not None:
             previous = str(rollout.status) if rollout.status != updated.status else None
             items.append(self._audit(updated, action, actor, reason, previous))
-        self._transact(items, {0: stale}, written=updated)
+        refusals: dict[int, Refusal] = {0: stale}
+        if updated.finished != rollout.finished:
+            # Its member pages start (or stop) expiring with it. A page gone means the rollout's own
+            # retention passed before this save: what it scoped can no longer be read.
+            pages = self._member_page_updates(updated)
+            gone: Refusal = lambda _: NotFound("rollout members", rollout.id)  # noqa: E731
+            refusals |= {len(items) + n: gone for n in range(len(pages))}
+            items += pages
+        self._transact(items, refusals, written=updated)
         return updated
