@@ -12,6 +12,8 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.services import workers
+from fleetkeeper.services.reconcile import auto_rollout
+from fleetkeeper.services.reconcile.cycle import SAFETY_MARGIN_SECONDS
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.functions import reconcile_fleet
@@ -150,3 +152,47 @@ def test_given_an_auto_rollout_cancelled_then_the_reconciler_starts_no_other_for
     assert report.counters["auto_rollouts_started"] == 0
     assert report.counters["auto_rollout_held"] == 1
     assert store.get_worker(worker.id).drift is not None
+
+
+def test_given_more_drifted_workers_than_one_auto_start_covers_then_each_cycle_starts_one_over_the_rest(
+    control_plane, store, ec2, monkeypatch
+):
+    monkeypatch.setattr(auto_rollout, "AUTO_ROLLOUT_MAX_WORKERS", 2)
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0}]}})
+    assert status == 201
+    put_template(control_plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    ids = sorted(running_worker(store, ec2, "auto", old).id for _ in range(3))
+    publish_newer_image(ec2, "auto-*")
+
+    first = reconcile_fleet(control_plane.ctx)
+    second = reconcile_fleet(control_plane.ctx)
+    third = reconcile_fleet(control_plane.ctx)
+
+    assert first.counters["auto_rollouts_started"] == 1
+    assert first.counters["auto_rollout_workers_waiting"] == 1
+    assert second.counters["auto_rollouts_started"] == 1
+    assert third.counters["auto_rollouts_started"] == 0
+    rollouts = sorted(_rollouts(control_plane), key=lambda r: r["created_at"])
+    assert [r["total"] for r in rollouts] == [2, 1]
+    holders = control_plane.ctx.rollouts.lock_holders(ids)
+    assert holders == {ids[0]: rollouts[0]["id"], ids[1]: rollouts[0]["id"], ids[2]: rollouts[1]["id"]}
+
+
+def test_given_too_little_time_left_in_the_cycle_then_no_auto_rollout_starts_and_it_is_counted(
+    control_plane, store, ec2
+):
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {})
+    assert status == 201
+    put_template(control_plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    running_worker(store, ec2, "auto", old)
+    publish_newer_image(ec2, "auto-*")
+    # Room for the cycle's margin and its own steps, not for a start on top of them.
+    tight = SAFETY_MARGIN_SECONDS + auto_rollout.START_ALLOWANCE_SECONDS - 1
+
+    report = reconcile_fleet(control_plane.ctx, time_left=lambda: tight)
+
+    assert report.counters["auto_rollout_deferred"] == 1
+    assert _rollouts(control_plane) == []
+    assert reconcile_fleet(control_plane.ctx).counters["auto_rollouts_started"] == 1

@@ -5,9 +5,13 @@ The leading shard alone starts them, once its workers' steps have written their 
 looked at only when one of the cycle's workers of it is RUNNING and drifted that way (so a steady fleet
 reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers (their
 lock items), those a rollback pinned and those of an auto rollout that failed, was cancelled or was
-rolled back are left out, and one rollout is started over the first
-MAX_ROLLOUT_WORKERS of the others by id, with the default settings, through services/rollouts.start.
-A start refused because an active rollout took one of them meanwhile (409) means they are covered.
+rolled back are left out, and one rollout is started over the first AUTO_ROLLOUT_MAX_WORKERS of the
+others by id, with the default settings, through services/rollouts.start. A start refused because an
+active rollout took one of them meanwhile (409) means they are covered.
+
+A start runs inside the reconcile cycle, so it is bounded twice: one covers at most
+AUTO_ROLLOUT_MAX_WORKERS workers (the next cycles start others over the rest, which the earlier ones
+now cover), and it begins only while the cycle has START_ALLOWANCE_SECONDS left beyond its margin.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ from fleetkeeper.services.reconcile.actions import ACTOR, Work
 AUTO_REASON: Final = "auto: drift"
 # The drift a rollout fixes; `expired` has its own replacement (services/reconcile/expiry.py).
 ROLLED_REASONS: Final = frozenset({DriftReason.IMAGE, DriftReason.INSTANCE_TYPE})
+# The workers one auto rollout covers: its start takes a lock per worker (transactions of 99, eight at
+# once) inside the reconcile cycle, and 2,000 take a few seconds where 10,000 would take most of a cycle.
+AUTO_ROLLOUT_MAX_WORKERS: Final = min(2_000, MAX_ROLLOUT_WORKERS)
+# What a start of AUTO_ROLLOUT_MAX_WORKERS may take, with room: none begins with less left in the cycle.
+START_ALLOWANCE_SECONDS: Final = 15.0
 # An auto rollout that ended so holds its workers back from the next one until an operator rolls them.
 HELD: Final = frozenset({RolloutStatus.FAILED, RolloutStatus.CANCELLED, RolloutStatus.ROLLED_BACK})
 
@@ -107,7 +116,7 @@ def start_auto_rollouts(
         template = catalogue.get(name)
         if template is None or not template.auto_rollout:
             continue
-        if time_left() < margin_seconds:
+        if time_left() < margin_seconds + START_ALLOWANCE_SECONDS:
             counters["auto_rollout_deferred"] += 1
             return
         try:
@@ -124,7 +133,10 @@ def _start_one(ctx: Context, template: str, counters: Counter[str]) -> None:
     if not scope:
         counters["auto_rollout_covered"] += 1
         return
-    request = RolloutRequest(worker_ids=scope[:MAX_ROLLOUT_WORKERS], reason=AUTO_REASON)
+    if len(scope) > AUTO_ROLLOUT_MAX_WORKERS:
+        # The rest wait for the next cycles' starts, each over the next ids no rollout covers.
+        counters["auto_rollout_workers_waiting"] += len(scope) - AUTO_ROLLOUT_MAX_WORKERS
+    request = RolloutRequest(worker_ids=scope[:AUTO_ROLLOUT_MAX_WORKERS], reason=AUTO_REASON)
     try:
         started = rollouts.start(ctx, request, actor=ACTOR)
     except Conflict:
