@@ -113,16 +113,19 @@ def serve_in_turn(
     serves, each gets its turn within a few cycles. False when the time left ran out."""
     store = ctx.rollouts
     served: str | None = None
+    turn = store.turn(status)
     try:
-        for rollout_id in store.active_ids(status, limit=MAX_ROLLOUTS_PER_CYCLE, after=store.turn(status)):
+        for rollout_id in store.active_ids(status, limit=MAX_ROLLOUTS_PER_CYCLE, after=turn):
             if time_left() < margin_seconds:
                 counters["rollouts_deferred"] += 1
                 return False
             guarded_step(counters, rollout_id, what, partial(call, rollout_id))
             served = rollout_id
     finally:
-        if served is not None:
-            store.set_turn(status, served)
+        if served is not None and not store.set_turn(status, served, read=turn):
+            # Another cycle moved the turn since this one read it: its place stands, and the rollouts
+            # this cycle did not reach are served from there.
+            counters["rollout_turn_lost"] += 1
     return True
 
 

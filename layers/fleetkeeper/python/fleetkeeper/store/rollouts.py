@@ -31,7 +31,6 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Final, cast
 
-from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
@@ -240,11 +239,24 @@ class RolloutStore(TableAccess):
         item = self._get(rollout_turn_key(status))
         return str(deserialize(item)["after"]) if item else None
 
-    def set_turn(self, status: RolloutStatus, after: str) -> None:
-        """Record the rollout in `status` this cycle served last. Only the leading shard, under its lease,
-        writes it; should two cycles ever race, the loser's rollouts wait one cycle more, nothing else."""
-        item = serialize({**rollout_turn_key(status), "after": after})
-        with_backoff(lambda: self._client.put_item(TableName=self.table_name, Item=item), name="PutItem")
+    def set_turn(self, status: RolloutStatus, after: str, *, read: str | None) -> bool:
+        """Record the rollout in `status` this cycle served last, on the condition that the turn is still
+        `read` (what this cycle started from; None: there was none). False when another cycle moved it
+        meanwhile: that turn stands. Only the leading shard, under its lease, writes it."""
+        request: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Item": serialize({**rollout_turn_key(status), "after": after}),
+            "ConditionExpression": "attribute_not_exists(PK)",
+        }
+        if read is not None:
+            request |= {
+                "ConditionExpression": "#after = :read",
+                "ExpressionAttributeNames": {"#after": "after"},
+                "ExpressionAttributeValues": {":read": {"S": read}},
+            }
+        # A retry after a lost answer sees its own write and reads as refused: one lost turn counted
+        # too many, nothing else.
+        return conditional_write(lambda: self._client.put_item(**request), name="PutItem") is None
 
     def lock_holder(self, worker_id: str) -> str | None:
         item = self._get(rollout_lock_key(worker_id))
