@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.rollouts import RolloutRequest
+from fleetkeeper.domain.rollouts import ACTIVE, RolloutRequest, RolloutStatus, replacement_id
 from fleetkeeper.services import rollouts
 from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.rollouts import (
@@ -82,3 +82,47 @@ def test_given_a_lock_naming_no_rollout_then_it_refuses_while_young_and_is_taken
     )
     assert status_old == 202, old
     assert locks.lock_holders(ids) == {ids[0]: "ro-ghost", ids[1]: old["id"], ids[2]: old["id"]}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="begin_rollback takes the replacements' locks under the finished rollout's id, then saves it "
+    "ROLLING_BACK: a start in between takes those locks over, and both end up active over them",
+)
+def test_given_a_rollback_of_a_finished_rollout_racing_a_start_then_only_one_covers_the_replacements(
+    control_plane, labs, monkeypatch
+):
+    _, first = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+    base = f"/api/v1/rollouts/{first['id']}"
+    assert control_plane.api("POST", f"{base}/cancel")[0] == 200
+    locks = control_plane.ctx.rollouts
+    cancelled = locks.get(first["id"])
+    reached = locks.members(cancelled, 0, cancelled.wave_bounds(0)[1])
+    replacements = sorted(replacement_id(cancelled.id, w) for w in reached)
+    save = RolloutStore.save
+    others: list[str] = []
+
+    def start_then_save(self, rollout, changes, **kwargs):
+        if kwargs.get("action") == "RolloutRollbackStarted" and not others:
+            # The rollback holds the replacements' locks; the rollout is not ROLLING_BACK yet.
+            other = cancelled.model_copy(
+                update={"id": "ro-other", "status": RolloutStatus.RUNNING, "finished_at": None}
+            )
+            other = other.model_copy(update={"total": len(replacements)})
+            try:
+                others.append(locks.start(other, replacements, actor="other").id)
+            except RolloutCovered:
+                others.append("")
+        return save(self, rollout, changes, **kwargs)
+
+    monkeypatch.setattr(RolloutStore, "save", start_then_save)
+
+    status, rolling = control_plane.api("POST", f"{base}/rollback")
+
+    holders = set(locks.lock_holders(replacements).values())
+    active = {
+        r
+        for r in (first["id"], others[0])
+        if r and (found := locks.find(r)) is not None and found.status in ACTIVE
+    }
+    assert len(active) == 1, (status, rolling, holders, active)
