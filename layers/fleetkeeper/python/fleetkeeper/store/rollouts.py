@@ -55,6 +55,10 @@ _MAX_FINISHED_IN_CONDITION: Final = 20
 ROLLOUT_KIND: Final = "ROLLOUT"
 # How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
 _LOCK_DAYS_DEFAULT: Final = 90
+# How long a lock naming a rollout that is not stored (yet) counts as its start's: a start writes its
+# rollout after its locks, within its Lambda's timeout (15 minutes at most). Younger, the lock is that
+# start's, still running; older, its start died and the lock is taken over.
+STARTING_LOCK_SECONDS: Final = 15 * 60
 
 
 def rollout_key(rollout_id: str) -> dict[str, str]:
@@ -268,12 +272,18 @@ class RolloutStore(TableAccess):
 
     def _lock_holders(self, worker_ids: Sequence[str]) -> dict[str, str]:
         """The rollout named by each of these workers' locks, read consistently; free ones left out."""
+        return {w: holder for w, (holder, _) in self._locks(worker_ids).items()}
+
+    def _locks(self, worker_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """Each of these workers' locks: the rollout it names and when it was taken (epoch seconds, 0
+        for a lock stored before locks said so); free ones left out."""
         items = self._batch_get_items([rollout_lock_key(w) for w in worker_ids])
-        holders = {}
+        locks = {}
         for item in items:
             plain = deserialize(item)
-            holders[str(plain["PK"]).removeprefix("ROLLOUTLOCK#")] = str(plain["rollout_id"])
-        return holders
+            worker_id = str(plain["PK"]).removeprefix("ROLLOUTLOCK#")
+            locks[worker_id] = (str(plain["rollout_id"]), int(plain.get("taken_at") or 0))
+        return locks
 
     # ---- writes ------------------------------------------------------------------------------
 
@@ -284,6 +294,7 @@ class RolloutStore(TableAccess):
         item = {
             **rollout_lock_key(worker_id),
             "rollout_id": rollout.id,
+            "taken_at": int(utcnow().timestamp()),
             **expiration(rollout.created_at + timedelta(days=1), days),
         }
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
@@ -343,13 +354,18 @@ class RolloutStore(TableAccess):
         """The finished rollouts holding these workers' locks (free ones and our own left out);
         RolloutCovered when an active rollout holds one. `read`: the rollouts read, by id."""
         finished: set[str] = set()
-        for worker_id, holder in sorted(self._lock_holders(chunk).items()):
+        now = int(utcnow().timestamp())
+        for worker_id, (holder, taken_at) in sorted(self._locks(chunk).items()):
             if holder == rollout.id:
                 continue
             if holder not in read:
                 # A rollout's locks name it many times: each holder is read once.
                 read[holder] = self.find(holder)
             other = read[holder]
+            if other is None and now - taken_at < STARTING_LOCK_SECONDS:
+                # Another start took this lock and has not written its rollout yet: taking the lock
+                # over now would let both rollouts run over this worker.
+                raise RolloutCovered(worker_id, holder, "STARTING")
             if other is not None and not other.finished:
                 raise RolloutCovered(worker_id, holder, str(other.status))
             finished.add(holder)
