@@ -3,11 +3,16 @@ locks are in the table, its rollout not yet. The second must not take those lock
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, RolloutRequest, RolloutStatus, replacement_id
 from fleetkeeper.services import rollouts
+from fleetkeeper.services.context import build_context
+from fleetkeeper.settings import Settings
+from fleetkeeper.store import rollouts as rollout_store
 from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.rollouts import (
     STARTING_LOCK_SECONDS,
@@ -15,6 +20,7 @@ from fleetkeeper.store.rollouts import (
     RolloutStore,
     rollout_lock_key,
 )
+from fleetkeeper_local import faults
 
 pytestmark = pytest.mark.integration
 
@@ -66,10 +72,10 @@ def test_given_a_lock_naming_no_rollout_then_it_refuses_while_young_and_is_taken
 ):
     ids = sorted(w.id for w in labs)
     locks = control_plane.ctx.rollouts
-    now = int(utcnow().timestamp())
+    now = int(utcnow().timestamp() * 1000)
     # A start that died after its locks: one lock just taken, one taken past any start's timeout.
-    for worker_id, taken_at in ((ids[0], now), (ids[1], now - STARTING_LOCK_SECONDS - 60)):
-        item = {**rollout_lock_key(worker_id), "rollout_id": "ro-ghost", "taken_at": taken_at}
+    for worker_id, taken_at in ((ids[0], now), (ids[1], now - (STARTING_LOCK_SECONDS + 60) * 1000)):
+        item = {**rollout_lock_key(worker_id), "rollout_id": "ro-ghost", "taken_at_ms": taken_at}
         locks._client.put_item(TableName=locks.table_name, Item=serialize(item))
 
     status_young, young = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": ids[:1]})
@@ -84,11 +90,6 @@ def test_given_a_lock_naming_no_rollout_then_it_refuses_while_young_and_is_taken
     assert locks.lock_holders(ids) == {ids[0]: "ro-ghost", ids[1]: old["id"], ids[2]: old["id"]}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="begin_rollback takes the replacements' locks under the finished rollout's id, then saves it "
-    "ROLLING_BACK: a start in between takes those locks over, and both end up active over them",
-)
 def test_given_a_rollback_of_a_finished_rollout_racing_a_start_then_only_one_covers_the_replacements(
     control_plane, labs, monkeypatch
 ):
@@ -126,3 +127,33 @@ def test_given_a_rollback_of_a_finished_rollout_racing_a_start_then_only_one_cov
         if r and (found := locks.find(r)) is not None and found.status in ACTIVE
     }
     assert len(active) == 1, (status, rolling, holders, active)
+    # The start came while the rollback held the locks: it is the one refused, the rollback goes on.
+    assert others == [""]
+    assert (status, rolling["status"]) == (202, "ROLLING_BACK"), rolling
+    assert holders == {first["id"]}
+
+
+def test_given_a_refused_start_whose_locks_cannot_be_given_back_then_it_is_still_409(
+    control_plane, labs, monkeypatch
+):
+    ids = sorted(w.id for w in labs)
+    _, holder = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": ids[2:]})
+    # One lock per transaction: the first workers' locks are taken before the last one is refused.
+    monkeypatch.setattr(rollout_store, "LOCKS_PER_TRANSACTION", 1)
+    plan = faults.FaultPlan(
+        faults=[faults.Fault("dynamodb", "InternalServerError", frozenset({"DeleteItem"}), status=500)]
+    )
+
+    with plan.installed():
+        ctx = build_context(Settings.from_environ(os.environ))
+        with pytest.raises(RolloutCovered) as refused:
+            rollouts.start(ctx, RolloutRequest(worker_ids=ids), actor="op")
+
+    assert refused.value.details()["worker_id"] == ids[2]
+    assert refused.value.details()["id"] == holder["id"]
+    assert plan.injected["dynamodb:InternalServerError"] >= 1
+    # The locks it could not give back still name the refused start: a later start takes them over
+    # once they are old (test above), and the holder's lock is untouched.
+    held = control_plane.ctx.rollouts.lock_holders(ids)
+    assert held[ids[2]] == holder["id"]
+    assert set(held) == set(ids)

@@ -25,15 +25,16 @@ progress, and a member page at most MEMBER_PAGE_SIZE ids: both stay far inside t
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final, cast
 
 from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
+from fleetkeeper.observability import logger
 from fleetkeeper.store.codec import deserialize, record_attributes, serialize, serialize_value
 from fleetkeeper.store.retention import expiration
 from fleetkeeper.store.schema import BY_KIND, BY_STATUS, TTL_ATTRIBUTE
@@ -55,6 +56,19 @@ _MAX_FINISHED_IN_CONDITION: Final = 20
 ROLLOUT_KIND: Final = "ROLLOUT"
 # How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
 _LOCK_DAYS_DEFAULT: Final = 90
+
+
+def _epoch_ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def _finished_ms(rollout: Rollout | None) -> int:
+    """When a finished rollout finished (epoch ms); 0 for one that was never stored."""
+    if rollout is None:
+        return 0
+    return _epoch_ms(rollout.finished_at or rollout.updated_at)
+
+
 # How long a lock naming a rollout that is not stored (yet) counts as its start's: a start writes its
 # rollout after its locks, within its Lambda's timeout (15 minutes at most). Younger, the lock is that
 # start's, still running; older, its start died and the lock is taken over.
@@ -275,39 +289,51 @@ class RolloutStore(TableAccess):
         return {w: holder for w, (holder, _) in self._locks(worker_ids).items()}
 
     def _locks(self, worker_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """Each of these workers' locks: the rollout it names and when it was taken (epoch seconds, 0
-        for a lock stored before locks said so); free ones left out."""
+        """Each of these workers' locks: the rollout it names and when it was taken (epoch ms, 0 for a
+        lock stored before locks said so); free ones left out."""
         items = self._batch_get_items([rollout_lock_key(w) for w in worker_ids])
         locks = {}
         for item in items:
             plain = deserialize(item)
             worker_id = str(plain["PK"]).removeprefix("ROLLOUTLOCK#")
-            locks[worker_id] = (str(plain["rollout_id"]), int(plain.get("taken_at") or 0))
+            locks[worker_id] = (str(plain["rollout_id"]), int(plain.get("taken_at_ms") or 0))
         return locks
 
     # ---- writes ------------------------------------------------------------------------------
 
-    def _lock_put(self, worker_id: str, rollout: Rollout, finished: Sequence[str]) -> dict[str, Any]:
-        """Take the worker's lock: absent, already ours, or held by one of the rollouts `finished`
-        names, which have finished."""
+    def _lock_put(self, worker_id: str, rollout: Rollout, takeable: Mapping[str, int]) -> dict[str, Any]:
+        """Take the worker's lock: absent, already ours, or named by one of the rollouts `takeable`
+        maps to when it finished (epoch ms; 0 for one that was never stored), and taken before then.
+
+        A lock taken after its rollout finished is that rollout's rollback taking its locks, and a lock
+        naming a rollout not stored is a start taking its locks: either is taken over only once it is
+        older than STARTING_LOCK_SECONDS (its writer died). The condition carries the rule, so a
+        holder that became active again after this start read it refuses the write."""
         days = self.audit_retention_days or _LOCK_DAYS_DEFAULT
+        now_ms = _epoch_ms(utcnow())
         item = {
             **rollout_lock_key(worker_id),
             "rollout_id": rollout.id,
-            "taken_at": int(utcnow().timestamp()),
+            "taken_at_ms": now_ms,
             **expiration(rollout.created_at + timedelta(days=1), days),
         }
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
         values: dict[str, Any] = {":me": rollout.id}
-        if finished:
-            names = [f":finished{n}" for n in range(len(finished))]
-            condition += f" OR rollout_id IN ({', '.join(names)})"
-            values |= dict(zip(names, finished, strict=True))
+        if takeable:
+            values[":stale"] = now_ms - STARTING_LOCK_SECONDS * 1000
+            for n, (holder, finished_ms) in enumerate(sorted(takeable.items())):
+                condition += (
+                    f" OR (rollout_id = :h{n} AND (attribute_not_exists(taken_at_ms)"
+                    f" OR taken_at_ms <= :done{n} OR taken_at_ms < :stale))"
+                )
+                values |= {f":h{n}": holder, f":done{n}": finished_ms}
         return self._put(item, condition, values)
 
-    def _take_locks(self, rollout: Rollout, worker_ids: Sequence[str], finished: Sequence[str]) -> int | None:
+    def _take_locks(
+        self, rollout: Rollout, worker_ids: Sequence[str], takeable: Mapping[str, int]
+    ) -> int | None:
         """Put one chunk of locks; None when all were taken, else the index of one held by another."""
-        puts = [self._lock_put(w, rollout, finished) for w in worker_ids]
+        puts = [self._lock_put(w, rollout, takeable) for w in worker_ids]
         try:
             self._transact(puts, {i: (lambda _, i=i: _LockTaken(i)) for i in range(len(puts))})  # type: ignore[misc]
         except _LockTaken as taken:
@@ -332,44 +358,45 @@ class RolloutStore(TableAccess):
         # Locks can be held by finished rollouts' leftovers (the same workers rolled out again). A chunk
         # is first tried on the condition that each lock is free, ours, or held by a finished rollout
         # this start already met (rolled again, a scope's locks mostly name one rollout, so a chunk rarely
-        # needs a read of its own). Refused, its holders are read: when all are finished their locks are
-        # taken over on the condition that each still names one of them, else RolloutCovered. A lock
-        # that changed meanwhile refuses again and is read again.
-        seen = dict(known)
-        finished = sorted(h for h, other in seen.items() if other is None or other.finished)
-        if len(finished) > _MAX_FINISHED_IN_CONDITION:
-            finished = []
+        # needs a read of its own). Refused, its locks are read: when every holder is finished their locks
+        # are taken over on the condition that each still names one of them and was taken before it
+        # finished, else RolloutCovered. A lock that changed meanwhile refuses again and is read again.
+        takeable = {h: _finished_ms(other) for h, other in known.items() if other is None or other.finished}
+        if len(takeable) > _MAX_FINISHED_IN_CONDITION:
+            takeable = {}
         for attempt in range(3):
             if attempt:
                 read: dict[str, Rollout | None] = {}
-                finished = self._finished_holders(rollout, chunk, read)
+                takeable = self._takeable_holders(rollout, chunk, read)
                 known.update(read)
-            if self._take_locks(rollout, chunk, finished) is None:
+            if self._take_locks(rollout, chunk, takeable) is None:
                 return
         raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
 
-    def _finished_holders(
+    def _takeable_holders(
         self, rollout: Rollout, chunk: Sequence[str], read: dict[str, Rollout | None]
-    ) -> list[str]:
-        """The finished rollouts holding these workers' locks (free ones and our own left out);
-        RolloutCovered when an active rollout holds one. `read`: the rollouts read, by id."""
-        finished: set[str] = set()
-        now = int(utcnow().timestamp())
-        for worker_id, (holder, taken_at) in sorted(self._locks(chunk).items()):
+    ) -> dict[str, int]:
+        """The rollouts holding these workers' locks that this start may take them from (free ones and
+        our own left out), with when each finished (_lock_put). RolloutCovered when an active rollout
+        holds one, or a start or a rollback is taking it (status STARTING). `read`: rollouts read, by id."""
+        takeable: dict[str, int] = {}
+        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
+        for worker_id, (holder, taken_at_ms) in sorted(self._locks(chunk).items()):
             if holder == rollout.id:
                 continue
             if holder not in read:
                 # A rollout's locks name it many times: each holder is read once.
                 read[holder] = self.find(holder)
             other = read[holder]
-            if other is None and now - taken_at < STARTING_LOCK_SECONDS:
-                # Another start took this lock and has not written its rollout yet: taking the lock
-                # over now would let both rollouts run over this worker.
-                raise RolloutCovered(worker_id, holder, "STARTING")
             if other is not None and not other.finished:
                 raise RolloutCovered(worker_id, holder, str(other.status))
-            finished.add(holder)
-        return sorted(finished)
+            finished_ms = _finished_ms(other)
+            if taken_at_ms > finished_ms and taken_at_ms >= stale_before:
+                # Taken by a start that has not written its rollout yet, or by a finished rollout's
+                # rollback on its way to ROLLING_BACK: taking it over now would let both run over it.
+                raise RolloutCovered(worker_id, holder, "STARTING")
+            takeable[holder] = finished_ms
+        return takeable
 
     def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
         """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)
@@ -386,9 +413,17 @@ class RolloutStore(TableAccess):
             else:
                 errors.append(error)
         if errors:
-            self._release_all(rollout, taken)
+            self.give_back(rollout, taken)
             # A refusal naming the holder says more than a chunk that kept changing.
             raise next((e for e in errors if isinstance(e, RolloutCovered)), errors[0])
+
+    def give_back(self, rollout: Rollout, worker_ids: Sequence[str]) -> None:
+        """Release the locks this rollout took, as far as it can: a refusal stays the answer, and a lock
+        left behind is taken over once it is older than STARTING_LOCK_SECONDS."""
+        try:
+            self._release_all(rollout, worker_ids)
+        except Exception:
+            logger.exception("rollout locks not given back", rollout_id=rollout.id, locks=len(worker_ids))
 
     def _each_chunk(
         self,
@@ -462,7 +497,11 @@ class RolloutStore(TableAccess):
         reason: str | None,
     ) -> Rollout:
         """Lock the replacements the rollback will drain (another active rollout may have taken them in
-        its scope since: RolloutCovered, 409), then save the rollout ROLLING_BACK under its version."""
+        its scope since: RolloutCovered, 409), then save the rollout ROLLING_BACK under its version.
+
+        Locks a finished rollout takes are younger than its finish, so no start takes them over while
+        this rollback is on its way to ROLLING_BACK (_lock_put). A save that fails leaves them: they may
+        be another rollback's of this same rollout, and a start takes them over once they are old."""
         if len(replacement_ids) > MAX_ROLLOUT_WORKERS:
             raise ValueError("a rollback covers at most MAX_ROLLOUT_WORKERS workers")
         # The replacements of the waves the rollback covers.
