@@ -145,7 +145,7 @@ def test_given_a_refused_start_whose_locks_cannot_be_given_back_then_it_is_still
     )
 
     with plan.installed():
-        ctx = build_context(Settings.from_environ(os.environ))
+        ctx = build_context(Settings.from_environ(dict(os.environ)))
         with pytest.raises(RolloutCovered) as refused:
             rollouts.start(ctx, RolloutRequest(worker_ids=ids), actor="op")
 
