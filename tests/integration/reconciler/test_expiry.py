@@ -12,7 +12,9 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, WorkerTemplate, utcnow
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.reconcile.expiry import replacement_id
+from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.rollouts import rollout_lock_key
 from fleetkeeper_local import faults
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.conftest import ControlPlane
@@ -176,6 +178,26 @@ def test_given_an_expired_worker_protected_during_the_cycle_then_it_is_neither_r
     assert store.get_worker(old.id).do_not_disrupt_until is not None  # the operator's write landed
     assert store.get_worker(old.id).status == S.RUNNING, report.counters
     assert store.find_worker(replacement_id(old.id)) is None
+
+
+def test_given_an_expired_worker_whose_lock_a_start_just_took_then_expiry_leaves_it_to_that_rollout(
+    make_ctx: ContextFactory, store, ec2
+):
+    (old,) = fleet_of(store, ec2, ages_hours=[3])
+    # A start between its locks and its rollout's item: the lock names a rollout not stored yet.
+    ctx = make_ctx()
+    lock = {
+        **rollout_lock_key(old.id),
+        "rollout_id": "ro-starting",
+        "taken_at_ms": int(utcnow().timestamp() * 1000),
+    }
+    ctx.rollouts._client.put_item(TableName=ctx.rollouts.table_name, Item=serialize(lock))
+
+    report = reconcile_fleet(ctx)
+
+    assert report.counters["expiry_in_rollout"] == 1
+    assert report.counters["expiry_replacements"] == report.counters["expiry_drains"] == 0
+    assert store.get_worker(old.id).status == S.RUNNING
 
 
 def test_given_an_expired_worker_in_an_active_rollout_then_the_rollout_replaces_it_not_expiry(

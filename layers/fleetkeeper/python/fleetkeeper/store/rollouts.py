@@ -62,6 +62,18 @@ def _epoch_ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
+def _held_by(holder: Rollout | None, taken_at_ms: int, stale_before_ms: int) -> str | None:
+    """The status under which `holder` keeps a lock taken at `taken_at_ms` (None: it may be taken
+    over). An active rollout keeps it; so, while the lock is younger than STARTING_LOCK_SECONDS, does a
+    start that has not written its rollout yet (not stored) and a finished rollout's rollback on its
+    way to ROLLING_BACK (the lock was taken after the rollout finished): both are STARTING."""
+    if holder is not None and not holder.finished:
+        return str(holder.status)
+    if taken_at_ms > _finished_ms(holder) and taken_at_ms >= stale_before_ms:
+        return "STARTING"
+    return None
+
+
 def _finished_ms(rollout: Rollout | None) -> int:
     """When a finished rollout finished (epoch ms); 0 for one that was never stored."""
     if rollout is None:
@@ -388,15 +400,21 @@ class RolloutStore(TableAccess):
                 # A rollout's locks name it many times: each holder is read once.
                 read[holder] = self.find(holder)
             other = read[holder]
-            if other is not None and not other.finished:
-                raise RolloutCovered(worker_id, holder, str(other.status))
-            finished_ms = _finished_ms(other)
-            if taken_at_ms > finished_ms and taken_at_ms >= stale_before:
-                # Taken by a start that has not written its rollout yet, or by a finished rollout's
-                # rollback on its way to ROLLING_BACK: taking it over now would let both run over it.
-                raise RolloutCovered(worker_id, holder, "STARTING")
-            takeable[holder] = finished_ms
+            held = _held_by(other, taken_at_ms, stale_before)
+            if held is not None:
+                raise RolloutCovered(worker_id, holder, held)
+            takeable[holder] = _finished_ms(other)
         return takeable
+
+    def covers(self, worker_id: str) -> bool:
+        """Whether a rollout holds the worker's lock: an active one, or one about to be (a start or a
+        rollback taking its locks). The lock item is read consistently: the base table decides."""
+        lock = self._locks([worker_id]).get(worker_id)
+        if lock is None:
+            return False
+        holder, taken_at_ms = lock
+        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
+        return _held_by(self.find(holder), taken_at_ms, stale_before) is not None
 
     def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
         """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)

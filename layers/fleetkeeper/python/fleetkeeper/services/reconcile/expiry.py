@@ -23,7 +23,6 @@ from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Drift, DriftReason, Worker
-from fleetkeeper.domain.rollouts import ACTIVE
 from fleetkeeper.domain.scale_down import protected_from_disruption
 from fleetkeeper.observability import logger
 from fleetkeeper.services import disruption, drain_hooks, workers
@@ -134,13 +133,10 @@ def _replace(ctx: Context, seen: Worker, now: datetime, counters: Counter[str]) 
 
 
 def _in_active_rollout(ctx: Context, worker_id: str) -> bool:
-    """Whether a RUNNING, PAUSED or ROLLING_BACK rollout covers the worker, read from its lock item (the
-    base table), the same item that keeps two rollouts off one worker."""
-    holder = ctx.rollouts.lock_holder(worker_id)
-    if holder is None:
-        return False
-    rollout = ctx.rollouts.find(holder)
-    return rollout is not None and rollout.status in ACTIVE
+    """Whether a RUNNING, PAUSED or ROLLING_BACK rollout covers the worker, or one is taking its lock
+    right now, read from its lock item (the base table): the same rule that keeps two rollouts off one
+    worker."""
+    return ctx.rollouts.covers(worker_id)
 
 
 def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) -> bool:
