@@ -157,3 +157,24 @@ def test_given_a_refused_start_whose_locks_cannot_be_given_back_then_it_is_still
     held = control_plane.ctx.rollouts.lock_holders(ids)
     assert held[ids[2]] == holder["id"]
     assert set(held) == set(ids)
+
+
+def test_given_a_chunk_whose_locks_name_many_finished_rollouts_then_a_start_takes_them_all_over(
+    control_plane, labs
+):
+    # Workers each replaced once by a rollout of their own, long finished: every lock of one chunk
+    # names a different rollout. The condition of a lock may name only what that lock can hold.
+    _, first = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": [labs[0].id]})
+    locks = control_plane.ctx.rollouts
+    ids = [f"w-many-{n:03d}" for n in range(rollout_store.LOCKS_PER_TRANSACTION)]
+    old = int(utcnow().timestamp() * 1000) - (STARTING_LOCK_SECONDS + 60) * 1000
+    for n, worker_id in enumerate(ids):
+        item = {**rollout_lock_key(worker_id), "rollout_id": f"ro-gone-{n:03d}", "taken_at_ms": old}
+        locks._client.put_item(TableName=locks.table_name, Item=serialize(item))
+    template = locks.get(first["id"])
+    other = template.model_copy(update={"id": "ro-many", "total": len(ids)})
+
+    started = locks.start(other, ids, actor="op")
+
+    assert started.status == RolloutStatus.RUNNING
+    assert locks.lock_holders(ids) == dict.fromkeys(ids, "ro-many")

@@ -81,6 +81,11 @@ def _finished_ms(rollout: Rollout | None) -> int:
     return _epoch_ms(rollout.finished_at or rollout.updated_at)
 
 
+def _holder_read(held: Mapping[str, Mapping[str, int]], worker_id: str) -> Mapping[str, int]:
+    """The holder a worker's lock was read naming, with when it finished; none for a free lock."""
+    return held.get(worker_id, {})
+
+
 # How long a lock naming a rollout that is not stored (yet) counts as its start's: a start writes its
 # rollout after its locks, within its Lambda's timeout (15 minutes at most). Younger, the lock is that
 # start's, still running; older, its start died and the lock is taken over.
@@ -342,10 +347,11 @@ class RolloutStore(TableAccess):
         return self._put(item, condition, values)
 
     def _take_locks(
-        self, rollout: Rollout, worker_ids: Sequence[str], takeable: Mapping[str, int]
+        self, rollout: Rollout, worker_ids: Sequence[str], takeable: Callable[[str], Mapping[str, int]]
     ) -> int | None:
-        """Put one chunk of locks; None when all were taken, else the index of one held by another."""
-        puts = [self._lock_put(w, rollout, takeable) for w in worker_ids]
+        """Put one chunk of locks, each on the condition `takeable(worker id)` names (_lock_put); None
+        when all were taken, else the index of one held by another."""
+        puts = [self._lock_put(w, rollout, takeable(w)) for w in worker_ids]
         try:
             self._transact(puts, {i: (lambda _, i=i: _LockTaken(i)) for i in range(len(puts))})  # type: ignore[misc]
         except _LockTaken as taken:
@@ -373,25 +379,30 @@ class RolloutStore(TableAccess):
         # needs a read of its own). Refused, its locks are read: when every holder is finished their locks
         # are taken over on the condition that each still names one of them and was taken before it
         # finished, else RolloutCovered. A lock that changed meanwhile refuses again and is read again.
-        takeable = {h: _finished_ms(other) for h, other in known.items() if other is None or other.finished}
-        if len(takeable) > _MAX_FINISHED_IN_CONDITION:
-            takeable = {}
+        # After a read each lock's condition names only the holder read for it: a chunk's locks may name
+        # up to LOCKS_PER_TRANSACTION rollouts, and a condition naming them all would pass DynamoDB's
+        # 4 KB expression limit.
+        shared = {h: _finished_ms(other) for h, other in known.items() if other is None or other.finished}
+        if len(shared) > _MAX_FINISHED_IN_CONDITION:
+            shared = {}
+        takeable: Callable[[str], Mapping[str, int]] = lambda _: shared  # noqa: E731
         for attempt in range(3):
             if attempt:
                 read: dict[str, Rollout | None] = {}
-                takeable = self._takeable_holders(rollout, chunk, read)
+                held = self._takeable_holders(rollout, chunk, read)
                 known.update(read)
+                takeable = partial(_holder_read, held)
             if self._take_locks(rollout, chunk, takeable) is None:
                 return
         raise StaleWrite("rollout", rollout.id, None, "the workers' locks kept changing; try again")
 
     def _takeable_holders(
         self, rollout: Rollout, chunk: Sequence[str], read: dict[str, Rollout | None]
-    ) -> dict[str, int]:
-        """The rollouts holding these workers' locks that this start may take them from (free ones and
-        our own left out), with when each finished (_lock_put). RolloutCovered when an active rollout
-        holds one, or a start or a rollback is taking it (status STARTING). `read`: rollouts read, by id."""
-        takeable: dict[str, int] = {}
+    ) -> dict[str, dict[str, int]]:
+        """By worker, the rollout holding its lock that this start may take it from (free ones and our
+        own left out), with when it finished (_lock_put). RolloutCovered when an active rollout holds
+        one, or a start or a rollback is taking it (status STARTING). `read`: rollouts read, by id."""
+        takeable: dict[str, dict[str, int]] = {}
         stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
         for worker_id, (holder, taken_at_ms) in sorted(self._locks(chunk).items()):
             if holder == rollout.id:
@@ -403,7 +414,7 @@ class RolloutStore(TableAccess):
             held = _held_by(other, taken_at_ms, stale_before)
             if held is not None:
                 raise RolloutCovered(worker_id, holder, held)
-            takeable[holder] = _finished_ms(other)
+            takeable[worker_id] = {holder: _finished_ms(other)}
         return takeable
 
     def covers(self, worker_id: str) -> bool:
