@@ -4,6 +4,7 @@ locks are in the table, its rollout not yet. The second must not take those lock
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pytest
 
@@ -20,6 +21,7 @@ from fleetkeeper.store.rollouts import (
     RolloutStore,
     rollout_lock_key,
 )
+from fleetkeeper.store.schema import TTL_ATTRIBUTE
 from fleetkeeper_local import faults
 
 pytestmark = pytest.mark.integration
@@ -178,3 +180,30 @@ def test_given_a_chunk_whose_locks_name_many_finished_rollouts_then_a_start_take
 
     assert started.status == RolloutStatus.RUNNING
     assert locks.lock_holders(ids) == dict.fromkeys(ids, "ro-many")
+
+
+def test_given_a_rollback_of_a_rollout_started_long_ago_then_its_locks_do_not_expire_under_it(
+    control_plane, labs
+):
+    _, first = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+    base = f"/api/v1/rollouts/{first['id']}"
+    assert control_plane.api("POST", f"{base}/cancel")[0] == 200
+    locks = control_plane.ctx.rollouts
+    cancelled = locks.get(first["id"])
+    # Started a year and more ago (paused in between), finished lately: still inside its retention.
+    retention = control_plane.ctx.settings.audit_retention_days or 365
+    long_ago = cancelled.created_at - timedelta(days=retention + 30)
+    cancelled = locks.save(cancelled, {"created_at": long_ago}, actor="test")
+    reached = locks.members(cancelled, 0, cancelled.wave_bounds(0)[1])
+    replacements = sorted(replacement_id(cancelled.id, w) for w in reached)
+
+    status, rolling = control_plane.api("POST", f"{base}/rollback")
+
+    assert (status, rolling["status"]) == (202, "ROLLING_BACK"), rolling
+    now = utcnow().timestamp()
+    for worker_id in replacements:
+        lock = locks._client.get_item(
+            TableName=locks.table_name, Key=serialize(rollout_lock_key(worker_id)), ConsistentRead=True
+        )["Item"]
+        assert lock["rollout_id"]["S"] == first["id"]
+        assert int(lock[TTL_ATTRIBUTE]["N"]) > now, "the rollback's lock is already past its TTL"

@@ -54,7 +54,7 @@ _MAX_TRANSACTION_ITEMS: Final = 100
 # takes 100 operands; a scope rolled out again mostly names one or two).
 _MAX_FINISHED_IN_CONDITION: Final = 20
 ROLLOUT_KIND: Final = "ROLLOUT"
-# How long a lock outlives its rollout's start when no audit retention is set: far past any rollout.
+# How long a lock outlives its taking when no audit retention is set: far past any rollout.
 _LOCK_DAYS_DEFAULT: Final = 90
 
 
@@ -327,12 +327,15 @@ class RolloutStore(TableAccess):
         older than STARTING_LOCK_SECONDS (its writer died). The condition carries the rule, so a
         holder that became active again after this start read it refuses the write."""
         days = self.audit_retention_days or _LOCK_DAYS_DEFAULT
-        now_ms = _epoch_ms(utcnow())
+        now = utcnow()
+        now_ms = _epoch_ms(now)
+        # Kept from when it is taken, not from the rollout's start: a rollback of a finished rollout
+        # takes locks long after that, and one already past its TTL could vanish under it.
         item = {
             **rollout_lock_key(worker_id),
             "rollout_id": rollout.id,
             "taken_at_ms": now_ms,
-            **expiration(rollout.created_at + timedelta(days=1), days),
+            **expiration(now + timedelta(days=1), days),
         }
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
         values: dict[str, Any] = {":me": rollout.id}
