@@ -14,7 +14,9 @@ from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.services import workers
 from fleetkeeper.services.reconcile import auto_rollout
 from fleetkeeper.services.reconcile.cycle import SAFETY_MARGIN_SECONDS
+from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.rollouts import rollout_lock_key
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import launch
@@ -196,3 +198,30 @@ def test_given_too_little_time_left_in_the_cycle_then_no_auto_rollout_starts_and
     assert report.counters["auto_rollout_deferred"] == 1
     assert _rollouts(control_plane) == []
     assert reconcile_fleet(control_plane.ctx).counters["auto_rollouts_started"] == 1
+
+
+def test_given_a_drifted_worker_whose_lock_a_start_is_taking_then_the_auto_rollout_starts_over_the_others(
+    control_plane, store, ec2
+):
+    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0}]}})
+    assert status == 201
+    put_template(control_plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    ids = sorted(running_worker(store, ec2, "auto", old).id for _ in range(2))
+    # Another start took the first worker's lock moments ago and has not written its rollout yet (or
+    # died there, leaving the lock to age): a start over it is refused until the lock is old.
+    locks = control_plane.ctx.rollouts
+    ghost = {
+        **rollout_lock_key(ids[0]),
+        "rollout_id": "ro-starting",
+        "taken_at_ms": int(utcnow().timestamp() * 1000),
+    }
+    locks._client.put_item(TableName=locks.table_name, Item=serialize(ghost))
+    publish_newer_image(ec2, "auto-*")
+
+    report = reconcile_fleet(control_plane.ctx)
+
+    assert report.counters["auto_rollouts_started"] == 1, dict(report.counters)
+    (started,) = _rollouts(control_plane)
+    assert started["total"] == 1
+    assert locks.lock_holders(ids) == {ids[0]: "ro-starting", ids[1]: started["id"]}

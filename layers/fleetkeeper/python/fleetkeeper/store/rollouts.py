@@ -420,6 +420,18 @@ class RolloutStore(TableAccess):
             takeable[worker_id] = {holder: _finished_ms(other)}
         return takeable
 
+    def locks_taken(self, worker_ids: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """Each of these workers' locks (read consistently): the rollout it names and when it was taken
+        (epoch ms); free ones left out. `keeps` says whether its holder keeps it."""
+        return self._locks(worker_ids)
+
+    @staticmethod
+    def keeps(holder: Rollout | None, taken_at_ms: int) -> bool:
+        """Whether `holder` (None: not stored) keeps a lock taken at `taken_at_ms` from a start now: it is
+        active, or it is a start or a rollback taking its locks (_held_by)."""
+        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
+        return _held_by(holder, taken_at_ms, stale_before) is not None
+
     def covers(self, worker_id: str) -> bool:
         """Whether a rollout holds the worker's lock: an active one, or one about to be (a start or a
         rollback taking its locks). The lock item is read consistently: the base table decides."""

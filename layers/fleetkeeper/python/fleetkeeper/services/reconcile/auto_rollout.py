@@ -3,11 +3,12 @@ workers drift by `image` or `instance_type` (docs/rollouts.md, "Drift").
 
 The leading shard alone starts them, once its workers' steps have written their drift. A template is
 looked at only when one of the cycle's workers of it is RUNNING and drifted that way (so a steady fleet
-reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers (their
-lock items), those a rollback pinned and those of an auto rollout that failed, was cancelled or was
-rolled back are left out, and one rollout is started over the first AUTO_ROLLOUT_MAX_WORKERS of the
-others by id, with the default settings, through services/rollouts.start. A start refused because an
-active rollout took one of them meanwhile (409) means they are covered.
+reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers or a
+start or a rollback is taking right now (their lock items), those a rollback pinned and those of an
+auto rollout that failed, was cancelled or was rolled back are left out, and one rollout is started
+over the first AUTO_ROLLOUT_MAX_WORKERS of the others by id, with the default settings, through
+services/rollouts.start. A start refused because an active rollout took one of them meanwhile (409)
+means they are covered.
 
 A start runs inside the reconcile cycle, so it is bounded twice: one covers at most
 AUTO_ROLLOUT_MAX_WORKERS workers (the next cycles start others over the rest, which the earlier ones
@@ -23,7 +24,7 @@ from typing import Any, Final
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Drift, DriftReason, Worker, WorkerTemplate
-from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, RolloutRequest, RolloutStatus
+from fleetkeeper.domain.rollouts import MAX_ROLLOUT_WORKERS, RolloutRequest, RolloutStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services import rollouts
 from fleetkeeper.services.context import Context
@@ -74,27 +75,26 @@ def _candidate(worker: Worker) -> bool:
 
 
 def _uncovered(ctx: Context, worker_ids: Sequence[str], counters: Counter[str]) -> list[str]:
-    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers, by their lock items; and not
-    those of an auto rollout that failed, was cancelled or rolled back (an operator decides what
-    next: starting another each cycle would fail again, or undo what the operator did)."""
-    holders = ctx.rollouts.lock_holders(worker_ids)
-    kept: dict[str, str | None] = {}
-    for holder in sorted(set(holders.values())):
-        rollout = ctx.rollouts.find(holder)
-        if rollout is None:
-            kept[holder] = None
-        elif rollout.status in ACTIVE:
-            kept[holder] = "covered"
-        elif rollout.started_by == ACTOR and rollout.status in HELD:
-            kept[holder] = "held"
-        else:
-            kept[holder] = None
+    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers and no start or rollback is taking
+    right now, by their lock items (RolloutStore.keeps); and not those of an auto rollout that failed,
+    was cancelled or rolled back (an operator decides what next: starting another each cycle would
+    fail again, or undo what the operator did)."""
+    locks = ctx.rollouts.locks_taken(worker_ids)
+    read = {holder: ctx.rollouts.find(holder) for holder in sorted({h for h, _ in locks.values()})}
     free = []
     for worker_id in worker_ids:
-        why = kept.get(holders.get(worker_id, ""))
-        if why == "held":
+        if worker_id not in locks:
+            free.append(worker_id)
+            continue
+        holder, taken_at_ms = locks[worker_id]
+        rollout = read[holder]
+        if ctx.rollouts.keeps(rollout, taken_at_ms):
+            # An active rollout covers it, or a start or a rollback is taking its lock right now: a
+            # start over it would be refused (409 STARTING) and hold back the template's other workers.
+            continue
+        if rollout is not None and rollout.started_by == ACTOR and rollout.status in HELD:
             counters["auto_rollout_held"] += 1
-        elif why is None:
+        else:
             free.append(worker_id)
     return free
 
