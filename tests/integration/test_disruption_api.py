@@ -149,7 +149,8 @@ def test_given_a_freeze_when_an_operator_drains_then_the_drain_starts_and_names_
     drained = control_plane.ctx.store.get_worker(worker.id)
     # Nothing runs on it, so its workflow may already have stopped it by the time this reads.
     assert drained.status in {WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.STOPPED}
-    assert drained.drain is not None and drained.drain.generation == started["generation"]
+    assert drained.drain is not None
+    assert drained.drain.generation == started["generation"]
 
 
 def test_given_room_in_the_budgets_or_no_pool_then_the_drain_answer_names_none(control_plane, ec2_worker):

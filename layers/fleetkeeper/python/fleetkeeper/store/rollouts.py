@@ -439,8 +439,7 @@ class RolloutStore(TableAccess):
         if lock is None:
             return False
         holder, taken_at_ms = lock
-        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
-        return _held_by(self.find(holder), taken_at_ms, stale_before) is not None
+        return self.keeps(self.find(holder), taken_at_ms)
 
     def _lock_all(self, rollout: Rollout, ids: Sequence[str]) -> None:
         """Take the lock of each worker for `rollout`, a few transactions at once; RolloutCovered (409)
