@@ -300,7 +300,7 @@ def section(results: dict[str, dict[str, Any]], seconds: dict[str, float]) -> st
         "While a table is migrated, the earlier release's keys are written as they were, and every",
         "placement still writes the fleet-wide keys it wrote before (one status, one kind, one pool): the",
         "migrating run shows what the bucket layout removes, and why a stage should finish its migration",
-        "(docs/data-model.md, "Migrating a table") before it takes a fleet's full placement rate. Its",
+        '(docs/data-model.md, "Migrating a table") before it takes a fleet\'s full placement rate. Its',
         "extra write units per placement are the two layouts written side by side until the migration ends.",
         "",
     ]
