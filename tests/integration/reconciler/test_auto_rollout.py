@@ -42,6 +42,16 @@ def running_worker(store: FleetStore, ec2: Any, template: str, image_id: str) ->
     return store.transition_worker(worker, WorkerStatus.RUNNING, cause=Cause.EC2, actor="test")
 
 
+def drifted_auto_workers(plane: Any, store: FleetStore, ec2: Any, count: int) -> list[Worker]:
+    """`count` RUNNING workers of the `auto_rollout` template `auto` in pool labs, on an image a newer
+    one has since replaced: drifted by image."""
+    put_template(plane, "auto", auto_rollout=True)
+    old, _ = publish_newer_image(ec2, "auto-*")
+    fleet = [running_worker(store, ec2, "auto", old) for _ in range(count)]
+    publish_newer_image(ec2, "auto-*")
+    return fleet
+
+
 def _rollouts(plane: Any) -> list[dict[str, Any]]:
     status, page = plane.api("GET", "/api/v1/rollouts", query={"limit": "50"})
     assert status == 200, page
@@ -139,10 +149,7 @@ def test_given_an_auto_rollout_cancelled_then_the_reconciler_starts_no_other_for
 ):
     status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {})
     assert status == 201
-    put_template(control_plane, "auto", auto_rollout=True)
-    old, _ = publish_newer_image(ec2, "auto-*")
-    worker = running_worker(store, ec2, "auto", old)
-    publish_newer_image(ec2, "auto-*")
+    (worker,) = drifted_auto_workers(control_plane, store, ec2, 1)
     reconcile_fleet(control_plane.ctx)
     (started,) = _rollouts(control_plane)
     status, cancelled = control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel", {})
@@ -162,10 +169,7 @@ def test_given_more_drifted_workers_than_one_auto_start_covers_then_each_cycle_s
     monkeypatch.setattr(auto_rollout, "AUTO_ROLLOUT_MAX_WORKERS", 2)
     status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0}]}})
     assert status == 201
-    put_template(control_plane, "auto", auto_rollout=True)
-    old, _ = publish_newer_image(ec2, "auto-*")
-    ids = sorted(running_worker(store, ec2, "auto", old).id for _ in range(3))
-    publish_newer_image(ec2, "auto-*")
+    ids = sorted(w.id for w in drifted_auto_workers(control_plane, store, ec2, 3))
 
     first = reconcile_fleet(control_plane.ctx)
     second = reconcile_fleet(control_plane.ctx)
@@ -186,10 +190,7 @@ def test_given_too_little_time_left_in_the_cycle_then_no_auto_rollout_starts_and
 ):
     status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {})
     assert status == 201
-    put_template(control_plane, "auto", auto_rollout=True)
-    old, _ = publish_newer_image(ec2, "auto-*")
-    running_worker(store, ec2, "auto", old)
-    publish_newer_image(ec2, "auto-*")
+    drifted_auto_workers(control_plane, store, ec2, 1)
     # Room for the cycle's margin and its own steps, not for a start on top of them.
     tight = SAFETY_MARGIN_SECONDS + auto_rollout.START_ALLOWANCE_SECONDS - 1
 
@@ -205,9 +206,7 @@ def test_given_a_drifted_worker_whose_lock_a_start_is_taking_then_the_auto_rollo
 ):
     status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0}]}})
     assert status == 201
-    put_template(control_plane, "auto", auto_rollout=True)
-    old, _ = publish_newer_image(ec2, "auto-*")
-    ids = sorted(running_worker(store, ec2, "auto", old).id for _ in range(2))
+    ids = sorted(w.id for w in drifted_auto_workers(control_plane, store, ec2, 2))
     # Another start took the first worker's lock moments ago and has not written its rollout yet (or
     # died there, leaving the lock to age): a start over it is refused until the lock is old.
     locks = control_plane.ctx.rollouts
@@ -217,7 +216,6 @@ def test_given_a_drifted_worker_whose_lock_a_start_is_taking_then_the_auto_rollo
         "taken_at_ms": int(utcnow().timestamp() * 1000),
     }
     locks._client.put_item(TableName=locks.table_name, Item=serialize(ghost))
-    publish_newer_image(ec2, "auto-*")
 
     report = reconcile_fleet(control_plane.ctx)
 
