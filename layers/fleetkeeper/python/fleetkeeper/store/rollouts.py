@@ -74,6 +74,11 @@ def _held_by(holder: Rollout | None, taken_at_ms: int, stale_before_ms: int) -> 
     return None
 
 
+def _stale_before(now_ms: int) -> int:
+    """Locks taken before this (epoch ms) are old enough that their writer has died."""
+    return now_ms - STARTING_LOCK_SECONDS * 1000
+
+
 def _finished_ms(rollout: Rollout | None) -> int:
     """When a finished rollout finished (epoch ms); 0 for one that was never stored."""
     if rollout is None:
@@ -340,7 +345,7 @@ class RolloutStore(TableAccess):
         condition = "attribute_not_exists(PK) OR rollout_id = :me"
         values: dict[str, Any] = {":me": rollout.id}
         if takeable:
-            values[":stale"] = now_ms - STARTING_LOCK_SECONDS * 1000
+            values[":stale"] = _stale_before(now_ms)
             for n, (holder, finished_ms) in enumerate(sorted(takeable.items())):
                 condition += (
                     f" OR (rollout_id = :h{n} AND (attribute_not_exists(taken_at_ms)"
@@ -406,7 +411,7 @@ class RolloutStore(TableAccess):
         own left out), with when it finished (_lock_put). RolloutCovered when an active rollout holds
         one, or a start or a rollback is taking it (status STARTING). `read`: rollouts read, by id."""
         takeable: dict[str, dict[str, int]] = {}
-        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
+        stale_before = _stale_before(_epoch_ms(utcnow()))
         for worker_id, (holder, taken_at_ms) in sorted(self._locks(chunk).items()):
             if holder == rollout.id:
                 continue
@@ -429,7 +434,7 @@ class RolloutStore(TableAccess):
     def keeps(holder: Rollout | None, taken_at_ms: int) -> bool:
         """Whether `holder` (None: not stored) keeps a lock taken at `taken_at_ms` from a start now: it is
         active, or it is a start or a rollback taking its locks (_held_by)."""
-        stale_before = _epoch_ms(utcnow()) - STARTING_LOCK_SECONDS * 1000
+        stale_before = _stale_before(_epoch_ms(utcnow()))
         return _held_by(holder, taken_at_ms, stale_before) is not None
 
     def covers(self, worker_id: str) -> bool:
