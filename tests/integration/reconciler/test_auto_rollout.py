@@ -12,7 +12,7 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.services import workers
-from fleetkeeper.services.reconcile import auto_rollout
+from fleetkeeper.services.rollouts import auto as auto_rollout
 from fleetkeeper.services.reconcile.cycle import SAFETY_MARGIN_SECONDS
 from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore

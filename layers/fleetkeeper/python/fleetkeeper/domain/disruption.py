@@ -424,20 +424,6 @@ def pool_loads(cells: Mapping[tuple[str, WorkerStatus], int]) -> dict[str, PoolL
     return {pool: PoolLoad(members.get(pool, 0), disrupting.get(pool, 0)) for pool in members}
 
 
-@dataclass(frozen=True)
-class BudgetBlock:
-    """Why a voluntary disruption waits: the budget that holds it back (None: the stage default),
-    what it allows and how many are in use, and when a window change lets one more through (None:
-    when disruptions in progress end)."""
-
-    pool: str | None
-    reason: DisruptionReason
-    budget: int | None
-    allowed: int
-    in_use: int
-    until: datetime | None = None
-
-
 # ---- what waits on a pool's budgets ----------------------------------------------------------------
 
 # A refusal is shown as waiting this long: the reconciler looks at an idle worker every cycle (a
@@ -448,33 +434,25 @@ MAX_WAITING = 50
 
 
 class Waiting(_Record):
-    """A voluntary disruption a budget held back: which worker, why, by which budget and when."""
+    """A voluntary disruption the door held back: which worker, of which reason, why (the door's words,
+    domain/admission.WaitReason), and, when a budget held it, which budget, what it allows, how many
+    were in use and until when."""
 
     model_config = ConfigDict(extra="ignore")
 
     worker_id: str
     reason: DisruptionReason
     action: str
+    # Entries stored before the door named its reasons were all held by a budget.
+    why: str = Field(default="budget", description="why it waits: the door's reason, e.g. budget or owned")
+    detail: str | None = Field(default=None, max_length=500)
     budget: int | None = Field(
-        default=None, description="the budget's index in the pool's list; null: the stage default"
+        default=None, description="the budget's index in the pool's list; null: not a pool budget"
     )
-    allowed: int
-    in_use: int
+    allowed: int | None = None
+    in_use: int | None = None
     refused_at: datetime
     until: datetime | None = None
-
-    @classmethod
-    def of(cls, worker_id: str, action: str, block: BudgetBlock, at: datetime) -> Waiting:
-        return cls(
-            worker_id=worker_id,
-            reason=block.reason,
-            action=action,
-            budget=block.budget,
-            allowed=block.allowed,
-            in_use=block.in_use,
-            refused_at=at,
-            until=block.until,
-        )
 
 
 class WaitingList(_Record):

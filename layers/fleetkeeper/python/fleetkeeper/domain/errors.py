@@ -87,6 +87,30 @@ class DrainInProgress(Conflict):
         super().__init__(entity, key, "DRAINING", "Drain already in progress")
 
 
+class DisruptionHeld(Conflict):
+    """The door for disruption held a voluntary disruption back (domain/admission.WaitReason)."""
+
+    code = "DISRUPTION_HELD"
+
+    def __init__(self, worker_id: str, why: str, detail: str) -> None:
+        super().__init__("worker", worker_id, None, f"worker {worker_id} waits ({why}): {detail}")
+        self.why = why
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "why": self.why}
+
+
+class PoolNotActive(Conflict):
+    """A new worker (or a voluntary disruption) asked of a pool that is draining or inactive."""
+
+    code = "POOL_NOT_ACTIVE"
+
+    def __init__(self, pool: str, status: str) -> None:
+        super().__init__(
+            "pool", pool, status, f"pool {pool} is {status}: it takes no new worker until it is active again"
+        )
+
+
 class DrainFinishing(Conflict):
     """A cancel, a deadline move or a force that came after Finish began: the worker is empty, its
     before-stop operations (e.g. releasing the license) and its stop have started, and none of these

@@ -193,6 +193,24 @@ class WorkerMetrics(Record):
 DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
 
 
+class Owner(Record):
+    """Who is changing a worker now (docs/disruption.md, "Who may disrupt a worker"): set by the
+    conditional write that starts the disruption, read by everyone else as one attribute.
+
+    `counted`: a disruption in progress, which its pool's budgets count; False for a worker held but not
+    disrupted (a rollout's replacement, which nothing else may disrupt while the rollout is active).
+    `rollout_id`: a rollout's, valid while that rollout is active. `until`: admitted before the write
+    that starts the disruption (a surge waiting for its replacement); lapses then if nothing started.
+    """
+
+    reason: str = Field(max_length=64)
+    actor: str = Field(max_length=2048)
+    since: UtcDatetime
+    counted: bool = True
+    rollout_id: str | None = Field(default=None, max_length=64)
+    until: UtcDatetime | None = None
+
+
 class WorkerSummary(Record):
     """What the worker indexes hold of a worker (store/schema.py): enough to filter a listing, count a
     fleet or rank placement candidates, never enough to decide about the worker itself."""
@@ -216,6 +234,7 @@ class Worker(WorkerSummary):
     private_ip: str | None = None
     public_ip: str | None = None
     drain: DrainRecord | None = None
+    owner: Owner | None = None
     do_not_disrupt: bool = False
     # Protection that expires by itself: compared with the clock, never cleaned up.
     do_not_disrupt_until: UtcDatetime | None = None

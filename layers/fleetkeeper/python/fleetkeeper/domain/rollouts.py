@@ -101,6 +101,25 @@ FINISHED: Final = frozenset(RolloutStatus) - ACTIVE
 ROLLBACK_FROM: Final = frozenset(s for s, moves in TRANSITIONS.items() if RolloutStatus.ROLLING_BACK in moves)
 
 
+class RolloutCovered(Conflict):
+    """An active rollout already covers what a new start asks for."""
+
+    def __init__(
+        self, holder: str, holder_status: str | None, what: str, worker_id: str | None = None
+    ) -> None:
+        super().__init__(
+            "rollout",
+            holder,
+            holder_status,
+            f"{what} is covered by rollout {holder}, which is {holder_status}; cancel it or wait for it "
+            "to finish",
+        )
+        self.worker_id = worker_id
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "worker_id": self.worker_id}
+
+
 def can_move(current: RolloutStatus, target: RolloutStatus) -> bool:
     return target in TRANSITIONS[current]
 
@@ -360,8 +379,19 @@ class WorkerProgress(BaseModel):
     since: UtcDatetime
 
 
+# Why a rollout is not progressing: the door's words where it held a worker back (budget, window,
+# pool_not_active, protected: domain/admission.WaitReason), and the rollout's own.
 BlockedReason = Literal[
-    "budget", "window", "capacity", "launch_failed", "drain_waiting", "checkpoint", "alarms"
+    "budget",
+    "window",
+    "pool_not_active",
+    "protected",
+    "capacity",
+    "launch_failed",
+    "drain_waiting",
+    "checkpoint",
+    "paused",
+    "alarms",
 ]
 
 
@@ -402,6 +432,9 @@ class Rollout(BaseModel):
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
+    # How far into the sorted scope the engine has claimed the workers as their owner (a hold: nobody
+    # else may disrupt them while the rollout is active); a step claims a few hundred ahead.
+    claimed: int = Field(default=0, ge=0)
     # The wave in progress (an index into the plan), and its workers' progress.
     wave: int = Field(default=0, ge=0)
     progress: dict[str, WorkerProgress] = Field(default_factory=dict)

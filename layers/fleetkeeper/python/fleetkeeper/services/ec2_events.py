@@ -19,6 +19,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.domain.admission import Ask, Imposed
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
@@ -206,6 +207,7 @@ def apply_spot_warning(
         reason=f"spot interruption warning: {instance_action}",
         timeout_seconds=left,
         then=then,
+        ask=Ask(Imposed.SPOT, ACTOR),
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("spot interruption warning", worker_id=worker.id, seconds_left=left, drain_started=started)
@@ -242,6 +244,7 @@ def apply_rebalance_recommendation(
         reason="EC2 rebalance recommendation",
         timeout_seconds=int(timeout.total_seconds()),
         then=DrainThen.STOP,
+        ask=Ask(Imposed.SPOT, ACTOR),
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("rebalance recommendation", worker_id=worker.id, drain_started=started)

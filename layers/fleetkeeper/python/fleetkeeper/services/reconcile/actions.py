@@ -35,6 +35,8 @@ class Work:
     step: Step
     obs: Observation | None
     scale_down: Verdict | None = None
+    # The worker as the door's admitting write left it, once its scale-down started (planning).
+    admitted: Worker | None = None
     # Planning this worker failed (a bad record, a read that failed): it is backed off, nothing else.
     error: BaseException | None = None
     # The error is its region's failed EC2 read (counted once for the region), not the worker's own.
