@@ -43,7 +43,12 @@ def pool(*budgets: Budget, status: PoolStatus = PoolStatus.ACTIVE) -> Pool:
 
 
 def state(
-    the_pool: Pool | None = None, *, in_use: int = 0, members: int = 10, fleet_in_use: int = 0, default: int = 5
+    the_pool: Pool | None = None,
+    *,
+    in_use: int = 0,
+    members: int = 10,
+    fleet_in_use: int = 0,
+    default: int = 5,
 ) -> PoolState:
     return PoolState(
         at=NOW,
@@ -75,7 +80,11 @@ def test_given_room_in_the_pools_budget_then_admitted_with_its_bound_and_the_poo
     verdict = judge(SCALE_DOWN, worker(), state(pool(Budget(max=2)), in_use=1), NOW, active=never_active)
 
     assert isinstance(verdict, Admitted)
-    assert (verdict.owner.reason, verdict.owner.actor, verdict.owner.counted) == ("scale_down", "scale-down", True)
+    assert (verdict.owner.reason, verdict.owner.actor, verdict.owner.counted) == (
+        "scale_down",
+        "scale-down",
+        True,
+    )
     assert verdict.claim is not None
     assert (verdict.claim.pool, verdict.claim.pool_version, verdict.claim.pool_below) == ("labs", 3, 2)
     assert verdict.claim.fleet_below is None
@@ -118,7 +127,10 @@ def test_given_a_pool_that_is_not_active_then_every_voluntary_reason_is_held():
     draining = pool(status=PoolStatus.DRAINING)
     for reason in DisruptionReason:
         ask = Ask(reason, "someone")
-        assert held(judge(ask, worker(), state(draining), NOW, active=never_active)) == WaitReason.POOL_NOT_ACTIVE
+        assert (
+            held(judge(ask, worker(), state(draining), NOW, active=never_active))
+            == WaitReason.POOL_NOT_ACTIVE
+        )
 
 
 def test_given_a_protected_worker_then_held_until_its_protection_lapses():
@@ -148,7 +160,9 @@ def test_given_another_rollouts_hold_then_held_as_owned_while_that_rollout_is_ac
 
 
 def test_given_its_own_hold_then_a_rollout_is_admitted_and_counted_within_the_budget():
-    own = worker(owner=Owner(reason="rollout", actor="rollout:ro-1", since=NOW, counted=False, rollout_id="ro-1"))
+    own = worker(
+        owner=Owner(reason="rollout", actor="rollout:ro-1", since=NOW, counted=False, rollout_id="ro-1")
+    )
 
     room = judge(ROLLOUT, own, state(pool(Budget(max=1))), NOW, active=always_active)
     full = judge(ROLLOUT, own, state(pool(Budget(max=1)), in_use=1), NOW, active=always_active)
@@ -178,11 +192,16 @@ def test_given_an_admission_ahead_then_it_has_a_lease_and_lapses_with_it():
     assert verdict.owner.until == NOW + ADMISSION_LEASE
     lapsed = worker(owner=verdict.owner)
     assert unsettled(lapsed, NOW + ADMISSION_LEASE, never_active) == (True, None)
-    assert unsettled(lapsed, NOW + ADMISSION_LEASE - timedelta(seconds=1), never_active) == (False, verdict.owner)
+    assert unsettled(lapsed, NOW + ADMISSION_LEASE - timedelta(seconds=1), never_active) == (
+        False,
+        verdict.owner,
+    )
 
 
 def test_given_a_lapsed_counted_owner_then_a_new_admission_moves_its_place_without_counting_twice():
-    lapsed = worker(owner=Owner(reason="expired", actor="expiry", since=NOW, until=NOW - timedelta(seconds=1)))
+    lapsed = worker(
+        owner=Owner(reason="expired", actor="expiry", since=NOW, until=NOW - timedelta(seconds=1))
+    )
 
     verdict = judge(SCALE_DOWN, lapsed, state(pool(Budget(max=1)), in_use=1), NOW, active=never_active)
 
@@ -212,12 +231,14 @@ def test_given_an_imposed_disruption_then_it_takes_any_voluntary_owner_over_and_
     assert isinstance(verdict, Admitted)
     assert (verdict.owner.reason, verdict.owner.counted) == ("spot", True)
     assert verdict.claim is not None
-    assert verdict.claim.pool_below is None and verdict.claim.fleet_below is None
+    assert (verdict.claim.pool_below, verdict.claim.fleet_below) == (None, None)
 
 
 def test_given_a_hold_then_only_another_live_owner_refuses_it_and_it_counts_nowhere():
     hold = Ask(DisruptionReason.ROLLOUT, "rollout:ro-1", rollout_id="ro-1", hold=True)
-    other = worker(owner=Owner(reason="rollout", actor="rollout:ro-9", since=NOW, counted=False, rollout_id="ro-9"))
+    other = worker(
+        owner=Owner(reason="rollout", actor="rollout:ro-9", since=NOW, counted=False, rollout_id="ro-9")
+    )
 
     free = judge(hold, worker(do_not_disrupt=True), state(pool(Budget(max=0))), NOW, active=always_active)
 
@@ -253,7 +274,8 @@ def test_given_a_disrupting_worker_no_owner_counts_then_it_is_adopted():
     wrong, owner = unsettled(worker(status=WorkerStatus.DRAINING), NOW, never_active)
 
     assert wrong
-    assert owner is not None and owner.counted
+    assert owner is not None
+    assert owner.counted
 
 
 # ---- the rule against an independent oracle, under interleavings ------------------------------------
@@ -307,7 +329,9 @@ class Store:
         max_size=50,
     ),
 )
-def test_given_deciders_on_stale_reads_then_the_conditions_keep_the_pool_within_its_budget(size, allowed, plan):
+def test_given_deciders_on_stale_reads_then_the_conditions_keep_the_pool_within_its_budget(
+    size, allowed, plan
+):
     """Three deciders read the pool at different moments and decide on what they read; the store applies
     each admission's claim. The oracle, independent of the rule: a count of owned workers never above
     what the budget allows, whatever the interleaving."""

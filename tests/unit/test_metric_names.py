@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 
 from fleetkeeper.services import discovery, reconcile, rollouts
-from fleetkeeper.services.rollouts import engine, step
 from fleetkeeper.services.drains import watchdog
+from fleetkeeper.services.rollouts import engine, step
 from infra import metrics as dashboard
 
 

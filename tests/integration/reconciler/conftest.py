@@ -11,8 +11,8 @@ import pytest
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainRecord, Worker
 from fleetkeeper.services import catalog, workers
-from fleetkeeper.services.drains import commands as drain_commands
 from fleetkeeper.services.context import Context, build_context, default_context
+from fleetkeeper.services.drains import commands as drain_commands
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch

@@ -14,7 +14,6 @@ from fleetkeeper.domain.admission import Ask, Held, WaitReason
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, utcnow
-from fleetkeeper.domain.scale_down import Guard
 from fleetkeeper.services import admission, catalog, disruption
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
@@ -197,10 +196,13 @@ def test_given_an_engine_outside_the_cycle_then_the_door_names_the_budget_and_un
         refused = admission.hold_ahead(ctx, early, second.id, Ask(rollout, "rollout:ro-2", rollout_id="ro-2"))
     assert [(w.worker_id, w.why) for w in ctx.waiting.read("labs").entries] == [(second.id, "budget")]
     with admission.door(ctx, monday) as late:
-        frozen = admission.hold_ahead(ctx, late, third.id, Ask(DisruptionReason.EXPIRED, "expiry", ahead=True))
+        frozen = admission.hold_ahead(
+            ctx, late, third.id, Ask(DisruptionReason.EXPIRED, "expiry", ahead=True)
+        )
 
     assert isinstance(admitted, Worker)
-    assert admitted.owner is not None and (admitted.owner.reason, admitted.owner.counted) == ("rollout", True)
+    assert admitted.owner is not None
+    assert (admitted.owner.reason, admitted.owner.counted) == ("rollout", True)
     assert isinstance(refused, Held)
     assert (refused.why, refused.budget, refused.allowed, refused.in_use) == (WaitReason.BUDGET, 0, 1, 1)
     assert isinstance(frozen, Held)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.cloud.fleet_reads import describe_instances
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, utcnow
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE

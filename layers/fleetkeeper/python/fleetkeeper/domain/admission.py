@@ -190,8 +190,9 @@ def same_owner(owner: Owner, ask: Ask) -> bool:
 def unsettled(worker: Worker, now: datetime, active: Callable[[str], bool]) -> tuple[bool, Owner | None]:
     """Whether the worker's owner is not what it should be, and what it should be (None: released). A
     counted owner whose disruption never started (its lease lapsed, its rollout ended) holds nothing and
-    no place in the budgets; a worker being disrupted with no counted owner (written by an earlier
-    release) is adopted, so the budgets count it."""
+    no place in the budgets: released, or, a rollout's, kept uncounted as the trace of the rollout that
+    last held the worker (`auto_rollout` reads it). A worker being disrupted with no counted owner
+    (written by an earlier release) is adopted, so the budgets count it."""
     owner = worker.owner
     if worker.status in DISRUPTING:
         if counted(owner):
@@ -202,7 +203,8 @@ def unsettled(worker: Worker, now: datetime, active: Callable[[str], bool]) -> t
         and owner.counted
         and (worker.status not in _KEEPS_OWNER or not holds(owner, worker.status, now, active))
     ):
-        return True, None
+        kept = worker.status in _KEEPS_OWNER and owner.rollout_id is not None
+        return True, owner.model_copy(update={"counted": False}) if kept else None
     return False, owner
 
 

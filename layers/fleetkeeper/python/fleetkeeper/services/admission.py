@@ -234,9 +234,10 @@ def settle_owners(
             wrong, owner = unsettled(current, opened.now, opened.active)
             if not wrong:
                 return
-            action = "WorkerDisruptionReleased" if owner is None else "WorkerDisruptionAdopted"
+            adopted = owner is not None and owner.counted
+            action = "WorkerDisruptionAdopted" if adopted else "WorkerDisruptionReleased"
             ctx.store.update_worker(current, {"owner": owner}, actor="reconciler", action=action)
-            counters["owners_released" if owner is None else "owners_adopted"] += 1
+            counters["owners_adopted" if adopted else "owners_released"] += 1
 
         try:
             retry_conflicts(settle)

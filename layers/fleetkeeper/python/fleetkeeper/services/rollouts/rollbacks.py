@@ -171,6 +171,9 @@ def _advance(work: Step, worker_id: str, found: dict[str, Worker]) -> None:
             and replacement.drain is not None
             and not drained_by(rollout, replacement),
         )
+        if old is not None:
+            # The old worker stays: an admission the forward wave made for its drain is given back.
+            work.release(old)
         if action == RollbackAction.NOTHING:
             work.set(worker_id, WorkerPhase.SKIPPED)
             return
@@ -195,42 +198,56 @@ def _advance(work: Step, worker_id: str, found: dict[str, Worker]) -> None:
             work.set(worker_id, WorkerPhase.REPLACING, restored.id)
             phase = WorkerPhase.REPLACING
     if phase == WorkerPhase.REPLACING:
-        if _taken_out(rollout, old):
-            if restoring_id is None:
-                _fail_restoration(work, worker_id)
-                return
-            if restored is None:
-                # The one launched failed: the next attempt is launched from the waiting phase.
-                work.set(worker_id, WorkerPhase.WAITING)
-                return
-            if restored.status != WorkerStatus.RUNNING:
-                work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
-                return
-        if not _live(replacement) or replacement is None:
-            work.set(worker_id, WorkerPhase.DONE)
+        _undo(work, worker_id, old, replacement, (restoring_id, restored))
+    elif phase == WorkerPhase.DRAINING:
+        _undone(work, worker_id, replacement)
+
+
+def _undo(
+    work: Step,
+    worker_id: str,
+    old: Worker | None,
+    replacement: Worker | None,
+    restoring: tuple[str | None, Worker | None],
+) -> None:
+    """The worker restoring the old one runs (when one was needed): its replacement drains."""
+    rollout = work.rollout
+    restoring_id, restored = restoring
+    if _taken_out(rollout, old):
+        if restoring_id is None:
+            _fail_restoration(work, worker_id)
             return
-        if replacement.status in LAUNCHING:
-            work.block("capacity", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+        if restored is None:
+            # The one launched failed: the next attempt is launched from the waiting phase.
+            work.set(worker_id, WorkerPhase.WAITING)
             return
-        if replacement.status != WorkerStatus.RUNNING and not drained_by(rollout, replacement):
-            # Leaving for another reason (an operator's drain, its expiry): not this rollback's to drain.
-            work.set(worker_id, WorkerPhase.SKIPPED)
+        if restored.status != WorkerStatus.RUNNING:
+            work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
             return
-        turn = work.drain(replacement)
-        if turn != Turn.WAITING:
-            # Someone else holds it (an operator's drain): not this rollback's to drain.
-            work.set(worker_id, WorkerPhase.DRAINING if turn == Turn.STARTED else WorkerPhase.SKIPPED)
+    if not _live(replacement) or replacement is None:
+        work.set(worker_id, WorkerPhase.DONE)
         return
-    if phase == WorkerPhase.DRAINING:
-        if replacement is None or replacement.status == WorkerStatus.RUNNING:
-            # An operator cancelled the replacement's drain: the rollback leaves it.
-            work.set(worker_id, WorkerPhase.SKIPPED)
-        elif replacement.status not in GONE:
-            work.block(
-                "drain_waiting", f"replacement {replacement.id} of {worker_id} is {replacement.status}"
-            )
-        else:
-            work.set(worker_id, WorkerPhase.DONE)
+    if replacement.status in LAUNCHING:
+        work.block("capacity", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+        return
+    if replacement.status != WorkerStatus.RUNNING and not drained_by(rollout, replacement):
+        # Leaving for another reason (an operator's drain, its expiry): not this rollback's to drain.
+        work.set(worker_id, WorkerPhase.SKIPPED)
+        return
+    turn = work.drain(replacement)
+    if turn != Turn.WAITING:
+        # Someone else holds it (an operator's drain): not this rollback's to drain.
+        work.set(worker_id, WorkerPhase.DRAINING if turn == Turn.STARTED else WorkerPhase.SKIPPED)
+
+
+def _undone(work: Step, worker_id: str, replacement: Worker | None) -> None:
+    if replacement is None or replacement.status == WorkerStatus.RUNNING:
+        # An operator cancelled the replacement's drain: the rollback leaves it.
+        work.set(worker_id, WorkerPhase.SKIPPED)
+    elif replacement.status not in GONE:
+        work.block("drain_waiting", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+    else:
+        work.set(worker_id, WorkerPhase.DONE)
 
 
 def _fail_restoration(work: Step, worker_id: str) -> None:

@@ -217,6 +217,13 @@ class Step:
             self.block(blocked, f"worker {worker_id}: {held.detail}")
         return Turn.WAITING
 
+    def release(self, worker: Worker) -> None:
+        """Give back this rollout's admission of a worker it will not disrupt after all (its count with
+        it); a worker serving, and counted as this rollout's, only."""
+        owner = worker.owner
+        if worker.status == WorkerStatus.RUNNING and owner is not None and owner.counted:
+            self.door.release(worker, self.ask)
+
     def admit_ahead(self, old: Worker) -> Worker | Held:
         """Own and count the old worker now, its drain to start once its replacement runs (a surge)."""
         return admission.hold_ahead(self.ctx, self.door, old.id, self.ask)
