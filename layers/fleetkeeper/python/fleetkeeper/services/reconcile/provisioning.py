@@ -12,7 +12,7 @@ from typing import Any
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.launch import refused_instance_type
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
@@ -83,6 +83,22 @@ def launch(
         if adopted is not None:
             return _provisioned(ctx, worker, adopted, now, counters, adopted=True)
 
+    closed = _pool_closed(ctx, worker)
+    if closed is not None:
+        # Never launched: a pool being drained takes no new machine (it waits), an inactive one never.
+        if closed == PoolStatus.DRAINING:
+            return Outcome.SKIP
+        ctx.store.transition_worker(
+            worker,
+            WorkerStatus.TERMINATED,
+            cause=Cause.CONTROL,
+            actor=ACTOR,
+            reason=f"pool {worker.pool} is {closed}: never launched",
+            changes={"status_reason": f"pool {worker.pool} is {closed}", **LAUNCH_FORGOTTEN},
+        )
+        counters["launches_abandoned"] += 1
+        return Outcome.SUCCESS
+
     # An earlier launch whose answer may be lost is repeated as it was sent: same token, same image.
     image_id = worker.launch_image_id if worker.launch_token else None
     token = worker.launch_token
@@ -115,6 +131,16 @@ def launch(
         instance_profile=ctx.settings.worker_instance_profile,
     )
     return _provisioned(ctx, claimed, instance, now, counters, image_id=image_id, instance_type=instance_type)
+
+
+def _pool_closed(ctx: Context, worker: Worker) -> PoolStatus | None:
+    """The worker's pool's status when it is not active (None: active, or no pool)."""
+    if worker.pool is None:
+        return None
+    pool = ctx.store.find_pool(worker.pool)
+    if pool is None or pool.status == PoolStatus.ACTIVE:
+        return None
+    return pool.status
 
 
 def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:
