@@ -699,7 +699,11 @@ class PoolView(BaseModel):
     drain_finished_at: datetime | None
     drain_cancelled_by: str | None = None
     drain_cancel_reason: str | None = None
-    active_instances: int | None = None
+    active_instances: int | None = Field(
+        default=None,
+        description="active instances on the pool's workers: counted when one pool is read or written, "
+        "null in the list of pools (counting reads every worker of every pool)",
+    )
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
     budget_exceeded: BudgetExceeded | None = Field(
         default=None,

@@ -13,6 +13,7 @@ from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName, WorkerId
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes.pools import pool_view
 from fleetkeeper.api.schemas import (
     CancelDrainRequest,
     DrainDeadlineRequest,
@@ -170,7 +171,7 @@ def drain_pool(
     )
     exceeds = disruption.pool_drain_exceeds(default_context(), pool)
     return Response(
-        status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=PoolView.of(pool, budget_exceeded=exceeds)
+        status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=pool_view(pool, budget_exceeded=exceeds)
     )
 
 
@@ -185,4 +186,4 @@ def cancel_pool_drain(
     pool = drains.cancel_pool_drain(
         default_context(), name, actor=caller(router.current_event), reason=reason
     )
-    return PoolView.of(pool)
+    return pool_view(pool)

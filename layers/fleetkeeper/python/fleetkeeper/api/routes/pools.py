@@ -12,10 +12,18 @@ from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
+from fleetkeeper.domain.models import Pool
 from fleetkeeper.services import catalog, disruption
 from fleetkeeper.services.context import default_context
+from fleetkeeper.services.disruption import BudgetExceeded
 
 router = new_router()
+
+
+def pool_view(pool: Pool, budget_exceeded: BudgetExceeded | None = None) -> PoolView:
+    """One pool as every route that reads or writes one answers it: with its active instances counted."""
+    active = default_context().store.pool_active_instances(pool.name)
+    return PoolView.of(pool, active_instances=active, budget_exceeded=budget_exceeded)
 
 
 @router.get(
@@ -31,9 +39,7 @@ def list_pools() -> PoolList:
     responses=responses({200: ("the pool", PoolView)}, 404),
 )
 def get_pool(name: ResourceName) -> PoolView:
-    store = default_context().store
-    pool = store.get_pool(name)
-    return PoolView.of(pool, active_instances=store.pool_active_instances(name))
+    return pool_view(default_context().store.get_pool(name))
 
 
 @router.get(
@@ -58,4 +64,4 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         disruption=body.disruption,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
-    return Response(status_code=status, content_type=JSON, body=PoolView.of(pool))
+    return Response(status_code=status, content_type=JSON, body=pool_view(pool))
