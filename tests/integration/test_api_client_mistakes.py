@@ -8,12 +8,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import requests
 
 from fleetkeeper.api import idempotency
 from fleetkeeper.api.app import contract
 from fleetkeeper.api.body import MAX_BODY_BYTES
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
-from fleetkeeper_local.controlplane import refresh_process_caches
+from fleetkeeper_local.controlplane import ApiServer, refresh_process_caches
+from fleetkeeper_local.stack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +100,74 @@ def test_given_a_forged_page_token_then_422_not_500(control_plane):
             "GET", "/api/v1/workers", query={"status": "PENDING", "next_token": forged}
         )
         assert (status, body["details"][0]["field"]) == (422, "next_token"), forged
+
+
+# ---- query parameters ------------------------------------------------------------------------------
+
+
+def _filled(path: str) -> str:
+    return path.replace("{worker_id}", "w-1").replace("{instance_id}", "i-1").replace("{rollout_id}", "ro-1")
+
+
+def _query_parameters(kind: str | None = None) -> list[tuple[str, str, str]]:
+    """(method, path, name) of every query parameter of the contract (only those of JSON type `kind` if
+    given), path parameters filled in."""
+    found = []
+    for path, item in contract()["paths"].items():
+        for method, operation in item.items():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                schema = parameter["schema"]
+                types = {s.get("type") for s in schema.get("anyOf", [schema])}
+                if parameter["in"] == "query" and (kind is None or kind in types):
+                    found.append((method.upper(), _filled(path.replace("{name}", "lab")), parameter["name"]))
+    return found
+
+
+@pytest.mark.parametrize("value", ["yes", "no", "1", "0", "on", "off", "True", "FALSE", "t", "y", ""])
+def test_given_a_boolean_query_parameter_other_than_true_or_false_then_422_names_it(control_plane, value):
+    # pydantic alone reads yes, on, 1 and their kin as true: the contract's boolean is `true` or `false`.
+    flags = _query_parameters("boolean")
+    assert flags, "the contract has no boolean query parameter"
+    for method, path, name in flags:
+        status, body = control_plane.api(method, path, query={name: value})
+        expected = [{"field": f"query.{name}", "reason": "true or false"}]
+        assert (status, body["details"]) == (422, expected), (method, path, name)
+        for accepted in ("true", "false"):
+            assert control_plane.api(method, path, query={name: accepted})[0] != 422, (path, name, accepted)
+
+
+@pytest.mark.parametrize("value", ["5.0", " 5", "5 ", "+5", "5_0", "\u0665", "0x5", "5e0", ""])
+def test_given_an_integer_query_parameter_not_in_digits_then_422_names_it(control_plane, value):
+    # `limit=5_0` used to list 50 workers: a query integer is its decimal digits, as the contract writes it.
+    numbers = _query_parameters("integer")
+    assert len(numbers) >= 6
+    for method, path, name in numbers:
+        status, body = control_plane.api(method, path, query={name: value})
+        expected = [{"field": f"query.{name}", "reason": "a whole number written with the digits 0-9"}]
+        assert (status, body["details"]) == (422, expected), (method, path, name)
+        assert control_plane.api(method, path, query={name: "5"})[0] != 422, (path, name)
+
+
+def test_given_any_query_parameter_twice_then_422_names_it(control_plane):
+    # `?drifted=true&drifted=false` used to answer with one of the two, silently.
+    parameters = _query_parameters()
+    assert len(parameters) > 10
+    for method, path, name in parameters:
+        status, body = control_plane.api(method, path, query=[(name, "x"), (name, "x")])
+        assert (status, body["details"]) == (
+            422,
+            [{"field": f"query.{name}", "reason": "given 2 times; it takes one value"}],
+        ), (method, path, name)
+
+
+def test_given_a_repeated_parameter_over_http_then_422_as_api_gateway_would_answer(control_plane):
+    # The local adapter hands every value over, as API Gateway does in multiValueQueryStringParameters.
+    server = ApiServer(port=free_port()).start()
+    try:
+        answer = requests.get(f"{server.url}/api/v1/workers?drifted=true&drifted=false", timeout=30)
+    finally:
+        server.stop()
+    assert (answer.status_code, answer.json()["details"][0]["field"]) == (422, "query.drifted")
 
 
 # ---- content types, ids, nesting ---------------------------------------------------------------------
@@ -593,3 +663,4 @@ def test_given_a_worker_without_a_pool_and_a_pool_named_then_422(control_plane, 
     status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, "pool": "labs"})
     assert (status, body["details"][0]["field"]) == (422, "pool")
     assert "has pool none" in body["details"][0]["reason"]
+

@@ -156,6 +156,10 @@ deadline moves with `PATCH .../drain {{"timeout_seconds": N}}`: N is its whole t
 are checked against the fleet, each a 422 naming the field: a worker's `region` must be one the stage
 manages, and a placement's `template` or `pool` next to a `worker_id` must be that worker's own.
 
+A query parameter is given once: `?drifted=true&drifted=false` is a 422 naming `query.drifted`, never
+one of the two. Its value is text read as the contract's type is written: a boolean is `true` or `false`
+(not `yes`, `1`, `on` or `True`), an integer is its decimal digits 0-9 (not `5.0`, `+5`, ` 5` or `5_0`).
+
 ## Pages
 
 List routes return `next_token` while more items remain. A token is opaque and bound to the query that
