@@ -547,7 +547,7 @@ def test_given_tens_of_thousands_of_unknown_keys_then_the_422_lists_the_first_an
     assert status == 422
     assert len(body["details"]) == 20
     assert body["details_total"] == 90_000
-    assert body["message"].endswith("and 89980 more")
+    assert body["message"].endswith("and 89,980 more")
     assert len(json.dumps(body)) < MAX_ANSWER_BYTES
 
 
@@ -664,3 +664,13 @@ def test_given_a_worker_without_a_pool_and_a_pool_named_then_422(control_plane, 
     assert (status, body["details"][0]["field"]) == (422, "pool")
     assert "has pool none" in body["details"][0]["reason"]
 
+
+def test_given_ten_thousand_unknown_workers_in_a_rollout_then_422_names_ten_and_counts_the_rest(
+    control_plane,
+):
+    unknown = [f"w-gone-{n:05d}" for n in range(10_000)]
+    status, body = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": unknown})
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["worker_ids"])
+    reason = body["details"][0]["reason"]
+    assert reason == f"unknown workers: {', '.join(unknown[:10])} and 9,990 more"
+    assert control_plane.api("GET", "/api/v1/rollouts")[1]["items"] == []

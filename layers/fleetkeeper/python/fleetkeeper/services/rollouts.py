@@ -12,7 +12,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, Field
 
 from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.errors import InvalidInput
+from fleetkeeper.domain.errors import InvalidInput, listed
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import new_id, utcnow
 from fleetkeeper.domain.rollouts import (
@@ -179,7 +179,7 @@ def _scope(ctx: Context, request: RolloutRequest) -> list[str]:
         found = {w.id: w for w in ctx.store.get_workers(request.worker_ids)}
         unknown = [w for w in request.worker_ids if w not in found]
         if unknown:
-            raise InvalidInput("worker_ids", f"unknown workers: {', '.join(unknown[:10])}")
+            raise InvalidInput("worker_ids", f"unknown workers: {listed(unknown, 10)}")
         not_running = [w for w in request.worker_ids if found[w].status != WorkerStatus.RUNNING]
         if not_running:
             first = found[not_running[0]]
