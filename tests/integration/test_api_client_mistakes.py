@@ -389,15 +389,18 @@ def test_given_a_method_a_route_does_not_answer_then_405_names_the_allowed_ones(
     assert control_plane.api("TRACE", "/api/v1/nowhere")[0] == 404
 
 
-def test_given_a_whole_number_written_as_a_float_then_it_is_that_integer(control_plane, running_worker):
+def test_given_a_whole_number_written_as_a_float_then_422_and_nothing_starts(control_plane, running_worker):
+    # 1800.0 used to be read as 1800 here and refused in rollouts: one rule now, a fraction is no integer.
     worker = running_worker()
     status, body = control_plane.api(
         "POST", f"/api/v1/workers/{worker.id}/drain", {"timeout_seconds": 1800.0}
     )
-    assert (status, body["timeout_seconds"]) == (202, 1800)
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["body.timeout_seconds"])
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
     spec = {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 3.0}
     status, body = control_plane.api("PUT", "/api/v1/templates/other", spec)
-    assert (status, body["capacity"]) == (201, 3)
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["body.capacity"])
+    assert control_plane.api("GET", "/api/v1/templates/other")[0] == 404
 
 
 # ---- paths ------------------------------------------------------------------------------------------

@@ -148,7 +148,10 @@ reaches the function: API Gateway or Lambda refuses it first, with an answer tha
 
 Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not a boolean, and a timestamp
 is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time, an epoch number, a space
-for the `T` or an offset without its colon is refused). A drain timeout is a whole number of seconds from
+for the `T` or an offset without its colon is refused). An integer is written without a fraction part,
+in every field: `600`, not `600.0` (which JSON Schema would call an integer too). Digits are ASCII:
+`"٣"` is not 3. A `reason` (of a drain, a cancel, a force, a rollout or its moves, an instance's state)
+is 1 to 500 characters, or left out; `""` is refused. A drain timeout is a whole number of seconds from
 {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
 timeout for a worker, 300 s for a pool). An empty drain body means all defaults. A running drain's
 deadline moves with `PATCH .../drain {{"timeout_seconds": N}}`: N is its whole timeout, counted from its

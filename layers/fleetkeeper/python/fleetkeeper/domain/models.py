@@ -16,11 +16,12 @@ from fleetkeeper.domain.lifecycle import (
     PoolStatus,
     WorkerStatus,
 )
+from fleetkeeper.domain.values import WholeNumber
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Worker operation names (domain/operations.py), e.g. register-license.
 OPERATION_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,63}$"
-REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
+REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
 # An EC2 instance type: family, generation and options, a dot, the size (m5.xlarge, u-6tb1.metal).
 INSTANCE_TYPE_PATTERN = r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$"
 
@@ -277,7 +278,7 @@ class TemplateSpec(Record):
 
     instance_type: str = Field(pattern=INSTANCE_TYPE_PATTERN, examples=["m5.xlarge"])
     ami_name_filter: str = Field(min_length=1, max_length=128)
-    capacity: int = Field(ge=1, le=MAX_WORKER_CAPACITY, description=_CAPACITY_DESCRIPTION)
+    capacity: WholeNumber = Field(ge=1, le=MAX_WORKER_CAPACITY, description=_CAPACITY_DESCRIPTION)
     drain_timeout_hours: float = Field(
         default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
@@ -287,7 +288,7 @@ class TemplateSpec(Record):
         default_factory=list, max_length=5
     )
     # A worker older than this is drifted with reason `expired` (domain/drift.py); None: no limit.
-    max_lifetime_hours: int | None = Field(
+    max_lifetime_hours: WholeNumber | None = Field(
         default=None,
         ge=1,
         le=MAX_LIFETIME_HOURS,

@@ -24,7 +24,6 @@ from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.rollouts import (
-    MAX_REASON_LENGTH,
     Blocked,
     BlockedReason,
     Rollout,
@@ -36,6 +35,7 @@ from fleetkeeper.domain.rollouts import (
     percent_done,
     replacement_id,
 )
+from fleetkeeper.domain.values import MAX_REASON_LENGTH
 from fleetkeeper.observability import logger
 from fleetkeeper.services import disruption, drains, workers
 from fleetkeeper.services.context import Context

@@ -7,13 +7,14 @@ from typing import Annotated
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import PageToken, RolloutId
 from fleetkeeper.api.principal import caller
 from fleetkeeper.api.routes import new_router
-from fleetkeeper.domain.rollouts import MAX_REASON_LENGTH, RolloutRequest
+from fleetkeeper.domain.rollouts import RolloutRequest
+from fleetkeeper.domain.values import Reason
 from fleetkeeper.services import rollouts
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.rollouts import RolloutPlan, RolloutView
@@ -43,7 +44,7 @@ class RolloutPage(BaseModel):
 class RolloutControlRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"reason": "error rate up"}]})
 
-    reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+    reason: Reason | None = None
 
 
 @router.post(
