@@ -1,6 +1,7 @@
 """One rule per kind of value, in every request body the contract publishes: an integer is written without
-a fraction part (600, not 600.0), a reason is some text or left out (never ""), and digits are ASCII.
-The fields are found in the contract, so a new one follows the rule or fails here."""
+a fraction part (600, not 600.0), a reason is some text or left out (never ""), digits are ASCII, and a
+template's tags follow EC2's rules. The fields are found in the contract, so a new one follows the rule
+or fails here."""
 
 from __future__ import annotations
 
@@ -110,3 +111,29 @@ def test_given_an_empty_reason_then_every_route_refuses_it_and_takes_it_left_out
     assert _refusals(route, {**example, name: "x" * (MAX_REASON_LENGTH + 1)}) == [f"body.{name}"]
     assert _refusals(route, {**example, name: "kernel patch"}) == []
     assert _refusals(route, example) == []
+
+
+@pytest.mark.parametrize(
+    ("tags", "refused"),
+    [
+        ({"team": "a\u0000b"}, True),  # once broke the local EC2's XML for every later DescribeInstances
+        ({"team\u0007": "a"}, True),
+        ({"team": "line\nbreak"}, True),
+        ({"team": "a;b"}, True),
+        ({"team": "<b>"}, True),
+        ({"aws:team": "a"}, True),
+        ({"Aws:team": "a"}, True),
+        ({"": "a"}, True),
+        ({"k" * 129: "a"}, True),
+        ({"team": "v" * 257}, True),
+        ({f"k{n}": "a" for n in range(51)}, True),
+        ({"team": ""}, False),
+        ({"k" * 128: "v" * 256}, False),
+        ({"Name": "lab sessions", "cost-centre": "4711", "owner": "ops@example.com"}, False),
+        ({"équipe": "données", "チーム": "ラボ", "path": "a/b:c=d+e_f.g"}, False),
+    ],
+)
+def test_given_template_tags_then_ec2s_rules_decide_and_name_the_field(tags, refused):
+    put = next(route for operation, route, _ in BODIES if operation == "PUT /api/v1/templates/{name}")
+    body = {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": 1, "tags": tags}
+    assert _refusals(put, body) == (["body.tags"] if refused else [])

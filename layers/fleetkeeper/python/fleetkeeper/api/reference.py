@@ -151,7 +151,9 @@ is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time
 for the `T` or an offset without its colon is refused). An integer is written without a fraction part,
 in every field: `600`, not `600.0` (which JSON Schema would call an integer too). Digits are ASCII:
 `"٣"` is not 3. A `reason` (of a drain, a cancel, a force, a rollout or its moves, an instance's state)
-is 1 to 500 characters, or left out; `""` is refused. A drain timeout is a whole number of seconds from
+is 1 to 500 characters, or left out; `""` is refused. A template's `tags` follow EC2's rules: keys of 1 to
+128 and values of up to 256 letters, digits, spaces and `+ - = . _ : / @`, no key starting with `aws:`,
+at most 50 tags. A drain timeout is a whole number of seconds from
 {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
 timeout for a worker, 300 s for a pool). An empty drain body means all defaults. A running drain's
 deadline moves with `PATCH .../drain {{"timeout_seconds": N}}`: N is its whole timeout, counted from its

@@ -51,6 +51,7 @@ from fleetkeeper.domain.operations import (
 )
 from fleetkeeper.domain.orphan_breaker import FINGERPRINT_PATTERN, PREVIEW_IDS
 from fleetkeeper.domain.placement import PlacementStrategy
+from fleetkeeper.domain.tags import Ec2Tags
 from fleetkeeper.domain.values import Reason, WholeNumber
 from fleetkeeper.services.disruption import BudgetExceeded
 
@@ -335,6 +336,8 @@ class TemplateRequest(TemplateSpec):
             ]
         },
     )
+
+    tags: Ec2Tags = Field(default_factory=dict)
 
 
 class PlaceInstanceRequest(Request):
