@@ -11,7 +11,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
+from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver
 from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
     OpenAPIRequestValidationMiddleware,
@@ -20,6 +20,7 @@ from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
 from fleetkeeper.api import body, errors, idempotency, query
 from fleetkeeper.api.routes import (
+    ResourceRouter,
     audit,
     drains,
     instances,
@@ -48,7 +49,7 @@ OPENAPI_PATH: Final = "/openapi.json"
 SIGV4: Final = "sigv4"
 
 # Every router the API serves. A new resource (e.g. api/routes/audit.py) is one import and one entry here.
-ROUTERS: Final[tuple[Router, ...]] = (
+ROUTERS: Final[tuple[ResourceRouter, ...]] = (
     workers.router,
     drains.router,
     templates.router,
@@ -189,6 +190,9 @@ class AdminApiResolver(APIGatewayRestResolver):
         schemas = document.get("components", {}).get("schemas", {})
         for name in _POWERTOOLS_VALIDATION_SCHEMAS:
             schemas.pop(name, None)
+        # One tag per resource, in the routers' order, each saying what the resource is (Swagger UI shows
+        # it above the resource's routes).
+        document["tags"] = [{"name": r.tag, "description": r.description} for r in ROUTERS]
         _add_links(document)
         _add_body_errors(document)
         return OpenAPI.model_validate(document)

@@ -216,6 +216,8 @@ def render(document: dict[str, Any]) -> str:
             if operation is None:
                 continue
             lines.append(f"### `{method.upper()} {path}`\n")
+            lines.append(f"**{operation['summary']}** ({operation['tags'][0]})\n")
+            lines.append(f"{operation['description']}\n")
             parameters = operation.get("parameters") or []
             if parameters:
                 lines.append("| parameter | in | required | type |")

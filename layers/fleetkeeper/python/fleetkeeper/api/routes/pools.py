@@ -9,7 +9,7 @@ from aws_lambda_powertools.event_handler import Response
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import Pool
@@ -17,7 +17,10 @@ from fleetkeeper.services import catalog, disruption
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.disruption import BudgetExceeded
 
-router = new_router()
+router = ResourceRouter(
+    "pools",
+    "Named groups of workers that placement targets and drains empty, with their disruption budgets.",
+)
 
 
 def pool_view(pool: Pool, budget_exceeded: BudgetExceeded | None = None) -> PoolView:
@@ -28,6 +31,8 @@ def pool_view(pool: Pool, budget_exceeded: BudgetExceeded | None = None) -> Pool
 
 @router.get(
     "/api/v1/pools",
+    summary="List every pool",
+    description="Every pool, in one answer; `active_instances` is counted only when one pool is read.",
     responses=responses({200: ("every pool", PoolList)}),
 )
 def list_pools() -> PoolList:
@@ -36,6 +41,9 @@ def list_pools() -> PoolList:
 
 @router.get(
     "/api/v1/pools/<name>",
+    summary="Read a pool, with its active instances counted",
+    description="The pool as stored, its drain if any, and the instances active on its workers now. 404 "
+    "if there is no such pool.",
     responses=responses({200: ("the pool", PoolView)}, 404),
 )
 def get_pool(name: ResourceName) -> PoolView:
@@ -44,6 +52,10 @@ def get_pool(name: ResourceName) -> PoolView:
 
 @router.get(
     "/api/v1/pools/<name>/disruption",
+    summary="Read what a pool's disruption budgets allow now",
+    description="Each budget of the pool with whether its window applies now, what it allows and how "
+    "many workers are being disrupted, and what waits for it (docs/disruption.md). 404 if there is no "
+    "such pool.",
     responses=responses({200: ("the pool's disruption budgets now", disruption.PoolDisruptionView)}, 404),
 )
 def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
@@ -52,6 +64,11 @@ def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
 
 @router.put(
     "/api/v1/pools/<name>",
+    summary="Create a pool or update its description, status or budgets",
+    description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
+    "and `disruption` replaces the budgets whole. 409 if the pool is draining and the body changes its "
+    "status (cancel the drain first); 422 names a field of the wrong form, such as a budget's `max`, "
+    "`schedule`, `duration` or `timezone`.",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
 def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
