@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -217,22 +217,29 @@ def api_event(
     path: str,
     *,
     body: str | None = None,
-    query: dict[str, str] | None = None,
+    query: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
     headers: dict[str, str] | None = None,
     caller: str = DEFAULT_CALLER,
     source_ip: str = "127.0.0.1",
 ) -> dict[str, Any]:
-    """A REST API proxy-integration event, as API Gateway sends it for `/{proxy+}` with AWS_IAM auth."""
+    """A REST API proxy-integration event, as API Gateway sends it for `/{proxy+}` with AWS_IAM auth.
+
+    `query` is a mapping, or the query's (name, value) pairs in order when a name repeats: API Gateway
+    then puts every value in multiValueQueryStringParameters and the last one in queryStringParameters."""
     headers = dict(headers or {})
     request_id = str(uuid.uuid4())
+    pairs = list(query.items()) if isinstance(query, Mapping) else list(query or [])
+    values: dict[str, list[str]] = {}
+    for name, value in pairs:
+        values.setdefault(name, []).append(value)
     return {
         "resource": "/{proxy+}",
         "path": path,
         "httpMethod": method,
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
-        "queryStringParameters": dict(query) if query else None,
-        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} if query else None,
+        "queryStringParameters": {k: v[-1] for k, v in values.items()} if values else None,
+        "multiValueQueryStringParameters": values or None,
         "pathParameters": {"proxy": path.lstrip("/")},
         "stageVariables": None,
         "requestContext": {
@@ -344,7 +351,7 @@ class _ApiRequestHandler(_LocalHandler):
             self.command,
             unquote(url.path),
             body=body,
-            query=dict(parse_qsl(url.query, keep_blank_values=True)) or None,
+            query=parse_qsl(url.query, keep_blank_values=True),
             headers={k: v for k, v in self.headers.items() if k != _FORWARDED_FOR},
             caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
             source_ip=self.headers.get(_FORWARDED_FOR) or self.client_address[0],

@@ -8,7 +8,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ class ControlPlane:
         body: Any = None,
         *,
         raw: str | None = None,
-        query: dict[str, str] | None = None,
+        query: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
         headers: dict[str, str] | None = None,
         caller: str = DEFAULT_CALLER,
     ) -> tuple[int, Any]:

@@ -30,9 +30,17 @@ from functools import lru_cache
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
-from fleetkeeper.domain.durations import parse_duration
+from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.windows import HORIZON, CronWindow, Window, check_duration, check_schedule, zone_of
 
@@ -59,32 +67,37 @@ DISRUPTED = frozenset({WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
 # How many changes of the applying budgets `blocked_until` looks through.
 _MAX_CHANGES = 64
 
-_PERCENT = re.compile(r"^(\d{1,3})%$")
-_COUNT = re.compile(r"^\d{1,6}$")
+# `max` written as text: a count ("2") or a percentage ("10%"), in ASCII digits (Python's \d and int()
+# also read "٣" as 3), within the ranges the integer form has: the pattern states the whole rule, so the
+# contract publishes exactly what is accepted.
+BUDGET_MAX_PATTERN = r"^0*([0-9]{1,5}|100000|([0-9]{1,2}|100)%)$"
+_BUDGET_MAX_TEXT = re.compile(BUDGET_MAX_PATTERN)
+_BUDGET_MAX_HINT = f'a count from 0 to {MAX_BUDGET_COUNT:,} such as 2, or a percentage from "0%" to "100%"'
 
 
 def _budget_max(value: Any) -> Any:
-    """A count (2, or "2") or a percentage ("10%"); a count is held as an int, a percentage as text."""
-    if isinstance(value, bool):
-        raise ValueError('a count such as 2 or a percentage such as "10%"')
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int):
-        if not 0 <= value <= MAX_BUDGET_COUNT:
-            raise ValueError(f"a count from 0 to {MAX_BUDGET_COUNT}")
+    """A count (2, or "2") or a percentage ("10%"); a count is held as an int, a percentage as text. A
+    count is a whole number (domain/values.py): 1.0 and `true` are refused."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BUDGET_COUNT:
         return value
-    if isinstance(value, str):
-        text = value.strip()
-        if _COUNT.match(text):
-            return _budget_max(int(text))
-        match = _PERCENT.match(text)
-        if match is not None and int(match.group(1)) <= 100:
-            return f"{int(match.group(1))}%"
-        raise ValueError('a count such as 2 or a percentage from "0%" to "100%"')
-    raise ValueError('a count such as 2 or a percentage such as "10%"')
+    if isinstance(value, str) and _BUDGET_MAX_TEXT.fullmatch(value):
+        digits = value.removesuffix("%").lstrip("0") or "0"
+        return f"{digits}%" if value.endswith("%") else int(digits)
+    raise ValueError(_BUDGET_MAX_HINT)
 
 
-BudgetMax = Annotated[int | str, BeforeValidator(_budget_max)]
+BudgetMax = Annotated[
+    int | str,
+    BeforeValidator(_budget_max),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET_COUNT},
+                {"type": "string", "pattern": BUDGET_MAX_PATTERN},
+            ]
+        }
+    ),
+]
 
 
 class _Record(BaseModel):
@@ -95,7 +108,11 @@ class _Record(BaseModel):
 class Budget(_Record):
     """One budget of a pool (see the module's docstring)."""
 
-    max: BudgetMax = Field(description='a count (2) or a percentage of the pool\'s members ("10%")')
+    max: BudgetMax = Field(
+        description=f'a count (0 to {MAX_BUDGET_COUNT:,}) or a percentage of the pool\'s members ("0%" to '
+        '"100%", rounded up); a count may be written as text ("2")',
+        examples=[2, "10%"],
+    )
     reasons: list[DisruptionReason] | None = Field(
         default=None,
         min_length=1,
@@ -113,7 +130,8 @@ class Budget(_Record):
         default=None,
         max_length=32,
         validate_default=True,
-        description="how long each window lasts: 8h, 90m, 1h30m, 1d; required with a schedule",
+        description="how long each window lasts: 8h, 90m, 1h30m, 1d (1m to 366d); required with a schedule",
+        json_schema_extra={"pattern": DURATION_PATTERN},
     )
     timezone: str | None = Field(
         default=None, max_length=64, description="the IANA time zone of the schedule; UTC by default"

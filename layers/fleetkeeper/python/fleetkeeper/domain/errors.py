@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+
+def listed(items: Sequence[str], limit: int, total: int | None = None) -> str:
+    """Names as an error lists them: the first `limit`, then how many more there were, so an answer
+    stays small and still says how many ("w-1, w-2 and 9,998 more"). `total` counts them when only the
+    first of them are at hand."""
+    shown = list(items[:limit])
+    more = max(total or 0, len(items)) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more" if more > 0 else "")
+
 
 class FleetkeeperError(Exception):
     """Base of every error fleetkeeper raises on purpose."""

@@ -15,7 +15,14 @@ from fleetkeeper.domain.launch import refused_instance_type
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.domain.tags import (
+    MANAGED_BY_TAG,
+    MANAGED_BY_VALUE,
+    POOL_TAG,
+    TEMPLATE_TAG,
+    WORKER_ID_TAG,
+    tag_problem,
+)
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.actions import (
@@ -72,6 +79,13 @@ def launch(
     region = configs.get(worker.region)
     if configs and region is None:
         return fail(ctx, worker, f"no region config for {worker.region}", counters)
+    # A tag EC2 refuses (a template stored before the API checked tags, or a region's default tags)
+    # fails this worker alone, before any call: never a launch that poisons what EC2 answers later.
+    tags = launch_tags(ctx, worker, template.tags)
+    problem = tag_problem(tags)
+    if problem:
+        reason = f"template '{template.name}' launches with tags EC2 refuses: {problem}"
+        return fail(ctx, worker, reason, counters)
     gateway = ctx.ec2(worker.region)
 
     if worker.launch_claimed_at is not None and now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
@@ -122,7 +136,7 @@ def launch(
     instance = gateway.run_instance(
         image_id=image_id,
         instance_type=instance_type,
-        tags=launch_tags(ctx, worker, template.tags),
+        tags=tags,
         # The same token returns the machine an earlier attempt started instead of starting another.
         client_token=token,
         subnet_id=region.subnet_id if region else None,

@@ -13,7 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, Field
 
 from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.errors import InvalidInput, PoolNotActive, StaleWrite
+from fleetkeeper.domain.errors import InvalidInput, PoolNotActive, StaleWrite, listed
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Worker, new_id, utcnow
 from fleetkeeper.domain.rollouts import (
@@ -188,8 +188,7 @@ def _read_scope(ctx: Context, request: RolloutRequest) -> tuple[list[str], list[
         found = {w.id: w for w in ctx.store.get_workers(request.worker_ids)}
         unknown = [w for w in request.worker_ids if w not in found]
         if unknown:
-            more = f" and {len(unknown) - 10:,} more" if len(unknown) > 10 else ""
-            raise InvalidInput("worker_ids", f"unknown workers: {', '.join(unknown[:10])}{more}")
+            raise InvalidInput("worker_ids", f"unknown workers: {listed(unknown, 10)}")
         not_running = [w for w in request.worker_ids if found[w].status != WorkerStatus.RUNNING]
         if not_running:
             first = found[not_running[0]]

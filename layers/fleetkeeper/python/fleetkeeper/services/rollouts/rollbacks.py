@@ -26,7 +26,6 @@ from typing import Any
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
-    MAX_REASON_LENGTH,
     MAX_RESTORATION_ATTEMPTS,
     RollbackAction,
     Rollout,
@@ -36,6 +35,7 @@ from fleetkeeper.domain.rollouts import (
     restoration_id,
     rollback_action,
 )
+from fleetkeeper.domain.values import MAX_REASON_LENGTH
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.rollouts.commands import emit

@@ -21,7 +21,6 @@ from fleetkeeper.domain.errors import Conflict, NotFound, PoolNotActive, StaleWr
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Owner, Worker
 from fleetkeeper.domain.rollouts import (
-    MAX_REASON_LENGTH,
     Blocked,
     BlockedReason,
     Rollout,
@@ -30,6 +29,7 @@ from fleetkeeper.domain.rollouts import (
     WorkerProgress,
     replacement_id,
 )
+from fleetkeeper.domain.values import MAX_REASON_LENGTH
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains, workers
 from fleetkeeper.services.context import Context
