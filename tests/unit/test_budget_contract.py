@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from fleetkeeper.api.app import contract
-from fleetkeeper.domain.disruption import MAX_WINDOW, MIN_WINDOW, Budget
+from fleetkeeper.domain.disruption import Budget
 from fleetkeeper.domain.durations import parse_duration
+from fleetkeeper.domain.windows import MAX_DURATION as MAX_WINDOW
+from fleetkeeper.domain.windows import MIN_DURATION as MIN_WINDOW
 
 SCHEMAS: Final = contract()["components"]["schemas"]
 MAX: Final = SCHEMAS["Budget"]["properties"]["max"]
