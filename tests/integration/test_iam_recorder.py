@@ -12,7 +12,7 @@ from botocore.exceptions import ClientError
 from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
-from fleetkeeper.services.pool import ContextThreadPool
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper_local.iam import acting_as
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.policies import CANONICAL, load_model

@@ -24,9 +24,7 @@ progress, and a member page at most MEMBER_PAGE_SIZE ids: both stay far inside t
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final, cast
@@ -35,6 +33,7 @@ from fleetkeeper.domain.errors import Conflict, NotFound, StaleWrite
 from fleetkeeper.domain.models import AuditEvent, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE, MAX_ROLLOUT_WORKERS, Rollout, RolloutStatus
 from fleetkeeper.observability import logger
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store.codec import deserialize, record_attributes, serialize, serialize_value
 from fleetkeeper.store.retention import expiration
 from fleetkeeper.store.schema import BY_KIND, BY_STATUS, TTL_ATTRIBUTE
@@ -490,8 +489,8 @@ class RolloutStore(TableAccess):
                 except Exception as exc:  # handed back to the caller, as the pool's future would
                     errors.append(exc)
             return errors
-        with ThreadPoolExecutor(max_workers=LOCK_TRANSACTIONS_AT_ONCE) as pool:
-            futures = [pool.submit(contextvars.copy_context().run, call, rollout, c) for c in chunks]
+        with ContextThreadPool(max_workers=LOCK_TRANSACTIONS_AT_ONCE) as pool:
+            futures = [pool.submit(call, rollout, c) for c in chunks]
             return [cast(Exception | None, f.exception()) for f in futures]
 
     def start(self, rollout: Rollout, worker_ids: Sequence[str], *, actor: str) -> Rollout:

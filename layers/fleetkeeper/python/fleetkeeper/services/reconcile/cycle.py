@@ -41,10 +41,10 @@ from fleetkeeper.domain.reconcile import (
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
 from fleetkeeper.observability import logger, metrics
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
 from fleetkeeper.services.reconcile.auto_rollout import start_auto_rollouts
