@@ -40,7 +40,7 @@ from fleetkeeper.domain.reconcile import (
     is_due,
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
-from fleetkeeper.observability import logger, metrics
+from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import drains, operations
 from fleetkeeper.services.context import Context
@@ -531,10 +531,3 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
                 )
         # One per shard and cycle: the alarm wants as many per period as there are shards.
         metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
-
-
-def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
-    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
-    for name, value in counters.items():
-        if value:
-            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)
