@@ -1,9 +1,11 @@
-"""The IAM recorder on the local stack: a request the function's role does not allow fails as on AWS."""
+"""The IAM recorder on the local stack: a request the function's role does not allow fails as on AWS, and
+a request no decision is reached for fails the run."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +17,9 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper_local.iam import acting_as
 from fleetkeeper_local.iam import session as iam_session
+from fleetkeeper_local.iam.evaluator import Evaluator
 from fleetkeeper_local.iam.policies import CANONICAL, load_model
-from fleetkeeper_local.iam.record import Summary
+from fleetkeeper_local.iam.record import ERROR, MISSING, Summary
 from fleetkeeper_local.iam.recorder import Recorder
 from fleetkeeper_local.images import stock_image
 from fleetkeeper_local.stack import LocalStack
@@ -134,3 +137,70 @@ def test_given_a_function_using_a_thread_pool_then_its_threads_requests_are_its_
 
     assert attributed == 3
     assert record.by_function["reconcile"] == 3
+
+
+# ---- requests no decision is reached for: the request goes on, the run fails naming it --------------
+
+
+def test_given_a_machine_the_emulator_does_not_know_when_a_drain_stops_it_then_the_run_fails_naming_it(
+    record: Summary,
+) -> None:
+    unknown = "i-0123456789abcdef0"
+
+    with acting_as("drain-tasks"), pytest.raises(ClientError) as refused:
+        Ec2Gateway(client("ec2")).stop(unknown)
+
+    # The tags its grant is conditioned on cannot be read: the evaluator cannot decide it.
+    assert refused.value.response["Error"]["Code"] == "InvalidInstanceID.NotFound"
+    assert (record.requests, record.denied_requests) == (0, 0)
+    (missing,) = record.undecided.values()
+    assert (missing["kind"], missing["function"], missing["operation"]) == (
+        MISSING,
+        "drain-tasks",
+        "ec2:StopInstances",
+    )
+    assert f"instance {unknown} in {CANONICAL.region}" in missing["error"]
+    assert missing["path"] == "cloud/ec2.py:Ec2Gateway.stop"
+    assert missing["during"].startswith("tests/integration/test_iam_recorder.py::test_given_a_machine_the")
+    assert record.failed
+    assert "  MISSING RESOURCE drain-tasks: ec2:StopInstances" in "\n".join(record.report())
+
+
+# Answers every evaluation with the error the evaluator process gives when it cannot evaluate.
+_FAILING_EVALUATOR = """
+import { createInterface } from 'node:readline'
+for await (const line of createInterface({ input: process.stdin })) {
+  const message = JSON.parse(line)
+  if (message.op === 'evaluate') {
+    const answer = { seq: message.seq, result: 'Error', error: 'cannot evaluate' }
+    process.stdout.write(JSON.stringify(answer) + '\\n')
+  }
+}
+"""
+
+
+def test_given_an_evaluator_that_fails_when_a_drain_stops_a_machine_then_it_stops_and_the_run_fails(
+    local_stack: LocalStack, ec2: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "simulate.mjs"
+    script.write_text(_FAILING_EVALUATOR, encoding="utf-8")
+    managed = machine(ec2, managed=True)
+    summary = Summary()
+    recorder = Recorder(load_model(), summary=summary, evaluator=Evaluator(script))
+
+    with iam_session.paused(), recorder.installed(), acting_as("drain-tasks"):
+        # The code under test may swallow whatever its call raises: the recorder raises nothing into it.
+        Ec2Gateway(client("ec2")).stop(managed)
+
+    assert state(ec2, managed) in {"stopping", "stopped"}
+    (failed,) = summary.undecided.values()
+    assert (failed["kind"], failed["function"], failed["operation"]) == (
+        ERROR,
+        "drain-tasks",
+        "ec2:StopInstances",
+    )
+    assert failed["error"].startswith("EvaluatorError: ec2:StopInstances on arn:aws:ec2:")
+    assert failed["error"].endswith("cannot evaluate")
+    assert (summary.requests, summary.denied_requests) == (0, 0)
+    assert summary.failed
+    assert "  EVALUATOR ERROR drain-tasks: ec2:StopInstances" in "\n".join(summary.report())

@@ -28,7 +28,13 @@ of the run that wrote the file: which code paths used each grant. Do not edit it
   it. Each request is translated into what AWS authorizes for it (the service authorization reference):
   RunInstances on the instance, image (`ec2:Owner`), subnet, security groups, network interface, volume
   and key pair, its tags as `ec2:CreateTags`, an instance profile's role as `iam:PassRole`; an instance's
-  tags for Start/Stop/Terminate and SendCommand; a transaction per item; and so on.
+  tags (read from the emulator) for Start/Stop/Terminate and SendCommand; a transaction per item; and so
+  on.
+- **What fails the run** besides a denial: a request no translation models, one on a resource the
+  emulator does not know (its tags, which the conditions read, cannot be told; AWS denies a
+  tag-conditioned action on a machine that no longer exists rather than answer NotFound), an error of
+  the evaluator, and a recorder that evaluated no request at all. Each is listed with the request, the
+  code path and the test that made it.
 - **The evaluator** is [@cloud-copilot/iam-simulate](https://github.com/cloud-copilot/iam-simulate), a
   real implementation of IAM's evaluation logic and condition operators (a development dependency only,
   see docs/dependencies.md). A request it denies fails locally with the service's own error
@@ -45,8 +51,6 @@ Resources are shown with the local stack's names: account `{CANONICAL.account}`,
 - **Service-side checks other than IAM**: an AMI's launch permissions, a KMS grant, SSM's requirement
   that the instance be registered with Systems Manager (a machine without an instance profile never is),
   quotas and capacity.
-- **Requests on resources that do not exist**: AWS answers them NotFound before a policy could apply, and
-  their tags, which conditions read, do not exist; such requests are counted, not evaluated.
 - **Calls the Lambda service and the SDK make for the function**: writing its logs, sending X-Ray
   traces, delivering a failed asynchronous invocation to its queue. Their grants are listed below as not
   exercised by the code.
