@@ -15,8 +15,11 @@ from fleetkeeper.cloud.clients import client
 from fleetkeeper.cloud.ec2 import Ec2Gateway
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
 from fleetkeeper.pool import ContextThreadPool
+from fleetkeeper.services.context import default_context
+from fleetkeeper.services.reconcile.images import NewestImages
 from fleetkeeper_local.iam import acting_as
 from fleetkeeper_local.iam import session as iam_session
+from fleetkeeper_local.iam.attribution import UNATTRIBUTED
 from fleetkeeper_local.iam.evaluator import Evaluator
 from fleetkeeper_local.iam.policies import CANONICAL, load_model
 from fleetkeeper_local.iam.record import ERROR, MISSING, Summary
@@ -114,11 +117,36 @@ def test_given_another_table_when_the_api_reads_it_then_dynamodb_refuses(
     assert denial["resource"].endswith(":table/someone-elses-table")
 
 
-def test_given_a_request_outside_any_function_then_it_is_not_recorded(record: Summary, ec2: Any) -> None:
+def test_given_a_test_calling_fleetkeepers_shared_code_then_its_requests_are_set_up_and_not_evaluated(
+    record: Summary, ec2: Any
+) -> None:
     machine(ec2, managed=False)
     Ec2Gateway(client("ec2")).stop(machine(ec2, managed=False))
 
-    assert (record.requests, record.denied_requests) == (0, 0)
+    # The stop, through fleetkeeper's adapter (the test's own client was made before this recorder).
+    assert (record.setup, record.requests, record.denied_requests, record.undecided) == (1, 0, 0, {})
+
+
+def test_given_a_direct_call_of_a_functions_own_code_then_its_requests_are_that_functions(
+    record: Summary, table_name: str
+) -> None:
+    # No acting_as: services/reconcile/ is the reconcile function's own code (its handler imports it).
+    NewestImages(default_context()).newest("lab-*", CANONICAL.region)
+
+    assert dict(record.by_function) == {"reconcile": 1}
+    assert [key for key in record.usage if key.startswith("reconcile|ec2:DescribeImages|")]
+    assert (record.denied_requests, record.undecided) == (0, {})
+
+
+@pytest.mark.skipif(iam_session.mode() == "off", reason="the run's recorder is off")
+def test_given_the_runs_recorder_when_a_test_calls_a_functions_own_code_then_the_run_evaluates_it(
+    table_name: str,
+) -> None:
+    before = iam_session.RUN.by_function["reconcile"]
+
+    NewestImages(default_context()).newest("lab-*", CANONICAL.region)
+
+    assert iam_session.RUN.by_function["reconcile"] == before + 1
 
 
 def test_given_a_function_using_a_thread_pool_then_its_threads_requests_are_its_own(
@@ -131,12 +159,25 @@ def test_given_a_function_using_a_thread_pool_then_its_threads_requests_are_its_
         with ContextThreadPool(max_workers=3) as pool:
             list(pool.map(lambda one: gateway.describe([one]), ids))
         attributed = record.by_function["reconcile"]
-        # A plain pool runs its tasks without the invocation's context: nobody made those requests.
+        # A plain pool runs fleetkeeper's code without the invocation's context: whose requests they
+        # are cannot be told, and the run fails on them.
         with ThreadPoolExecutor(max_workers=3) as plain:
-            list(plain.map(lambda one: gateway.describe([one]), ids))
+            list(plain.map(gateway.describe, [[one] for one in ids]))
 
     assert attributed == 3
     assert record.by_function["reconcile"] == 3
+    (lost,) = record.undecided.values()
+    assert (lost["kind"], lost["function"], lost["operation"], lost["count"]) == (
+        UNATTRIBUTED,
+        UNATTRIBUTED,
+        "ec2:DescribeInstances",
+        3,
+    )
+    assert lost["path"] == "cloud/ec2.py:Ec2Gateway._describe"
+    assert record.failed
+    assert "  UNATTRIBUTED unattributed: ec2:DescribeInstances (from cloud/ec2.py" in "\n".join(
+        record.report()
+    )
 
 
 # ---- requests no decision is reached for: the request goes on, the run fails naming it --------------

@@ -3,9 +3,10 @@
 A `Summary` is plain data, so test processes, `make run` and its API instance processes can each keep
 one, write it as JSON and merge them: the verdict and docs/security.md come from the merged record.
 
-Every request a function makes ends in one `Outcome`: allowed or denied, or one the evaluation could not
-decide, each of which fails the run: unmodelled (no translation into what AWS authorizes), missing (a
-resource the emulator does not know, so the conditions on it cannot be decided) or an evaluator error.
+Every request the recorder sees ends in one `Outcome`: set-up (no function's, not evaluated), allowed or
+denied, or one the evaluation could not decide, each of which fails the run: unattributed (fleetkeeper's
+code on a thread that lost its invocation), unmodelled (no translation into what AWS authorizes), missing
+(a resource the emulator does not know, so the conditions on it cannot be decided) or an evaluator error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from fleetkeeper_local.iam.attribution import FUNCTIONS
+from fleetkeeper_local.iam.attribution import FUNCTIONS, SETUP, UNATTRIBUTED
 from fleetkeeper_local.iam.evaluator import Decision
 from fleetkeeper_local.iam.requests import Authorization
 
@@ -27,6 +28,7 @@ MISSING: Final = "missing"
 ERROR: Final = "evaluator error"
 # What the report says of each outcome that fails the run without a decision.
 _UNDECIDED: Final = {
+    UNATTRIBUTED: "UNATTRIBUTED",
     UNMODELLED: "UNMODELLED",
     MISSING: "MISSING RESOURCE",
     ERROR: "EVALUATOR ERROR",
@@ -58,6 +60,7 @@ class Summary:
     # kind|function|service:operation -> {kind, function, operation, error, path, during, count}: the
     # requests no decision was reached for (every kind in _UNDECIDED)
     undecided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    setup: int = 0  # requests of the tests' and the local stack's own, not evaluated
     recorders: int = 0  # recorders that were on (one a process), so a silent one is told from none
     # function|action|statement -> the code paths that needed that grant
     usage: dict[str, set[str]] = field(default_factory=dict)
@@ -84,6 +87,9 @@ class Summary:
 
     def record(self, function: str, operation: str, outcome: Outcome, *, path: str, during: str) -> None:
         """Count one request's outcome (the one place each kind is counted)."""
+        if outcome.kind == SETUP:
+            self.setup += 1
+            return
         if outcome.kind in _UNDECIDED:
             found = self.undecided.setdefault(
                 f"{outcome.kind}|{function}|{operation}",
@@ -161,6 +167,7 @@ class Summary:
         for key, entry in other.undecided.items():
             mine = self.undecided.setdefault(key, {**entry, "count": 0})
             mine["count"] += entry["count"]
+        self.setup += other.setup
         self.recorders += other.recorders
         for key, paths in other.usage.items():
             self.usage.setdefault(key, set()).update(paths)
@@ -174,6 +181,7 @@ class Summary:
             "by_function": dict(self.by_function),
             "denials": self.denials,
             "undecided": self.undecided,
+            "setup": self.setup,
             "recorders": self.recorders,
             "usage": {key: sorted(paths) for key, paths in self.usage.items()},
             "cost": dict(self.cost),
@@ -187,6 +195,7 @@ class Summary:
             by_function=Counter(data.get("by_function", {})),
             denials=dict(data.get("denials", {})),
             undecided=dict(data.get("undecided", {})),
+            setup=int(data.get("setup", 0)),
             recorders=int(data.get("recorders", 0)),
             usage={key: set(paths) for key, paths in data.get("usage", {}).items()},
             cost={key: float(value) for key, value in data.get("cost", {}).items()},
@@ -209,11 +218,12 @@ class Summary:
     def report(self) -> list[str]:
         """The headline, then each denial and each request no decision was reached for."""
         lines = [self.headline()]
-        if self.cost:
+        if self.cost or self.setup:
             lines.append(
                 f"  cost: {self.cost.get('hook_cpu_seconds', 0):.1f} s CPU in the recorder, "
                 f"{self.cost.get('evaluator_cpu_seconds', 0):.1f} s in the evaluator, "
-                f"{int(self.cost.get('evaluations', 0))} evaluations for {self.requests} requests"
+                f"{int(self.cost.get('evaluations', 0))} evaluations for {self.requests} requests; "
+                f"{self.setup} set-up requests of the tests and the local stack not evaluated"
             )
         if self.silent:
             lines.append(

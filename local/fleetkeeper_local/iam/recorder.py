@@ -28,7 +28,7 @@ from typing import Any, Final
 import fleetkeeper
 from fleetkeeper.settings import Settings, SettingsError, get_settings
 from fleetkeeper_local.faults import HookSpec, HttpAnswer, installed_hooks, service_and_operation
-from fleetkeeper_local.iam.attribution import current_function
+from fleetkeeper_local.iam.attribution import SETUP, UNATTRIBUTED, attribute
 from fleetkeeper_local.iam.emulator import Emulator, Lookups
 from fleetkeeper_local.iam.evaluator import Decision, Evaluator
 from fleetkeeper_local.iam.policies import CANONICAL, PolicyModel
@@ -144,14 +144,13 @@ class Recorder:
         return [("before-parameter-build", self.remember_params), ("before-call", self.before_call)]
 
     def remember_params(self, params: Mapping[str, Any], context: Any = None, **_: Any) -> None:
-        if self.enabled and isinstance(context, dict) and current_function() is not None:
+        if self.enabled and isinstance(context, dict):
             context[_PARAMS] = params
 
     def before_call(
         self, event_name: str, context: Any = None, request_signer: Any = None, **_: Any
     ) -> tuple[HttpAnswer, dict[str, Any]] | None:
-        function = current_function()
-        if function is None or not self.enabled or _judging.get():
+        if not self.enabled or _judging.get():
             return None
         started = time.thread_time()
         token = _judging.set(True)
@@ -159,7 +158,9 @@ class Recorder:
             service, operation = service_and_operation(event_name)
             params = context.get(_PARAMS, {}) if isinstance(context, dict) else {}
             region = getattr(request_signer, "region_name", None) or CANONICAL.region
-            return self.check(function, Request(service, operation, params, region), path=code_path())
+            function = attribute(sys._getframe(1))
+            request = Request(service, operation, params, region)
+            return self.check(function, request, path=code_path() if function != SETUP else "")
         finally:
             _judging.reset(token)
             spent = time.thread_time() - started
@@ -213,6 +214,14 @@ class Recorder:
 
     def judge(self, function: str, request: Request) -> Outcome:
         """The one place a request's outcome is decided (record.py names the kinds)."""
+        if function == SETUP:
+            return Outcome(SETUP)
+        if function == UNATTRIBUTED:
+            return Outcome(
+                UNATTRIBUTED,
+                error="fleetkeeper's code on a thread that did not copy its invocation's context "
+                "(fleetkeeper.pool.ContextThreadPool does)",
+            )
         if function not in self.model.functions:
             return Outcome(UNMODELLED, error=f"the template has no function {function}")
         try:
