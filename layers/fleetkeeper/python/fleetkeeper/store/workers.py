@@ -8,7 +8,6 @@ ones that became empty, rather than replace the whole item.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize, serialize_value
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
@@ -88,7 +88,7 @@ class WorkerRepository(MachineKeyRepository):
             items = self._batch_get_items([keys.worker_key(i) for i in worker_ids], consistent=consistent)
         else:
             chunks = [worker_ids[n : n + BATCH_GET_SIZE] for n in range(0, len(worker_ids), BATCH_GET_SIZE)]
-            with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+            with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
                 parts = pool.map(
                     lambda ids: self._batch_get_items(
                         [keys.worker_key(i) for i in ids], consistent=consistent
@@ -509,7 +509,7 @@ class WorkerRepository(MachineKeyRepository):
 
     def _query_each(self, queries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every item of every query, the queries run READ_PARALLELISM at a time, in the queries' order."""
-        with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+        with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
             pages = pool.map(lambda query: list(self._query_all(**query)), queries)
             return [item for page in pages for item in page]
 

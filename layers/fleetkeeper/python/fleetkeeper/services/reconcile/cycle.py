@@ -40,11 +40,11 @@ from fleetkeeper.domain.reconcile import (
     is_due,
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
-from fleetkeeper.observability import logger, metrics
+from fleetkeeper.observability import emit_counters, logger, metrics
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import admission, drains, operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
 from fleetkeeper.services.reconcile.drift import plan_drift
@@ -546,10 +546,3 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
                 )
         # One per shard and cycle: the alarm wants as many per period as there are shards.
         metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
-
-
-def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
-    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
-    for name, value in counters.items():
-        if value:
-            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)
