@@ -314,7 +314,11 @@ def _lead_steps(ctx: Context, work: list[Work], report: CycleReport, remaining: 
     try:
         # After the workers' steps wrote their drift (services/rollouts/auto.py).
         start_auto_rollouts(
-            ctx, work, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ctx,
+            [item.planned for item in work],
+            report.counters,
+            time_left=remaining,
+            margin_seconds=SAFETY_MARGIN_SECONDS,
         )
     except Exception:  # the start waits a cycle; the worker steps above already ran
         logger.exception("auto rollouts failed")
