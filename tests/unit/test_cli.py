@@ -454,6 +454,28 @@ def test_given_force_now_then_the_cli_forces_the_running_drain(server: str):
 
 
 @pytest.mark.parametrize(
+    ("reason", "graceful", "forced"), [("forced", 0, 1), ("drain_timeout", 0, 1), ("completed", 1, 0)]
+)
+def test_given_a_drain_that_ended_then_the_watch_counts_instances_forced_now_or_at_the_deadline_as_forced(
+    server: str, reason: str, graceful: int, forced: int
+):
+    ended = {
+        **RUNNING_DRAIN,
+        "status": "TIMED_OUT" if forced else "SUCCESS",
+        "worker_status": "STOPPING",
+        "started_at": "2099-01-01T00:00:00Z",
+        "forced_instances": forced,
+    }
+    instance = {"id": "i-1", "state": "TERMINATED" if forced else "COMPLETED", "reason": reason}
+    Recorder.queue = [(200, ended), (200, {"items": [{**instance, "updated_at": "2099-01-01T00:01:00Z"}]})]
+
+    exit_code, output = run("--api", server, "drain-status", "w-1", "--watch")
+
+    assert exit_code == (1 if forced else 0), output
+    assert f"{graceful} instance(s) ended gracefully, {forced} forced" in output
+
+
+@pytest.mark.parametrize(
     "flags",
     [
         ["--extend", "30m", "--force-now"],
