@@ -132,14 +132,16 @@ def follow(watch: DrainWatch, console: Console, *, live: bool = True) -> dict[st
         return watch.outcome()
     from rich.live import Live  # noqa: PLC0415 - only a live view needs it
 
-    with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
-        while not watch.finished:
-            time.sleep(watch.interval)
-            for instance in watch.poll():
-                console.print(describe_end(instance))
-            view.update(watch.view())
-    if not console.is_terminal:
-        console.line()  # a non-terminal Live leaves its last frame without a line end
+    try:
+        with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
+            while not watch.finished:
+                time.sleep(watch.interval)
+                for instance in watch.poll():
+                    console.print(describe_end(instance))
+                view.update(watch.view())
+    finally:
+        if not console.is_terminal:
+            console.line()  # a non-terminal Live leaves its last frame without a line end, Ctrl-C too
     return watch.outcome()
 
 
@@ -282,12 +284,14 @@ def follow_rollout(watch: RolloutWatch, console: Console, *, live: bool = True) 
         return watch.view_of
     from rich.live import Live  # noqa: PLC0415 - only a live view needs it
 
-    with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
-        while not watch.finished:
-            time.sleep(watch.interval)
-            for line in watch.poll():
-                console.print(line, markup=False, highlight=False)
-            view.update(watch.view())
-    if not console.is_terminal:
-        console.line()
+    try:
+        with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
+            while not watch.finished:
+                time.sleep(watch.interval)
+                for line in watch.poll():
+                    console.print(line, markup=False, highlight=False)
+                view.update(watch.view())
+    finally:
+        if not console.is_terminal:
+            console.line()
     return watch.view_of

@@ -6,10 +6,13 @@ the reconciler, EC2 events.
 
 from __future__ import annotations
 
+import io
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TextIO
 
 from fleetkeeper.domain.lifecycle import ForceReason, WorkerStatus
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker
@@ -307,3 +310,37 @@ class FleetConsole:
 
     def stop(self) -> None:
         self._loop.stop(10)
+
+
+# The start of a line Powertools' metrics print (Embedded Metric Format): one JSON object per line.
+EMF_LINE = '{"_aws":'
+
+
+class WithoutMetrics(io.TextIOBase):
+    """The console without the EMF lines the functions print: `single_metric` prints them even when
+    POWERTOOLS_METRICS_DISABLED is set. A line is held only while it may still be one (it starts with
+    `{`), so a progress line without its end shows at once. Threads print at once: one lock."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            *lines, self._pending = self._pending.split("\n")
+            shown = "".join(f"{line}\n" for line in lines if not line.startswith(EMF_LINE))
+            if self._pending and not EMF_LINE.startswith(self._pending[: len(EMF_LINE)]):
+                shown, self._pending = shown + self._pending, ""
+            if shown:
+                self._target.write(shown)
+                self._target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()

@@ -39,6 +39,7 @@ from fleetkeeper_local import aws_rules, faults, lambdas
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.attribution import acting_as
 from fleetkeeper_local.stack import (
+    API_PORT_ENVIRONMENT,
     LOCAL_ACCOUNT,
     LocalStack,
     _wait_for_http,
@@ -168,7 +169,6 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     """Create the table, the drain_tasks function, the state machine, the audit bus, the topic and the
     workers' instance profile."""
     suffix = suffix or uuid.uuid4().hex[:8]
-    stack.create_table(table_name)
     profile = ensure_worker_profile()
     lambdas.install().register(f"fleetkeeper-drain-tasks-{suffix}", drain_tasks_handler)
     iam = _setup("iam")
@@ -194,6 +194,8 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     remember_provisioned("state-machine", state_machine_arn)
     remember_provisioned("bus", bus_name)
     remember_provisioned("topic", topic_arn)
+    # Last: the moto resources above are made while a JVM just launched still boots.
+    stack.create_table(table_name)
     return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn, profile)
 
 
@@ -272,7 +274,6 @@ _INVOCATION_LOCK = threading.Lock()
 LOCAL_CONTROL_PREFIX = "/_local/"
 FAULTS_ENVIRONMENT = "FLEETKEEPER_LOCAL_FAULTS"
 API_INSTANCES_ENVIRONMENT = "FLEETKEEPER_LOCAL_API_INSTANCES"
-API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
 _FORWARDED_FOR = "X-Forwarded-For"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -299,6 +300,13 @@ class _LocalServer(ThreadingHTTPServer):
     # its connections reset before any request is read. API Gateway queues far more than that.
     request_queue_size = 128
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that left before its answer (a timeout, Ctrl-C) is not a fault of the server: no
+        # traceback for it in the console.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _LocalHandler(BaseHTTPRequestHandler):
@@ -520,12 +528,14 @@ class ApiServer:
         env = {**os.environ, "FLEETKEEPER_LOCAL_INSTANCE_INDEX": str(index)}
         with contextlib.ExitStack() as files:
             output = files.enter_context(self.log_path.open("ab")) if self.log_path else None
+            # Its own session: a Ctrl-C in the terminal reaches the control plane, which stops it.
             process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
                 [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
                 cwd=project_root(),
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
+                start_new_session=True,
             )
         self._processes.append(process)
         url = f"http://127.0.0.1:{port}"

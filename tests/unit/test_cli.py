@@ -561,7 +561,7 @@ def test_given_the_default_port_then_no_note_and_a_bad_port_is_a_usage_error(mon
 
 
 def test_given_the_cli_and_the_local_stack_then_they_default_to_the_same_port():
-    from fleetkeeper_local.__main__ import DEFAULT_API_PORT
+    from fleetkeeper_local.stack import DEFAULT_API_PORT
 
     assert f"http://127.0.0.1:{DEFAULT_API_PORT}" == LOCAL_API
 
