@@ -30,13 +30,14 @@ from fleetkeeper_local.stack import (
 # Console defaults: warnings only, and no EMF metric blobs between the lines people read.
 QUIET_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISABLED": "true"}
 VERBOSE_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "INFO", "POWERTOOLS_METRICS_DISABLED": "false"}
-# How often a step that takes long says how far it is, when the output is not a terminal.
-PROGRESS_EVERY_SECONDS = 10.0
+# How often the synthesis says how far it is while the rest of the start goes on.
+PROGRESS_EVERY_SECONDS = 15.0
 
 
 @dataclass
 class Synthesis:
-    """The IAM template for the current inputs: synthesized in a thread (its own process) if not cached."""
+    """The IAM template for the current inputs: synthesized in the background (its own process) when not
+    cached, saying every PROGRESS_EVERY_SECONDS how long it has run and about how long it has left."""
 
     state: TemplateState
     started: float = field(default_factory=time.monotonic)
@@ -48,11 +49,22 @@ class Synthesis:
     def begin(cls) -> Synthesis:
         synthesis = cls(template_state())
         if not synthesis.state.cached:
+            print(f"IAM: {synthesis.what()}, in the background", flush=True)
             synthesis._thread = threading.Thread(target=synthesis._run, name="iam-synth", daemon=True)
             synthesis._thread.start()
         return synthesis
 
     def _run(self) -> None:
+        worker = threading.Thread(target=self._synthesize, name="iam-synth-process", daemon=True)
+        worker.start()
+        while True:
+            worker.join(PROGRESS_EVERY_SECONDS)
+            if not worker.is_alive():
+                return
+            spent = time.monotonic() - self.started
+            print(f"IAM: {self.what()}: {spent:.0f} s so far, {self.left(spent)}", flush=True)
+
+    def _synthesize(self) -> None:
         try:
             template_path()
         except BaseException as exc:
@@ -60,20 +72,9 @@ class Synthesis:
         self.seconds = time.monotonic() - self.started
 
     def wait(self) -> None:
-        """Until the template is there, saying what runs and roughly how long it has left."""
-        if self._thread is None:
-            return
-        tty = sys.stdout.isatty()
-        said = 0.0
-        while self._thread.is_alive():
-            spent = time.monotonic() - self.started
-            if tty or spent - said >= PROGRESS_EVERY_SECONDS:
-                line = f"IAM: {self.what()}: {spent:.0f} s, {self.left(spent)}"
-                print(f"\r{line}\033[K" if tty else line, end="" if tty else "\n", flush=True)
-                said = spent
-            self._thread.join(0.5)
-        if tty:
-            print(flush=True)
+        """Until the template is there."""
+        if self._thread is not None:
+            self._thread.join()
         if self._error is not None:
             raise self._error
 
@@ -84,6 +85,8 @@ class Synthesis:
         estimate = self.state.estimate_seconds
         if spent < estimate:
             return f"about {estimate - spent:.0f} s left"
+        if self.state.last_seconds is None:
+            return f"longer than the {estimate:.0f} s it takes on a quiet machine"
         return f"longer than the {estimate:.0f} s the last one took"
 
     def banner(self) -> str:
@@ -107,8 +110,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     synthesis = Synthesis.begin() if iam_session.mode() != "off" else None
-    if synthesis is not None and not synthesis.state.cached:
-        print(f"IAM: {synthesis.what()}, in the background", flush=True)
     try:
         from fleetkeeper_local import serve  # noqa: PLC0415 - after the JVM and the synthesis started
 

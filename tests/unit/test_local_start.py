@@ -45,6 +45,7 @@ def test_given_no_synthesis_yet_then_one_is_needed_and_estimated(clone: Path):
 
     assert (state.cached, state.why) == (False, "no synthesis recorded here yet")
     assert state.estimate_seconds == policies.FIRST_SYNTHESIS_ESTIMATE_SECONDS
+    assert Synthesis(state).left(300).startswith("longer than the 40 s it takes on a quiet machine")
 
 
 def test_given_a_synthesis_then_it_is_cached_until_an_input_changes_and_the_change_is_named(clone: Path):

@@ -143,7 +143,11 @@ class TemplateState:
     path: Path
     cached: bool
     why: str  # what changed since the last synthesis here ("" when cached)
-    estimate_seconds: float  # how long the last synthesis here took (a guess before the first)
+    last_seconds: float | None  # how long the last synthesis here took, if one ran
+
+    @property
+    def estimate_seconds(self) -> float:
+        return FIRST_SYNTHESIS_ESTIMATE_SECONDS if self.last_seconds is None else self.last_seconds
 
 
 def _changes(before: Mapping[str, str], now: Mapping[str, str]) -> str:
@@ -162,11 +166,11 @@ def template_state(root: Path | None = None) -> TemplateState:
     path = _cached_template(root, _key(inputs))
     manifests = sorted((root / BUILD_DIR).glob(f"{STAGE}-*.inputs.json"), key=lambda m: m.stat().st_mtime)
     last = json.loads(manifests[-1].read_text(encoding="utf-8")) if manifests else None
-    estimate = float(last["seconds"]) if last else FIRST_SYNTHESIS_ESTIMATE_SECONDS
+    seconds = float(last["seconds"]) if last else None
     if path.exists():
-        return TemplateState(path, cached=True, why="", estimate_seconds=estimate)
+        return TemplateState(path, cached=True, why="", last_seconds=seconds)
     why = _changes(last["inputs"], inputs) if last else "no synthesis recorded here yet"
-    return TemplateState(path, cached=False, why=why, estimate_seconds=estimate)
+    return TemplateState(path, cached=False, why=why, last_seconds=seconds)
 
 
 def template_ready(root: Path | None = None) -> bool:
