@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.domain.errors import Unavailable
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
@@ -276,7 +277,7 @@ def publish_image(args: argparse.Namespace) -> int:
     table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
     try:
         template = FleetStore(boto3.client("dynamodb"), table_name).find_template(args.template)
-    except (BotoCoreError, ClientError) as exc:
+    except (BotoCoreError, ClientError, Unavailable) as exc:
         print(f"error: the local stack does not answer ({exc}); start it with `make run`", file=sys.stderr)
         return 2
     if template is None:
