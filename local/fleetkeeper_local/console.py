@@ -7,7 +7,9 @@ the reconciler, EC2 events.
 from __future__ import annotations
 
 import io
+import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -314,6 +316,15 @@ class FleetConsole:
 
 # The start of a line Powertools' metrics print (Embedded Metric Format): one JSON object per line.
 EMF_LINE = '{"_aws":'
+
+
+def hide_metrics_when_disabled() -> None:
+    """This process's console without EMF lines when POWERTOOLS_METRICS_DISABLED says metrics are off
+    (`make run` without --verbose, and its API instance processes)."""
+    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true" and not isinstance(
+        sys.stdout, WithoutMetrics
+    ):
+        sys.stdout = WithoutMetrics(sys.stdout)
 
 
 class WithoutMetrics(io.TextIOBase):

@@ -36,6 +36,7 @@ from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import aws_rules, faults, lambdas
+from fleetkeeper_local.console import hide_metrics_when_disabled
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.attribution import acting_as
 from fleetkeeper_local.stack import (
@@ -562,6 +563,7 @@ class ApiServer:
 def serve_instance(port: int) -> None:
     """One API instance process, serving until SIGTERM (requests still run one at a time)."""
     global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
+    hide_metrics_when_disabled()
     aws_rules.install_from_environ()  # before the fault plan, as the harness process installs them
     plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
     server = _LocalServer(("127.0.0.1", port), _ApiRequestHandler)

@@ -23,7 +23,7 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import aws_rules
-from fleetkeeper_local.console import FleetConsole, WithoutMetrics
+from fleetkeeper_local.console import FleetConsole, hide_metrics_when_disabled
 from fleetkeeper_local.controlplane import ApiServer, LocalResources, activate, provision
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.images import publish_newer_image, register_template_images
@@ -202,8 +202,7 @@ def _print_farewell(stack: LocalStack, workload: WorkloadSimulator | None) -> No
 def serve(args: argparse.Namespace, stack: LocalStack, api_port: int, synthesis: Synthesis | None) -> int:
     """Serve on `stack` (DynamoDB Local launched) until Ctrl-C or SIGTERM; the exit code."""
     warnings.filterwarnings("ignore", message="No application metrics to publish")
-    if not args.verbose:
-        sys.stdout = WithoutMetrics(sys.stdout)
+    hide_metrics_when_disabled()
     # The shared logger was built at import, before the line above could reach it.
     logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])
     api: ApiServer | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 import pytest
 
-from fleetkeeper_local.console import WithoutMetrics
+from fleetkeeper_local.console import WithoutMetrics, hide_metrics_when_disabled
 from fleetkeeper_local.controlplane import _LocalServer
 
 EMF = json.dumps({"_aws": {"Timestamp": 1, "CloudWatchMetrics": []}, "OperationSucceeded": 1.0})
@@ -40,6 +41,20 @@ def test_given_a_line_without_its_end_then_it_shows_at_once_unless_it_may_be_a_m
     assert console.getvalue() == "\rIAM: synthesizing: 12 s, about 30 s left"
     out.write('{"_a')
     assert console.getvalue() == "\rIAM: synthesizing: 12 s, about 30 s left"
+
+
+@pytest.mark.parametrize(("disabled", "hidden"), [("true", True), ("false", False)])
+def test_given_metrics_off_then_the_console_hides_their_lines_and_shows_them_when_on(
+    monkeypatch: pytest.MonkeyPatch, disabled: str, hidden: bool
+):
+    console = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", console)
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", disabled)
+
+    hide_metrics_when_disabled()
+    print(EMF)
+
+    assert (console.getvalue() == "") == hidden
 
 
 class _Failing(BaseHTTPRequestHandler):
