@@ -298,6 +298,10 @@ class WorkerRepository(MachineKeyRepository):
         counted_as: str | None = keys.counted_cell(current)
         delta = int(counted(updated.owner)) - int(counted(current.owner))
         ownership = count_updates(self.table_name, current.pool, current.template, delta, claim)
+        if delta:
+            audit = audit.model_copy(
+                update={"details": {**audit.details, **_ownership_details(current, updated, delta, claim)}}
+            )
         for attempt in range(_COUNTING_ATTEMPTS):
             items = [
                 self._worker_update(current, updated, counted_as),
@@ -582,6 +586,19 @@ class WorkerRepository(MachineKeyRepository):
             query["FilterExpression"] = " AND ".join(filters)
             query["ExpressionAttributeNames"] = names
         return self._page(Worker, limit, next_token, **query)
+
+
+def _ownership_details(current: Worker, updated: Worker, delta: int, claim: Claim | None) -> dict[str, Any]:
+    """What the audit says of a place taken in (+1) or given back to (-1) the pool's budgets, so the
+    audit trail alone replays each pool's count: whose place it is, and for one taken, the instant it
+    was decided at and the version of the pool's budgets it was decided on."""
+    owner = updated.owner if delta > 0 else current.owner
+    details: dict[str, Any] = {"in_use": delta, "owner": owner.reason if owner else None}
+    if delta > 0 and owner is not None:
+        details["owner_since"] = owner.since.isoformat()
+        if claim is not None and claim.pool_version is not None:
+            details["pool_version"] = claim.pool_version
+    return details
 
 
 def _summary(entry: Mapping[str, Any]) -> WorkerSummary:
