@@ -233,9 +233,12 @@ def cli_figures(root: Path, env: dict[str, str], runs: int) -> dict[str, Pairs]:
     python = str(root / ".venv" / "bin" / "python")
     fleetkeeper = str(root / ".venv" / "bin" / "fleetkeeper")
     silent = {**env, "FLEETKEEPER_API_PORT": str(_free_port())}
+    # What `fleetkeeper workers` asks, from curl: the API's own share of the command's time.
+    listing = f"http://127.0.0.1:{env['FLEETKEEPER_API_PORT']}/api/v1/workers?limit=1000"
     return {
         "help": pairs([fleetkeeper, "--help"], python, env, root, runs),
         "workers": pairs([fleetkeeper, "workers"], python, env, root, runs),
+        "curl_workers": pairs(["curl", "-s", "-o", "/dev/null", listing], python, env, root, runs),
         "workers_no_api": pairs([fleetkeeper, "workers"], python, silent, root, runs),
     }
 
@@ -302,6 +305,7 @@ def render(recorded: dict[str, Any]) -> str:
     for name, title in (
         ("help", "`fleetkeeper --help`"),
         ("workers", "`fleetkeeper workers`, local API"),
+        ("curl_workers", "the same request with curl (the API's share)"),
         ("workers_no_api", "`fleetkeeper workers`, no API listening"),
     ):
         cells = []
