@@ -26,18 +26,16 @@ router = ResourceRouter(
 )
 
 START_CONFLICT = (
-    "CONFLICT: another active rollout (RUNNING, PAUSED or ROLLING_BACK) already covers one of the workers; "
-    "details name the worker and that rollout; REQUEST_IN_PROGRESS: a request with the same "
-    "Idempotency-Key is still running"
+    "POOL_NOT_ACTIVE: the pool (or a named worker's) is draining or inactive; CONFLICT: an active rollout "
+    "(RUNNING, PAUSED or ROLLING_BACK) of the same template covers the same pool, or one holds a worker "
+    "named in worker_ids (details name that rollout, and the worker); REQUEST_IN_PROGRESS: a request with "
+    "the same Idempotency-Key is still running"
 )
 MOVE_CONFLICT = (
     "CONFLICT: the rollout's status does not allow the move (pause: RUNNING only; resume: PAUSED only; "
-    "cancel: RUNNING or PAUSED); current_status names it"
+    "cancel: RUNNING, PAUSED or ROLLING_BACK); current_status names it"
 )
-ROLLBACK_CONFLICT = (
-    "CONFLICT: the rollout is ROLLING_BACK or ROLLED_BACK already (current_status names it), or another "
-    "active rollout now covers one of its replacements (details name the worker and that rollout)"
-)
+ROLLBACK_CONFLICT = "CONFLICT: the rollout is ROLLING_BACK or ROLLED_BACK already (current_status names it)"
 
 
 class RolloutPage(BaseModel):
@@ -55,9 +53,10 @@ class RolloutControlRequest(BaseModel):
     "/api/v1/rollouts",
     summary="Replace a template's workers (or those named) wave by wave",
     description="202 with the rollout RUNNING: the reconciler replaces `max_unavailable` workers at a "
-    "time, pausing at checkpoints. With `dry_run`, 200 with the waves and nothing written. 409 if "
-    "another active rollout covers one of the workers; 422 names an unknown template, pool or worker, "
-    "or a worker that is not RUNNING; 503 when AWS stayed unavailable (nothing was started).",
+    "time, pausing at checkpoints. With `dry_run`, 200 with the waves and nothing written. 409 if its "
+    "pool is not active, an active rollout of the same template covers the same pool, or another active "
+    "rollout holds a worker named; 422 names an unknown template, pool or worker, or a worker that is "
+    "not RUNNING; 503 when AWS stayed unavailable.",
     responses=responses(
         {
             200: (
@@ -139,8 +138,8 @@ def resume_rollout(
 @router.post(
     "/api/v1/rollouts/<rollout_id>/cancel",
     summary="Cancel a rollout: no new wave starts; drains and replacements already started go on",
-    description="The rollout ends CANCELLED and gives its workers' locks back; it can still be rolled "
-    "back. 404 if there is no such rollout; 409 unless it is RUNNING or PAUSED.",
+    description="The rollout ends CANCELLED and its hold on its workers lapses; it can still be rolled "
+    "back. 404 if there is no such rollout; 409 unless it is RUNNING, PAUSED or ROLLING_BACK.",
     responses=responses({200: ("the rollout, CANCELLED", RolloutView)}, 404, 409, conflict=MOVE_CONFLICT),
 )
 def cancel_rollout(
@@ -157,8 +156,9 @@ def cancel_rollout(
     description="Accepted from RUNNING, PAUSED, SUCCEEDED, FAILED and CANCELLED. Each replacement the "
     "rollout created is drained (then terminated); where the rollout drained the old worker, a worker "
     "with the old worker's image and instance type is launched first. The reconciler does it in waves "
-    "of max_unavailable, within the pools' disruption budgets. 404 if there is no such rollout; 409 if "
-    "it is rolling back or rolled back already, or another active rollout covers a replacement.",
+    "of max_unavailable, within the pools' disruption budgets; a replacement another active rollout "
+    "holds is left to it. 404 if there is no such rollout; 409 if it is rolling back or rolled back "
+    "already.",
     responses=responses(
         {202: ("the rollout, ROLLING_BACK", RolloutView)}, 404, 409, conflict=ROLLBACK_CONFLICT
     ),
