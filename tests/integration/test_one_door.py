@@ -156,6 +156,8 @@ def test_given_an_idle_replacement_of_a_paused_surge_then_scale_down_leaves_it_a
     )
     waiting = [(w["worker_id"], w["reason"], w["why"]) for w in disruption_view(control_plane)["waiting"]]
     assert waiting == [(new_id, "scale_down", "owned")]
+    # The cycles since the pause left the operator's reason in place.
+    assert rollout(control_plane, rollout_id)["blocked"]["reason"] == "paused"
 
     assert control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/resume")[0] == 200
     done = cycle_until(control_plane, lambda: ended(control_plane, rollout_id), max_cycles=40, pause=0.3)
