@@ -57,6 +57,7 @@ import boto3
 from botocore import handlers
 
 from fleetkeeper_local.faults import HookSpec, installed_hooks, unhooked_client
+from fleetkeeper_local.tables import TableShape, describe, key_text, write_items
 
 ENVIRONMENT = "FLEETKEEPER_AWS_RULES"
 _OFF = frozenset({"off", "0", "false", "no"})
@@ -225,38 +226,6 @@ _MAX_BUCKETS = 100_000
 
 
 @dataclass(frozen=True)
-class _Table:
-    name: str
-    hash_key: str
-    range_key: str | None
-    # index name -> (hash attribute, range attribute, projection type)
-    indexes: Mapping[str, tuple[str, str | None, str]]
-
-    @property
-    def index_attributes(self) -> frozenset[str]:
-        return frozenset(a for h, r, _ in self.indexes.values() for a in (h, r) if a)
-
-    def item_key(self, item: Mapping[str, Any]) -> str:
-        names = (self.hash_key, self.range_key) if self.range_key else (self.hash_key,)
-        return json.dumps([item.get(name) for name in names], sort_keys=True)
-
-    def index_entries(self, attributes: Mapping[str, Any]) -> dict[str, str]:
-        """The partition key value of each index the item has an entry in (indexes are sparse)."""
-        entries: dict[str, str] = {}
-        for name, (hash_attribute, range_attribute, _) in self.indexes.items():
-            if hash_attribute in attributes and (range_attribute is None or range_attribute in attributes):
-                entries[name] = _text(attributes[hash_attribute])
-        return entries
-
-
-def _text(value: Any) -> str:
-    """A key attribute value ({"S": "x"}) as text."""
-    if isinstance(value, Mapping) and value:
-        return str(next(iter(value.values())))
-    return str(value)
-
-
-@dataclass(frozen=True)
 class _Touch:
     """One partition a request reads or writes; `item` is the request's item it belongs to."""
 
@@ -268,7 +237,7 @@ class _Touch:
 
 @dataclass
 class _Write:
-    table: _Table
+    table: TableShape
     key: str
     action: str  # Put, Update, Delete, ConditionCheck
     new: dict[str, Any] | None  # the item's index key attributes after the write; None: unknown
@@ -358,7 +327,7 @@ class AwsRules:
         self._clock = clock
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, ...], TokenBucket] = {}
-        self._tables: dict[str, _Table | None] = {}
+        self._tables: dict[str, TableShape | None] = {}
         self._images: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._raw: Any = None
         self._context_key = f"fleetkeeper_aws_rules_{id(self)}"
@@ -510,24 +479,14 @@ class AwsRules:
         if isinstance(context, dict) and _ASKED_KEY in context:
             _as_asked(parsed, parsed.get("ConsumedCapacity"), context.pop(_ASKED_KEY))
 
-    def _table(self, name: str) -> _Table | None:
+    def _table(self, name: str) -> TableShape | None:
         with self._lock:
             if name in self._tables:
                 return self._tables[name]
         try:
-            description = self._raw_dynamodb().describe_table(TableName=name)["Table"]
+            table = describe(self._raw_dynamodb(), name)
         except Exception:
             return None  # DynamoDB Local will answer the call itself (a missing table, say)
-        keys = {k["KeyType"]: k["AttributeName"] for k in description["KeySchema"]}
-        indexes: dict[str, tuple[str, str | None, str]] = {}
-        for index in description.get("GlobalSecondaryIndexes", []):
-            index_keys = {k["KeyType"]: k["AttributeName"] for k in index["KeySchema"]}
-            indexes[index["IndexName"]] = (
-                index_keys["HASH"],
-                index_keys.get("RANGE"),
-                index.get("Projection", {}).get("ProjectionType", "ALL"),
-            )
-        table = _Table(name, keys["HASH"], keys.get("RANGE"), indexes)
         with self._lock:
             self._tables[name] = table
         return table
@@ -551,11 +510,11 @@ class AwsRules:
             for position, (table_name, read) in enumerate(_read_keys(call.operation, body)):
                 table = self._table(table_name)
                 if table is not None:
-                    touches.append(_Touch(table.name, None, _text(read.get(table.hash_key)), position))
+                    touches.append(_Touch(table.name, None, key_text(read.get(table.hash_key)), position))
             return touches, []
         # (position in the request, table, action, item or key, spec)
-        items: list[tuple[int, _Table, str, Mapping[str, Any], Mapping[str, Any]]] = []
-        for position, (table_name, action, spec) in enumerate(_write_items(call.operation, body)):
+        items: list[tuple[int, TableShape, str, Mapping[str, Any], Mapping[str, Any]]] = []
+        for position, (table_name, action, spec) in enumerate(write_items(call.operation, body)):
             table = self._table(table_name)
             if table is not None:
                 items.append(
@@ -567,7 +526,7 @@ class AwsRules:
         writes: list[_Write] = []
         for position, table, action, item, spec in items:
             key = table.item_key(item)
-            touches.append(_Touch(table.name, None, _text(item.get(table.hash_key)), position))
+            touches.append(_Touch(table.name, None, key_text(item.get(table.hash_key)), position))
             with self._lock:
                 remembered = self._images.get((table.name, key))
             before = befores.get((table.name, key), remembered)  # None: not known
@@ -599,11 +558,13 @@ class AwsRules:
                     touches.append(_Touch(table.name, index, partition, position))
         return touches, writes
 
-    def _before_images(self, wanted: Iterable[tuple[_Table, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    def _before_images(
+        self, wanted: Iterable[tuple[TableShape, str]]
+    ) -> dict[tuple[str, str], dict[str, Any]]:
         """The index key attributes of the items a write changes, as they are now: remembered from this
         process's reads and writes, else read out of band (a consistent BatchGetItem)."""
         found: dict[tuple[str, str], dict[str, Any]] = {}
-        missing: dict[str, tuple[_Table, dict[str, Any]]] = {}
+        missing: dict[str, tuple[TableShape, dict[str, Any]]] = {}
         with self._lock:
             for table, key in wanted:
                 image = self._images.get((table.name, key))
@@ -854,24 +815,7 @@ def _read_keys(operation: str, body: Mapping[str, Any]) -> Iterator[tuple[str, M
             yield str(get.get("TableName", "")), get.get("Key") or {}
 
 
-def _write_items(operation: str, body: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
-    """(table, action, spec) for every item a write request changes or checks."""
-    if operation in ("PutItem", "UpdateItem", "DeleteItem"):
-        yield str(body.get("TableName", "")), operation.removesuffix("Item"), body
-    elif operation == "TransactWriteItems":
-        for entry in body.get("TransactItems") or []:
-            for action, spec in entry.items():
-                yield str(spec.get("TableName", "")), action, spec
-    elif operation == "BatchWriteItem":
-        for table_name, requests in (body.get("RequestItems") or {}).items():
-            for request in requests:
-                if "PutRequest" in request:
-                    yield table_name, "Put", request["PutRequest"]
-                elif "DeleteRequest" in request:
-                    yield table_name, "Delete", request["DeleteRequest"]
-
-
-def _query_partition(body: Mapping[str, Any], table: _Table) -> str | None:
+def _query_partition(body: Mapping[str, Any], table: TableShape) -> str | None:
     """The partition key value a Query reads: the equality on its table's or index's hash key."""
     index = body.get("IndexName")
     if index is not None and index not in table.indexes:
@@ -882,10 +826,10 @@ def _query_partition(body: Mapping[str, Any], table: _Table) -> str | None:
     for left, right in _KEY_EQUALITY.findall(str(body.get("KeyConditionExpression") or "")):
         for name, value in ((left, right), (right, left)):
             if value in values and names.get(name, name) == hash_attribute:
-                return _text(values[value])
+                return key_text(values[value])
     condition = (body.get("KeyConditions") or {}).get(hash_attribute) or {}
     listed = condition.get("AttributeValueList") or []
-    return _text(listed[0]) if listed else None
+    return key_text(listed[0]) if listed else None
 
 
 def _read_items(call: _Call, parsed: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:

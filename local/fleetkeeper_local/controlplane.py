@@ -452,7 +452,8 @@ def fault_plan_from_environ(index: int = 0) -> faults.FaultPlan | None:
     """The fault plan FLEETKEEPER_LOCAL_FAULTS describes, for an API instance process.
 
     The value is JSON: `{"seed": 7, "faults": [{"kind": "dynamodb_conflicts", "rate": 0.03}],
-    "index_lag_seconds": 0.5}`; each kind names one of the ready-made faults in faults.py. Instance
+    "index_lag_seconds": 0.5, "index_old_images": true}`; each kind names one of the ready-made faults
+    in faults.py; the index lag shows old images unless `index_old_images` is false. Instance
     `index` draws from seed + index, so instances fail differently yet every run repeats.
     """
     raw = os.environ.get(FAULTS_ENVIRONMENT)
@@ -466,7 +467,10 @@ def fault_plan_from_environ(index: int = 0) -> faults.FaultPlan | None:
             raise ValueError(f"{FAULTS_ENVIRONMENT}: unknown fault kind {entry['kind']!r}")
         made.append(factory(float(entry["rate"])))
     return faults.FaultPlan(
-        int(spec.get("seed", 0)) + index, made, index_lag_seconds=float(spec.get("index_lag_seconds", 0))
+        int(spec.get("seed", 0)) + index,
+        made,
+        index_lag_seconds=float(spec.get("index_lag_seconds", 0)),
+        index_old_images=bool(spec.get("index_old_images", True)),
     )
 
 

@@ -14,8 +14,10 @@ cached ones be created again) carries two handlers:
 - `after-call.<service>.<operation>`: the request went through and the answer is replaced by an error
   (the write happened, the caller never heard), which is how a timeout or a crash after a write looks.
 
-The index lag hides, from every Query on a GSI, the items written less than `index_lag_seconds` ago, as a
-GSI that has not caught up yet would.
+The index lag makes every Query on a GSI answer as the index stood `index_lag_seconds` ago
+(index_lag.py): an item written since is missing if it is new, and shows its old image (old keys, old
+projected attributes) if it existed, as a GSI that has not caught up yet does; with
+`index_old_images=False` every item written since is missing instead.
 
 Beyond AWS's error answers, a fault can model two things that are not errors at all:
 
@@ -37,7 +39,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,6 +50,8 @@ from botocore import handlers
 
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
+from fleetkeeper_local.index_lag import LaggingIndexes
+from fleetkeeper_local.tables import write_items
 
 # One botocore handler as `BUILTIN_HANDLERS` lists it: (event name, handler), or with a third member,
 # `handlers.REGISTER_FIRST` or `handlers.REGISTER_LAST`, for one that must run before or after the rest.
@@ -273,15 +276,25 @@ class FaultPlan:
     """A seeded set of faults and an index lag; `installed()` turns them on for every new client."""
 
     def __init__(
-        self, seed: int = 0, faults: list[Fault] | None = None, index_lag_seconds: float = 0.0
+        self,
+        seed: int = 0,
+        faults: list[Fault] | None = None,
+        index_lag_seconds: float = 0.0,
+        *,
+        index_old_images: bool = True,
     ) -> None:
         self._random = random.Random(seed)  # noqa: S311 - reproducible faults, not secrets
         self._lock = threading.Lock()
         self.faults: list[Fault] = list(faults or [])
         self.index_lag_seconds = index_lag_seconds
         self.injected: Counter[str] = Counter()
-        self.hidden_by_lag = 0
-        self._written: dict[str, float] = {}
+        self.index_lag = (
+            LaggingIndexes(
+                index_lag_seconds, old_images=index_old_images, reader=lambda: unhooked_client("dynamodb")
+            )
+            if index_lag_seconds > 0
+            else None
+        )
         self.enabled = True
         self.dead = False  # a crash fault fired: every call dies until revive()
 
@@ -289,6 +302,16 @@ class FaultPlan:
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    @property
+    def hidden_by_lag(self) -> int:
+        """Index entries the lag left out of a Query's answer."""
+        return self.index_lag.hidden if self.index_lag is not None else 0
+
+    @property
+    def old_images_by_lag(self) -> int:
+        """Old images the lag answered in their items' place."""
+        return self.index_lag.shown_old if self.index_lag is not None else 0
 
     def revive(self) -> None:
         """A new invocation after a crash: calls reach AWS again (the crash faults stay spent)."""
@@ -341,11 +364,15 @@ class FaultPlan:
         self, event_name: str, http_response: Any, parsed: dict[str, Any], context: Any, **_: Any
     ) -> None:
         service, operation = service_and_operation(event_name)
-        if service == "dynamodb":
-            self._track_lag(operation, parsed, context)
-        if getattr(http_response, "status_code", 500) >= 300:
-            return
         api_params = context.get("fleetkeeper_params", {}) if isinstance(context, dict) else {}
+        landed = getattr(http_response, "status_code", 500) < 300
+        if service == "dynamodb" and self.index_lag is not None and isinstance(context, dict):
+            if operation in _WRITE_OPERATIONS:
+                self.index_lag.after_write(context, landed)
+            elif operation == "Query" and landed:
+                self.index_lag.after_query(api_params, parsed)
+        if not landed:
+            return
         fault = self._pick(service, operation, api_params, after=True)
         if fault is None:
             return
@@ -367,36 +394,11 @@ class FaultPlan:
             return loaded if isinstance(loaded, dict) else body
         return body
 
-    def _track_lag(self, operation: str, parsed: dict[str, Any], context: Any) -> None:
-        if self.index_lag_seconds <= 0:
-            return
-        request = context.get("fleetkeeper_request") if isinstance(context, dict) else None
-        if operation in _WRITE_OPERATIONS and request is not None:
-            now = time.monotonic()
-            with self._lock:
-                for pk in request:
-                    self._written[pk] = now
-        elif operation == "Query" and isinstance(context, dict) and context.get("fleetkeeper_index"):
-            cutoff = time.monotonic() - self.index_lag_seconds
-            items = parsed.get("Items")
-            if not items:
-                return
-            with self._lock:
-                kept = [i for i in items if self._written.get(i.get("PK", {}).get("S", ""), 0) < cutoff]
-                self.hidden_by_lag += len(items) - len(kept)
-            parsed["Items"] = kept
-            parsed["Count"] = len(kept)
-
     def remember_keys(self, event_name: str, params: dict[str, Any], context: Any, **_: Any) -> None:
-        """before-call on DynamoDB: note which partitions a write touches and whether a Query uses a GSI."""
-        if self.index_lag_seconds <= 0 or not isinstance(context, dict):
-            return
+        """before-call on DynamoDB: what a write changes, for the index lag."""
         operation = event_name.rsplit(".", 1)[-1]
-        body = self._api_params(params, {})
-        if operation == "Query":
-            context["fleetkeeper_index"] = bool(body.get("IndexName"))
-        elif operation in _WRITE_OPERATIONS:
-            context["fleetkeeper_request"] = list(_written_partitions(operation, body))
+        if self.index_lag is not None and isinstance(context, dict) and operation in _WRITE_OPERATIONS:
+            self.index_lag.before_write(operation, self._api_params(params, {}), context)
 
     # ---- installation --------------------------------------------------------------------------------
 
@@ -419,8 +421,9 @@ class FaultPlan:
 
     def summary(self) -> dict[str, int]:
         counts = dict(self.injected)
-        if self.index_lag_seconds > 0:
+        if self.index_lag is not None:
             counts["dynamodb:IndexLagHidden"] = self.hidden_by_lag
+            counts["dynamodb:IndexLagOldImages"] = self.old_images_by_lag
         return counts
 
 
@@ -471,22 +474,9 @@ def service_and_operation(event_name: str) -> tuple[str, str]:
 
 
 def _written_partitions(operation: str, body: dict[str, Any]) -> Iterator[str]:
-    if operation == "TransactWriteItems":
-        for entry in body.get("TransactItems", []):
-            for action in entry.values():
-                key = action.get("Key") or action.get("Item") or {}
-                if "PK" in key:
-                    yield str(key["PK"].get("S", ""))
-    elif operation == "BatchWriteItem":
-        for requests in body.get("RequestItems", {}).values():
-            for request in requests:
-                for action in request.values():
-                    key = action.get("Key") or action.get("Item") or {}
-                    if "PK" in key:
-                        yield str(key["PK"].get("S", ""))
-    else:
-        key = body.get("Key") or body.get("Item") or {}
-        if "PK" in key:
+    for _, action, spec in write_items(operation, body):
+        key = spec.get("Key") or spec.get("Item") or {}
+        if action != "ConditionCheck" and "PK" in key:
             yield str(key["PK"].get("S", ""))
 
 

@@ -8,11 +8,12 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud.clients import client
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
+from tests.integration.conftest import WorkerFactory
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +73,51 @@ def test_given_an_index_lag_when_a_worker_was_just_written_then_index_queries_mi
         time.sleep(0.6)
         assert [w.id for w in lagging.iter_workers_by_status([WorkerStatus.PENDING])] == [created.id]
     assert plan.hidden_by_lag >= 1
+
+
+# Long enough for a loaded machine's queries to run well inside it.
+OLD_IMAGE_LAG = 5.0
+
+
+@pytest.mark.parametrize("old_images", [True, False])
+def test_given_an_index_lag_when_a_worker_just_left_running_then_the_indexes_show_it_as_it_was_for_a_while(
+    table_name: str, running_worker: WorkerFactory, old_images: bool
+) -> None:
+    worker = running_worker(pool="labs")
+    plan = faults.FaultPlan(index_lag_seconds=OLD_IMAGE_LAG, index_old_images=old_images)
+    with plan.installed():
+        lagging = FleetStore(client("dynamodb"), table_name)
+        lagging.transition_worker(
+            lagging.get_worker(worker.id), WorkerStatus.DRAINING, cause=Cause.CONTROL, actor="t"
+        )
+        written = time.monotonic()
+
+        by_pool = [(w.id, w.status) for w in lagging.workers_in_pool("labs")]
+        candidates = [w.id for w in lagging.placement_candidates(template=None, pool="labs")]
+        running = [w.id for w in lagging.worker_summaries([WorkerStatus.RUNNING])]
+        draining = [w.id for w in lagging.worker_summaries([WorkerStatus.DRAINING])]
+        assert time.monotonic() - written < OLD_IMAGE_LAG, "the reads took longer than the lag"
+        assert lagging.get_worker(worker.id).status is WorkerStatus.DRAINING  # the base table is current
+        if old_images:
+            # by_pool still projects RUNNING, by_shard still has it in the RUNNING partition.
+            assert (by_pool, candidates, running, draining) == (
+                [(worker.id, WorkerStatus.RUNNING)],
+                [worker.id],
+                [worker.id],
+                [],
+            )
+            assert plan.old_images_by_lag == 3
+        else:
+            assert (by_pool, candidates, running, draining) == ([], [], [], [])
+            assert plan.old_images_by_lag == 0
+        assert plan.hidden_by_lag >= 1
+
+        time.sleep(max(OLD_IMAGE_LAG - (time.monotonic() - written), 0) + 0.1)
+        assert [(w.id, w.status) for w in lagging.workers_in_pool("labs")] == [
+            (worker.id, WorkerStatus.DRAINING)
+        ]
+        assert [w.id for w in lagging.worker_summaries([WorkerStatus.RUNNING])] == []
+        assert [w.id for w in lagging.worker_summaries([WorkerStatus.DRAINING])] == [worker.id]
 
 
 def test_given_a_lost_call_fault_then_the_caller_sees_success_but_nothing_reaches_aws(
