@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { chromium } from 'playwright-core';
 
 const [api, executablePath, postBody] = process.argv.slice(2);
-const GET = 'operations-default-list_workers_api_v1_workers_get';
-const POST = 'operations-default-create_worker_api_v1_workers_post';
+const GET = 'operations-workers-list_workers_api_v1_workers_get';
+const POST = 'operations-workers-create_worker_api_v1_workers_post';
 // No sandbox (CI runs as root), and nothing that reaches outside this machine.
 const FLAGS = [
   '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',

@@ -82,7 +82,7 @@ def test_given_a_schedule_that_never_fires_when_put_then_422_says_so(control_pla
     assert body["details"] == [
         {
             "field": "body.disruption.budgets.0.schedule",
-            "reason": "Value error, never fires: none of its months has a day 31",
+            "reason": "never fires: none of its months has a day 31",
         }
     ]
 

@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from fleetkeeper.cloud.clients import client
-from fleetkeeper.domain.errors import Conflict, DrainCancelled
+from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainFinishing
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
     Cause,
@@ -95,26 +95,31 @@ def before_first_forced_end(action: Callable[[str], object]) -> Iterator[None]:
     assert fired.is_set(), "force never tried to end an instance"
 
 
-def test_given_a_cancel_that_commits_while_forcing_then_no_instance_is_terminated_after_it(
+def test_given_a_cancel_while_forcing_then_it_is_refused_as_finishing_and_every_instance_is_forced(
     control_plane: ControlPlane, ec2_worker: Callable[..., Worker]
 ) -> None:
     ctx = control_plane.ctx
     worker = ec2_worker()
     placed = [place(control_plane, worker.id), place(control_plane, worker.id)]
     drain = expired_drain(ctx, worker)
+    refused: list[Exception] = []
 
-    with (
-        before_first_forced_end(lambda _: drains.cancel_worker_drain(ctx, worker.id, actor="alice")),
-        pytest.raises(DrainCancelled),
-    ):
+    def cancel(_: str) -> None:
+        try:
+            drains.cancel_worker_drain(ctx, worker.id, actor="alice")
+        except DrainFinishing as finishing:
+            refused.append(finishing)
+
+    # The force marked the drain finishing before ending anything: the cancel comes too late.
+    with before_first_forced_end(cancel):
         drains.force(ctx, drain)
 
+    assert len(refused) == 1
     after = ctx.store.get_worker(worker.id)
-    assert after.status is WorkerStatus.RUNNING
     assert after.drain is not None
-    assert after.drain.outcome is DrainOutcome.CANCELLED
-    assert after.active_instances == 2
-    assert all(ctx.store.get_instance(i).state in ACTIVE_INSTANCE_STATES for i in placed)
+    assert after.drain.outcome is DrainOutcome.RUNNING  # the workflow records the timeout next
+    assert after.active_instances == 0
+    assert all(ctx.store.get_instance(i).state not in ACTIVE_INSTANCE_STATES for i in placed)
 
 
 def test_given_a_state_report_while_forcing_then_force_still_ends_every_instance_before_finish(

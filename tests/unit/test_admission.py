@@ -13,6 +13,7 @@ from fleetkeeper.domain.admission import (
     ADMISSION_LEASE,
     Admitted,
     Ask,
+    Claim,
     Held,
     Imposed,
     PoolState,
@@ -179,7 +180,8 @@ def test_given_its_own_counted_admission_then_the_drain_that_follows_is_admitted
     verdict = judge(ROLLOUT, own, state(pool(Budget(max=1)), in_use=1), NOW, active=always_active)
 
     assert isinstance(verdict, Admitted)
-    assert verdict.claim is None
+    # No budget bound (its place is taken already), only the pool as read: still ACTIVE, same version.
+    assert verdict.claim == Claim("labs", pool_version=3)
     assert verdict.owner == own.owner
 
 
@@ -376,3 +378,33 @@ def test_given_deciders_on_stale_reads_then_the_conditions_keep_the_pool_within_
             if isinstance(verdict, Admitted):
                 store.write(chosen, owners, verdict)
         assert sum(1 for o in store.owners.values() if o is not None) <= allowed
+
+
+# An admission made ahead (a surge's old worker, an expiry's lease) starts its disruption only where the
+# rule still allows one: the worker protected or its pool closed since waits.
+SURGE_OWNER = Owner(reason="rollout", actor="rollout:ro-1", since=NOW, counted=True, rollout_id="ro-1")
+
+
+def test_given_a_surge_admission_and_then_do_not_disrupt_then_the_drain_waits_protected() -> None:
+    verdict = judge(
+        ROLLOUT, worker(owner=SURGE_OWNER, do_not_disrupt=True), state(), NOW, active=always_active
+    )
+    assert held(verdict) == "protected"
+
+
+def test_given_a_surge_admission_and_then_a_pool_drain_then_the_voluntary_drain_waits() -> None:
+    verdict = judge(
+        ROLLOUT,
+        worker(owner=SURGE_OWNER),
+        state(pool(status=PoolStatus.INACTIVE)),
+        NOW,
+        active=always_active,
+    )
+    assert held(verdict) == "pool_not_active"
+
+
+def test_given_an_expiry_admission_and_then_do_not_disrupt_then_the_drain_waits_protected() -> None:
+    ask = Ask(DisruptionReason.EXPIRED, "reconciler", ahead=True)
+    lease = Owner(reason="expired", actor="reconciler", since=NOW, counted=True, until=NOW.replace(hour=13))
+    verdict = judge(ask, worker(owner=lease, do_not_disrupt=True), state(), NOW, active=always_active)
+    assert held(verdict) == "protected"

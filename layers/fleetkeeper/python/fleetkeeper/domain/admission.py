@@ -150,7 +150,8 @@ class Claim:
 
 @dataclass(frozen=True)
 class Admitted:
-    """The owner to write; `claim` None when the worker already counts as this owner's."""
+    """The owner to write and what its write must still find; `claim` None when nothing is checked (a
+    hold, or an imposed disruption taking over its own worker)."""
 
     owner: Owner
     claim: Claim | None
@@ -238,10 +239,7 @@ def judge(
     current = worker.owner
     holder = current if current is not None and holds(current, worker.status, now, active) else None
     mine = holder is not None and same_owner(holder, ask)
-    # Already this owner's. An admission made ahead starts its disruption only on a worker still
-    # RUNNING: one EC2 stopped meanwhile keeps its owner (settled), and is decided below: it waits.
-    starts = ask.hold or not ask.voluntary or worker.status == WorkerStatus.RUNNING
-    if holder is not None and mine and (holder.counted or ask.hold) and starts:
+    if holder is not None and mine and (ask.hold or not ask.voluntary):
         return Admitted(holder, None)
     owner = Owner(
         reason=str(ask.reason),
@@ -271,6 +269,10 @@ def judge(
         return Held(WaitReason.PROTECTED, f"worker {worker.id}: {why}")
     if taken is not None:
         return taken
+    if holder is not None and mine and holder.counted:
+        # Admitted ahead: it starts now if the pool and the worker still allow a disruption at all (the
+        # checks above); its place in the budgets is taken already.
+        return Admitted(holder, _unchanged(worker, pool))
     # A worker counted already (an owner whose admission lapsed) keeps its place in the budgets: the
     # write moves it to the new owner without counting it twice.
     occupies = 1 if counted(current) else 0
@@ -291,13 +293,18 @@ def judge(
         owner,
         Claim(
             worker.pool,
-            pool_version=pool.version if pool is not None else None,
+            pool_version=_unchanged(worker, pool).pool_version,
             pool_below=pool_below,
             fleet_below=fleet_below,
             template=worker.template if template_owned is not None else None,
             template_owned=template_owned,
         ),
     )
+
+
+def _unchanged(worker: Worker, pool: Pool | None) -> Claim:
+    """A claim that only checks the pool is still ACTIVE at the version this decision read."""
+    return Claim(worker.pool, pool_version=pool.version if pool is not None else None)
 
 
 def _budget(

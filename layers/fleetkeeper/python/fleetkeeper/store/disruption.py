@@ -102,10 +102,11 @@ def count_updates(
 ) -> list[dict[str, Any]]:
     """The transaction items that move a worker's counted ownership by `delta` (+1 or -1): its pool's
     item and the fleet's, each conditioned on `claim` when it admits, and the pool's status and version
-    checked. Nothing when `delta` is 0."""
+    checked. When `delta` is 0 (an owner taking over a worker counted already, or its own admission
+    starting), only the pool's status and version are checked, and only when `claim` names them."""
+    admitting = claim if delta >= 0 else None
     if not delta:
-        return []
-    admitting = claim if delta > 0 else None
+        return [] if admitting is None else _pool_unchanged(table_name, admitting)
     names = {"#n": IN_USE, "#t": template_attribute(template)}
     values: dict[str, Any] = {":d": serialize_value(delta)}
     conditions: list[str] = []
@@ -136,23 +137,28 @@ def count_updates(
     if admitting is not None and admitting.fleet_below is not None:
         fleet_update["ConditionExpression"] = "attribute_not_exists(#n) OR #n < :below"
         fleet_update["ExpressionAttributeValues"][":below"] = serialize_value(admitting.fleet_below)
-    items: list[dict[str, Any]] = [{"Update": pool_update}, {"Update": fleet_update}]
-    if admitting is not None and admitting.pool is not None and admitting.pool_version is not None:
-        items.append(
-            {
-                "ConditionCheck": {
-                    "TableName": table_name,
-                    "Key": serialize(keys.pool_key(admitting.pool)),
-                    "ConditionExpression": "#s = :active AND #v = :v",
-                    "ExpressionAttributeNames": {"#s": "status", "#v": "version"},
-                    "ExpressionAttributeValues": {
-                        ":active": serialize_value(str(PoolStatus.ACTIVE)),
-                        ":v": serialize_value(admitting.pool_version),
-                    },
-                }
+    unchanged = _pool_unchanged(table_name, admitting) if admitting is not None else []
+    return [{"Update": pool_update}, {"Update": fleet_update}, *unchanged]
+
+
+def _pool_unchanged(table_name: str, claim: Claim) -> list[dict[str, Any]]:
+    """The check that the pool is still ACTIVE at the version the decision read (its budgets unchanged)."""
+    if claim.pool is None or claim.pool_version is None:
+        return []
+    return [
+        {
+            "ConditionCheck": {
+                "TableName": table_name,
+                "Key": serialize(keys.pool_key(claim.pool)),
+                "ConditionExpression": "#s = :active AND #v = :v",
+                "ExpressionAttributeNames": {"#s": "status", "#v": "version"},
+                "ExpressionAttributeValues": {
+                    ":active": serialize_value(str(PoolStatus.ACTIVE)),
+                    ":v": serialize_value(claim.pool_version),
+                },
             }
-        )
-    return items
+        }
+    ]
 
 
 def waiting_key(pool: str) -> dict[str, str]:

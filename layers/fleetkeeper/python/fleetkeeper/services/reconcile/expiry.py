@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
-from fleetkeeper.domain.admission import Ask, Held
+from fleetkeeper.domain.admission import Ask, Held, WaitReason
 from fleetkeeper.domain.disruption import DisruptionReason
-from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.errors import Conflict, PoolNotActive
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Drift, DriftReason, Worker
 from fleetkeeper.observability import logger
@@ -111,12 +111,20 @@ def _replace(ctx: Context, door: admission.Door, seen: Worker, counters: Counter
     admitted = admission.hold_ahead(ctx, door, seen.id, ask)
     if isinstance(admitted, Held):
         counters[f"expiry_held_{admitted.why}"] += 1
+        door.release(seen.id, ask)  # an admission an earlier cycle made ahead, if any
         return
     if not _may_replace(admitted):
         counters["expiry_changed"] += 1
         door.release(admitted, ask)
         return
-    if not _ensure_replacement(ctx, admitted, counters):
+    try:
+        replaced = _ensure_replacement(ctx, admitted, counters)
+    except PoolNotActive:
+        # The pool closed since the door read it: no replacement, so no drain either.
+        counters[f"expiry_held_{WaitReason.POOL_NOT_ACTIVE}"] += 1
+        door.release(admitted, ask)
+        return
+    if not replaced:
         counters["expiry_replacement_failed"] += 1
         logger.error("every replacement of an expired worker ended; it is not drained", worker_id=seen.id)
         door.release(admitted, ask)
@@ -124,7 +132,13 @@ def _replace(ctx: Context, door: admission.Door, seen: Worker, counters: Counter
     started = drains.open_drain(
         ctx, door, seen.id, ask, actor=EXPIRY_ACTOR, reason=EXPIRED_REASON, then=DrainThen.TERMINATE
     )
-    counters["expiry_drain_refused" if isinstance(started, Held) else "expiry_drains"] += 1
+    if isinstance(started, Held):
+        # Protected or its pool closed meanwhile: the admission made ahead is given back now, not at
+        # its lease's end. The replacement stays; the pool's scale-down judges it as any other worker.
+        counters["expiry_drain_refused"] += 1
+        door.release(seen.id, ask)
+        return
+    counters["expiry_drains"] += 1
 
 
 def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) -> bool:
@@ -145,6 +159,8 @@ def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) ->
                 pinned_image_id=worker.pinned_image_id,
                 pinned_instance_type=worker.pinned_instance_type,
             )
+        except PoolNotActive:
+            raise
         except Conflict:
             found = ctx.store.find_worker(new_id)
             if found is not None and found.status in _ENDED:

@@ -1,6 +1,5 @@
-"""Review: an expired worker admitted ahead (its lease live) is drained without a replacement once its
-pool stopped being ACTIVE: the replacement's PoolNotActive is taken for "already made", and the door
-admits its own counted owner before looking at the pool."""
+"""An expired worker admitted ahead (its lease live) whose pool closed, or which an operator protected,
+since: it is not drained, and its admission is given back at once."""
 
 from __future__ import annotations
 
@@ -34,7 +33,9 @@ def test_given_a_live_expiry_lease_and_an_inactive_pool_then_the_expired_worker_
 
     assert store.find_worker(replacement_id(old.id)) is None
     # The rule: a voluntary disruption waits while its pool is not ACTIVE; never a drain with no replacement.
-    assert store.get_worker(old.id).status == WorkerStatus.RUNNING, report.counters
+    left = store.get_worker(old.id)
+    assert (left.status, left.owner) == (WorkerStatus.RUNNING, None), report.counters
+    assert report.counters["expiry_held_pool_not_active"] == 1
 
 
 def test_given_a_live_expiry_lease_and_an_operator_protecting_the_worker_then_it_is_not_drained(
@@ -49,5 +50,6 @@ def test_given_a_live_expiry_lease_and_an_operator_protecting_the_worker_then_it
 
     report = reconcile_fleet(make_ctx())
 
-    # The rule: a protected worker waits (`protected`), whoever asks.
-    assert store.get_worker(old.id).status == WorkerStatus.RUNNING, report.counters
+    # The rule: a protected worker waits (`protected`), whoever asks; the lease is given back at once.
+    left = store.get_worker(old.id)
+    assert (left.status, left.owner) == (WorkerStatus.RUNNING, None), report.counters
