@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from fleetkeeper.cloud.clients import client
-from fleetkeeper.domain.errors import Conflict, DrainCancelled, DrainFinishing
+from fleetkeeper.domain.errors import Conflict, DrainFinishing
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
     Cause,
