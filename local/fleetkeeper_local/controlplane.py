@@ -36,9 +36,11 @@ from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import aws_rules, faults, lambdas
+from fleetkeeper_local.console import hide_metrics_when_disabled
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.attribution import acting_as
 from fleetkeeper_local.stack import (
+    API_PORT_ENVIRONMENT,
     LOCAL_ACCOUNT,
     LocalStack,
     _wait_for_http,
@@ -168,7 +170,6 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     """Create the table, the drain_tasks function, the state machine, the audit bus, the topic and the
     workers' instance profile."""
     suffix = suffix or uuid.uuid4().hex[:8]
-    stack.create_table(table_name)
     profile = ensure_worker_profile()
     lambdas.install().register(f"fleetkeeper-drain-tasks-{suffix}", drain_tasks_handler)
     iam = _setup("iam")
@@ -194,6 +195,8 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     remember_provisioned("state-machine", state_machine_arn)
     remember_provisioned("bus", bus_name)
     remember_provisioned("topic", topic_arn)
+    # Last: the moto resources above are made while a JVM just launched still boots.
+    stack.create_table(table_name)
     return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn, profile)
 
 
@@ -279,7 +282,6 @@ _INVOCATION_LOCK = threading.Lock()
 LOCAL_CONTROL_PREFIX = "/_local/"
 FAULTS_ENVIRONMENT = "FLEETKEEPER_LOCAL_FAULTS"
 API_INSTANCES_ENVIRONMENT = "FLEETKEEPER_LOCAL_API_INSTANCES"
-API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
 _FORWARDED_FOR = "X-Forwarded-For"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -306,6 +308,13 @@ class _LocalServer(ThreadingHTTPServer):
     # its connections reset before any request is read. API Gateway queues far more than that.
     request_queue_size = 128
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that left before its answer (a timeout, Ctrl-C) is not a fault of the server: no
+        # traceback for it in the console.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _LocalHandler(BaseHTTPRequestHandler):
@@ -527,12 +536,14 @@ class ApiServer:
         env = {**os.environ, "FLEETKEEPER_LOCAL_INSTANCE_INDEX": str(index)}
         with contextlib.ExitStack() as files:
             output = files.enter_context(self.log_path.open("ab")) if self.log_path else None
+            # Its own session: a Ctrl-C in the terminal reaches the control plane, which stops it.
             process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
                 [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
                 cwd=project_root(),
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
+                start_new_session=True,
             )
         self._processes.append(process)
         url = f"http://127.0.0.1:{port}"
@@ -559,6 +570,7 @@ class ApiServer:
 def serve_instance(port: int) -> None:
     """One API instance process, serving until SIGTERM (requests still run one at a time)."""
     global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
+    hide_metrics_when_disabled()
     aws_rules.install_from_environ()  # before the fault plan, as the harness process installs them
     plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
     server = _LocalServer(("127.0.0.1", port), _ApiRequestHandler)

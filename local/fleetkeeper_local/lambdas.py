@@ -104,6 +104,8 @@ class LambdaDispatcher:
         self.returned: list[tuple[str | None, str | None]] = []
         # (function, step, "before" | "after", target) of every injected crash, for the tests' counts.
         self.crashes: list[tuple[str, str | None, str, str | None]] = []
+        self._running = 0  # invocations under way
+        self._idle = threading.Condition()
 
     def register(self, function_name: str, handler: Handler) -> None:
         self._handlers[function_name] = handler
@@ -156,7 +158,23 @@ class LambdaDispatcher:
         """Crashes injected so far, of one step and/or one position ("before", "after")."""
         return sum(1 for _, s, w, _ in self.crashes if step in (None, s) and when in (None, w))
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no invocation is under way; whether none is. A test's teardown waits so, before
+        the emulators forget the machines a step still under way is about to stop."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
     def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
+        with self._idle:
+            self._running += 1
+        try:
+            return self._invoke(function_name, body, response_headers)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
         name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
         handler = self._handlers.get(name)
         payload = json.loads(body) if body else {}

@@ -148,7 +148,11 @@ def eventually(probe: Callable[[], Any], timeout: float = 15, interval: float = 
 
 
 @pytest.fixture
-def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch: pytest.MonkeyPatch):
+def control_plane_factory(
+    local_stack: LocalStack, table_name: str, monkeypatch: pytest.MonkeyPatch, ec2: Any
+):
+    # After `ec2`, so torn down before it: the steps still under way finish before moto is reset, and
+    # never stop a machine moto has just forgotten.
     started: list[ControlPlane] = []
 
     def start(heartbeat_seconds: int = 300) -> ControlPlane:
@@ -164,13 +168,14 @@ def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch:
     sfn = boto3.client("stepfunctions")
     for plane in started:
         plane.dispatcher.unregister(plane.resources.drain_function_arn.split(":")[-1])
-        # Waiting executions would otherwise call into the next test's table; moto may already be reset.
+        # Waiting executions would otherwise call into the next test's table.
         with contextlib.suppress(ClientError):
             running = sfn.list_executions(
                 stateMachineArn=plane.resources.state_machine_arn, statusFilter="RUNNING"
             )
             for execution in running["executions"]:
                 sfn.stop_execution(executionArn=execution["executionArn"])
+    lambdas.dispatcher.wait_idle(timeout=30)
     refresh_process_caches()
 
 

@@ -28,7 +28,7 @@ def stored_rollout(control_plane, rollout_id: str, worker_ids: list[str]) -> Rol
     """A RUNNING rollout over these workers, stored as a start stores it but with no claim yet: what a
     start that slipped past the first look leaves for its first step."""
     now = utcnow()
-    return control_plane.ctx.rollouts.start(
+    stored: Rollout = control_plane.ctx.rollouts.start(
         Rollout(
             id=rollout_id,
             total=len(worker_ids),
@@ -42,6 +42,7 @@ def stored_rollout(control_plane, rollout_id: str, worker_ids: list[str]) -> Rol
         sorted(worker_ids),
         actor="test",
     )
+    return stored
 
 
 def test_given_two_rollouts_over_one_worker_then_only_the_first_to_claim_it_replaces_it(control_plane, labs):
@@ -55,7 +56,7 @@ def test_given_two_rollouts_over_one_worker_then_only_the_first_to_claim_it_repl
 
     # The first claimed all three and admitted them; the second finds them held and leaves them.
     store = control_plane.ctx.store
-    assert {store.get_worker(w).owner.rollout_id for w in ids} == {first.id}  # type: ignore[union-attr]
+    assert {store.get_worker(w).owner.rollout_id for w in ids} == {first.id}
     assert (later.status, later.replaced, later.skipped) == (RolloutStatus.SUCCEEDED, 0, 2)
     assert [store.find_worker(replacement_id(second.id, w)) for w in ids[1:]] == [None, None]
     assert len([w for w in ids if store.find_worker(replacement_id(first.id, w))]) == 3

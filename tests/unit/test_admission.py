@@ -183,6 +183,19 @@ def test_given_its_own_counted_admission_then_the_drain_that_follows_is_admitted
     assert verdict.owner == own.owner
 
 
+def test_given_its_own_counted_admission_of_a_worker_ec2_stopped_since_then_the_drain_waits():
+    # EC2's stop keeps the owner it found (settled): the admission ahead must not start a drain on it.
+    own = worker(
+        status=WorkerStatus.STOPPING,
+        owner=Owner(reason="rollout", actor="rollout:ro-1", since=NOW, rollout_id="ro-1"),
+    )
+
+    assert held(judge(ROLLOUT, own, state(pool(Budget(max=1)), in_use=1), NOW, active=always_active)) == (
+        WaitReason.NOT_RUNNING
+    )
+    assert isinstance(judge(Ask(Imposed.OPERATOR, "op"), own, state(), NOW, active=always_active), Admitted)
+
+
 def test_given_an_admission_ahead_then_it_has_a_lease_and_lapses_with_it():
     expiry = Ask(DisruptionReason.EXPIRED, "expiry", ahead=True)
 

@@ -238,7 +238,10 @@ def judge(
     current = worker.owner
     holder = current if current is not None and holds(current, worker.status, now, active) else None
     mine = holder is not None and same_owner(holder, ask)
-    if holder is not None and mine and (holder.counted or ask.hold):
+    # Already this owner's. An admission made ahead starts its disruption only on a worker still
+    # RUNNING: one EC2 stopped meanwhile keeps its owner (settled), and is decided below: it waits.
+    starts = ask.hold or not ask.voluntary or worker.status == WorkerStatus.RUNNING
+    if holder is not None and mine and (holder.counted or ask.hold) and starts:
         return Admitted(holder, None)
     owner = Owner(
         reason=str(ask.reason),

@@ -24,10 +24,9 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
-from fleetkeeper.observability import logger
+from fleetkeeper.observability import emit_counters, logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
 from fleetkeeper.triggers import Ec2RebalanceEvent, Ec2SpotWarningEvent, Ec2StateChangeEvent
 

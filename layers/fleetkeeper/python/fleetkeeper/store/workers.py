@@ -8,7 +8,6 @@ ones that became empty, rather than replace the whole item.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize, serialize_value
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
@@ -88,7 +88,7 @@ class WorkerRepository(MachineKeyRepository):
             items = self._batch_get_items([keys.worker_key(i) for i in worker_ids], consistent=consistent)
         else:
             chunks = [worker_ids[n : n + BATCH_GET_SIZE] for n in range(0, len(worker_ids), BATCH_GET_SIZE)]
-            with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+            with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
                 parts = pool.map(
                     lambda ids: self._batch_get_items(
                         [keys.worker_key(i) for i in ids], consistent=consistent
@@ -298,6 +298,10 @@ class WorkerRepository(MachineKeyRepository):
         counted_as: str | None = keys.counted_cell(current)
         delta = int(counted(updated.owner)) - int(counted(current.owner))
         ownership = count_updates(self.table_name, current.pool, current.template, delta, claim)
+        if delta:
+            audit = audit.model_copy(
+                update={"details": {**audit.details, **_ownership_details(current, updated, delta, claim)}}
+            )
         for attempt in range(_COUNTING_ATTEMPTS):
             items = [
                 self._worker_update(current, updated, counted_as),
@@ -509,7 +513,7 @@ class WorkerRepository(MachineKeyRepository):
 
     def _query_each(self, queries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every item of every query, the queries run READ_PARALLELISM at a time, in the queries' order."""
-        with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+        with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
             pages = pool.map(lambda query: list(self._query_all(**query)), queries)
             return [item for page in pages for item in page]
 
@@ -582,6 +586,19 @@ class WorkerRepository(MachineKeyRepository):
             query["FilterExpression"] = " AND ".join(filters)
             query["ExpressionAttributeNames"] = names
         return self._page(Worker, limit, next_token, **query)
+
+
+def _ownership_details(current: Worker, updated: Worker, delta: int, claim: Claim | None) -> dict[str, Any]:
+    """What the audit says of a place taken in (+1) or given back to (-1) the pool's budgets, so the
+    audit trail alone replays each pool's count: whose place it is, and for one taken, the instant it
+    was decided at and the version of the pool's budgets it was decided on."""
+    owner = updated.owner if delta > 0 else current.owner
+    details: dict[str, Any] = {"in_use": delta, "owner": owner.reason if owner else None}
+    if delta > 0 and owner is not None:
+        details["owner_since"] = owner.since.isoformat()
+        if claim is not None and claim.pool_version is not None:
+            details["pool_version"] = claim.pool_version
+    return details
 
 
 def _summary(entry: Mapping[str, Any]) -> WorkerSummary:

@@ -35,9 +35,7 @@ MOVE_CONFLICT = (
     "CONFLICT: the rollout's status does not allow the move (pause: RUNNING only; resume: PAUSED only; "
     "cancel: RUNNING, PAUSED or ROLLING_BACK); current_status names it"
 )
-ROLLBACK_CONFLICT = (
-    "CONFLICT: the rollout is ROLLING_BACK or ROLLED_BACK already (current_status names it)"
-)
+ROLLBACK_CONFLICT = "CONFLICT: the rollout is ROLLING_BACK or ROLLED_BACK already (current_status names it)"
 
 
 class RolloutPage(BaseModel):

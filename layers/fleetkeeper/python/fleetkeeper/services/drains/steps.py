@@ -19,7 +19,7 @@ from fleetkeeper.domain.errors import (
     DrainNotStartable,
     StaleWrite,
 )
-from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, ForceReason, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import (
     DrainOutcome,
     DrainRecord,
@@ -127,9 +127,6 @@ def recheck(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     }
 
 
-# The reasons force writes on the instances it ends: the deadline passed, or an operator forced the drain.
-TIMEOUT_REASON = "drain_timeout"
-FORCED_REASON = "forced"
 # Rounds of "read what is active, end it" before force gives up and lets Step Functions retry the step.
 # Each round ends every instance it read; only an instance that changed under it (a state report) is
 # left for the next round, so a few rounds settle any realistic race.
@@ -159,7 +156,7 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             f"the deadline of drain {drain.generation} of worker {drain.target} is "
             f"{record.deadline.isoformat()}, not passed; waiting again"
         )
-    reason = FORCED_REASON if record.forced_at else TIMEOUT_REASON
+    reason = ForceReason.OPERATOR if record.forced_at else ForceReason.DEADLINE
     # The deadline takes the drain over before it ends anything: a cancel that committed first is seen
     # here (DrainCancelled, nothing forced); one that comes after the mark is refused (DrainFinishing).
     take_over(ctx, drain, "the deadline passed: the drain is forced and can no longer be cancelled")

@@ -40,11 +40,11 @@ from fleetkeeper.domain.reconcile import (
     is_due,
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
-from fleetkeeper.observability import logger, metrics
+from fleetkeeper.observability import emit_counters, logger, metrics
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import admission, drains, operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
 from fleetkeeper.services.reconcile.drift import plan_drift
@@ -314,7 +314,11 @@ def _lead_steps(ctx: Context, work: list[Work], report: CycleReport, remaining: 
     try:
         # After the workers' steps wrote their drift (services/rollouts/auto.py).
         start_auto_rollouts(
-            ctx, work, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ctx,
+            [item.planned for item in work],
+            report.counters,
+            time_left=remaining,
+            margin_seconds=SAFETY_MARGIN_SECONDS,
         )
     except Exception:  # the start waits a cycle; the worker steps above already ran
         logger.exception("auto rollouts failed")
@@ -546,10 +550,3 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
                 )
         # One per shard and cycle: the alarm wants as many per period as there are shards.
         metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
-
-
-def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
-    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
-    for name, value in counters.items():
-        if value:
-            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)

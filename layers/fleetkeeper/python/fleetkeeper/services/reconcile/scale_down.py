@@ -11,7 +11,6 @@ from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Claim, Held, WaitReason, judge
 from fleetkeeper.domain.disruption import DisruptionReason
-from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Owner, Worker, WorkerMetrics
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
@@ -141,10 +140,11 @@ def _admit(
     if verdict.action is Action.STOP:
 
         def stop(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
-            # Conditional on the version read: an instance placed meanwhile bumps it, and the door reads
-            # the worker again (no longer empty, it is not stopped).
+            # The door read the worker afresh: an instance placed since the cycle read it means it is no
+            # longer idle and empty, and scale-down takes its proposal back (the write's version condition
+            # covers a placement that lands after this read).
             if current.active_instances:
-                raise StaleWrite("worker", current.id, str(current.status), "an instance landed on it")
+                raise _NoLongerIdle(current.id)
             return ctx.store.transition_worker(
                 current,
                 WorkerStatus.STOPPING,
@@ -155,7 +155,10 @@ def _admit(
                 claim=claim,
             )
 
-        started = door.admit(worker.id, ask, stop, action=str(verdict.action))
+        try:
+            started = door.admit(worker.id, ask, stop, action=str(verdict.action))
+        except _NoLongerIdle:
+            return Guard.IN_FLIGHT
     else:
         started = drains.open_drain(
             ctx, door, worker.id, ask, actor=SCALE_DOWN_ACTOR, reason=reason, then=DrainThen.STOP
@@ -164,6 +167,10 @@ def _admit(
         return _guard(started)
     item.admitted = started
     return None
+
+
+class _NoLongerIdle(Exception):
+    """A worker scale-down chose took an instance before the door's write."""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
@@ -28,9 +28,10 @@ from fleetkeeper.domain.rollouts import MAX_ROLLOUT_WORKERS, RolloutRequest, Rol
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, rollouts
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile.actions import ACTOR, Work
 
 AUTO_REASON: Final = "auto: drift"
+# Who starts them: the reconcile cycle.
+ACTOR: Final = "reconciler"
 # The drift a rollout fixes; `expired` has its own replacement (services/reconcile/expiry.py).
 ROLLED_REASONS: Final = frozenset({DriftReason.IMAGE, DriftReason.INSTANCE_TYPE})
 # The workers one auto rollout covers: the engine takes them wave by wave, and a start reads them all
@@ -42,25 +43,8 @@ START_ALLOWANCE_SECONDS: Final = 15.0
 HELD: Final = frozenset({RolloutStatus.FAILED, RolloutStatus.CANCELLED, RolloutStatus.ROLLED_BACK})
 
 
-def _drift_of(value: Any) -> Drift | None:
-    if value is None or isinstance(value, Drift):
-        return value
-    return Drift.model_validate(value)
-
-
 def _rolled(drift: Drift | None) -> bool:
     return drift is not None and bool(ROLLED_REASONS.intersection(drift.reasons))
-
-
-def _drifted_now(item: Work) -> bool:
-    """The worker is RUNNING after its step and drifted by image or instance type, as this cycle wrote
-    it (or as it was, when the step did not change it)."""
-    status = item.step.target or item.worker.status
-    if status != WorkerStatus.RUNNING:
-        return False
-    changes = item.step.changes
-    drift = _drift_of(changes["drift"]) if "drift" in changes else item.worker.drift
-    return _rolled(drift)
 
 
 def _candidate(worker: Worker) -> bool:
@@ -94,14 +78,15 @@ def _uncovered(ctx: Context, workers: Sequence[Worker], counters: Counter[str]) 
 
 def start_auto_rollouts(
     ctx: Context,
-    work: Sequence[Work],
+    planned: Sequence[Worker],
     counters: Counter[str],
     *,
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> None:
-    """At most one rollout start per `auto_rollout` template whose workers drifted by image or type."""
-    names = sorted({item.worker.template for item in work if _drifted_now(item)})
+    """At most one rollout start per `auto_rollout` template whose workers drifted by image or type, as
+    the cycle's steps leave its workers (`planned`)."""
+    names = sorted({w.template for w in planned if w.status == WorkerStatus.RUNNING and _rolled(w.drift)})
     if not names:
         return
     catalogue: dict[str, WorkerTemplate] = {t.name: t for t in ctx.store.list_templates()}

@@ -31,9 +31,9 @@ from fleetkeeper.domain.rollouts import (
 )
 from fleetkeeper.domain.values import MAX_REASON_LENGTH
 from fleetkeeper.observability import logger
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import admission, drains, workers
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.pool import ContextThreadPool
 
 # Rollouts one cycle advances at most (and PAUSED ones it looks at for a checkpoint's delay): the
 # rest wait for the next cycle.
