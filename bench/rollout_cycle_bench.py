@@ -40,10 +40,14 @@ from fleetkeeper.services.rollouts.step import MAX_ROLLOUTS_PER_CYCLE
 from fleetkeeper_local.stack import LOCAL_REGION
 
 ROLLOUTS: Final = MAX_ROLLOUTS_PER_CYCLE
-PER_TEMPLATE: Final = 500
 WAVE: Final = 25
 # The reconcile function's timeout at the default 1-minute rate (infra/functions.py: 55 s a minute).
 CYCLE_BUDGET_SECONDS: Final = 55.0
+
+
+def per_template() -> int:
+    """Workers of each template: 500 (10,000 in all) unless `ROLLOUT_CYCLE_BENCH_PER_TEMPLATE` says."""
+    return int(os.environ.get("ROLLOUT_CYCLE_BENCH_PER_TEMPLATE", "500"))
 
 
 def _templates() -> list[str]:
@@ -51,14 +55,14 @@ def _templates() -> list[str]:
 
 
 def _fleet(ctx: Context) -> int:
-    """PER_TEMPLATE workers of each template in the pool, each on its own emulated machine."""
+    """per_template() workers of each template in the pool, each on its own emulated machine."""
     ec2 = boto3.client("ec2", config=Config(read_timeout=900, retries={"total_max_attempts": 1}))
     image = ec2.register_image(Name="bench-2026.01", RootDeviceName="/dev/sda1")["ImageId"]
     bench_pool(ctx, _templates(), "10%")
     now = utcnow()
     fleet: list[Worker] = []
     for n, template in enumerate(_templates()):
-        for raw in launch_machines(ec2, image, PER_TEMPLATE, template=template):
+        for raw in launch_machines(ec2, image, per_template(), template=template):
             fleet.append(
                 Worker(
                     id=f"w-{len(fleet):016x}",
@@ -111,11 +115,11 @@ def section(size: int, cycles: list[Cycle]) -> str:
         "## A reconcile cycle with 20 active rollouts",
         "",
         f"{size:,} RUNNING workers on emulated machines in pool `{POOL}`, {ROLLOUTS} templates of "
-        f"{PER_TEMPLATE}; {ROLLOUTS} `drain_first` rollouts (one per template, `max_unavailable` {WAVE}, a "
-        "pool budget of 10% for `rollout`), each started through the service the API calls. Each cycle runs "
-        "with all the time it needs (on AWS the function stops starting steps 10 s before its "
-        f"{CYCLE_BUDGET_SECONDS:.0f} s end); the baseline is a cycle of the same fleet before the starts, in "
-        "the same run. Drain executions are recorded by moto, not run.",
+        f"{per_template():,}; {ROLLOUTS} `drain_first` rollouts (one per template, `max_unavailable` "
+        f"{WAVE}, a pool budget of 10% for `rollout`), each started through the service the API "
+        "calls. Each cycle runs with all the time it needs (on AWS the function stops starting steps "
+        f"10 s before its {CYCLE_BUDGET_SECONDS:.0f} s end); the baseline is a cycle of the same fleet "
+        "before the starts, in the same run. Drain executions are recorded by moto, not run.",
         "",
         "| cycle | wall s | x baseline | rollout steps | deferred | DynamoDB requests | index items "
         "| other calls | DynamoDB by operation |",
