@@ -34,7 +34,7 @@ from fleetkeeper.domain.rollouts import (
 from fleetkeeper.observability import metrics
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.rollouts.step import CLAIMS_PER_STEP, Step
+from fleetkeeper.services.rollouts.step import Step
 from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper.store.table import Page
 
@@ -266,10 +266,15 @@ def plan(ctx: Context, request: RolloutRequest) -> RolloutPlan:
     )
 
 
-def start(ctx: Context, request: RolloutRequest, *, actor: str, claim: int = CLAIMS_PER_STEP) -> Rollout:
+# What a start claims itself: a small scope whole (its named workers refuse a second rollout at once),
+# a large one only its first workers, so the answer does not wait on hundreds of claims.
+CLAIMS_AT_START: Final = 50
+
+
+def start(ctx: Context, request: RolloutRequest, *, actor: str, claim: int = CLAIMS_AT_START) -> Rollout:
     """Store a RUNNING rollout over the request's scope and claim its first `claim` workers as its own
-    (the engine claims the rest, a step's worth a cycle: services/rollouts/step.py); 409 when its pool is
-    not active or an active rollout covers it."""
+    (the engine claims the rest, a step's worth a cycle, from its first step: services/rollouts/step.py);
+    409 when its pool is not active or an active rollout covers it."""
     workers, read = _read_scope(ctx, request)
     _refuse_covered(ctx, request, read)
     now = utcnow()
