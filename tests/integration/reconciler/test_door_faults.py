@@ -5,18 +5,20 @@ hooks, fleetkeeper_local.faults); the context is built inside the plan's block s
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from fleetkeeper.cloud.clients import client
-from fleetkeeper.domain.admission import Ask, Held, WaitReason
+from fleetkeeper.domain.admission import ADMISSION_LEASE, Ask, Held, WaitReason
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.errors import DisruptionHeld, WorkflowUnavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, Worker
+from fleetkeeper.domain.models import DrainOutcome, Worker, utcnow
 from fleetkeeper.services import admission, catalog, drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.disruption import DisruptionCounts, read_counts
@@ -144,3 +146,27 @@ def test_given_conflicts_throttling_and_lost_answers_on_admitting_writes_then_th
     if how == "drain":
         assert sorted(d["worker_id"] for d in drains_started) == sorted(w.id for w in admitted)
         assert {store.get_worker(w.id).status for w in admitted} == {WorkerStatus.DRAINING}
+
+
+def test_given_lapsed_leases_and_no_time_left_then_settling_defers_them_and_a_later_cycle_releases_them(
+    make_ctx: Callable[..., Context], store: FleetStore, running_worker: WorkerFactory
+) -> None:
+    pool_workers = [running_worker(pool=POOL) for _ in range(3)]
+    budget_of(store, 3)
+    ctx = make_ctx()
+    expiry = Ask(DisruptionReason.EXPIRED, "expiry", ahead=True)
+    with admission.door(ctx) as door:
+        for worker in pool_workers:
+            admission.hold_ahead(ctx, door, worker.id, expiry)
+    lapsed = utcnow() + ADMISSION_LEASE + timedelta(seconds=1)
+    held = store.get_workers([w.id for w in pool_workers])
+    counters: Counter[str] = Counter()
+
+    admission.settle_owners(ctx, held, counters, lapsed, time_left=lambda: 0.0, margin_seconds=5.0)
+
+    assert (counters["owners_deferred"], counters["owners_released"], counts(ctx).in_use) == (3, 0, 3)
+
+    admission.settle_owners(ctx, held, counters, lapsed)
+
+    assert (counters["owners_released"], counts(ctx).in_use, counts(ctx).fleet) == (3, 0, 0)
+    assert [w.owner for w in store.get_workers([w.id for w in pool_workers])] == [None, None, None]

@@ -219,14 +219,24 @@ class Door:
 
 
 def settle_owners(
-    ctx: Context, workers: Iterable[Worker], counters: Counter[str], now: datetime | None = None
+    ctx: Context,
+    workers: Iterable[Worker],
+    counters: Counter[str],
+    now: datetime | None = None,
+    *,
+    time_left: Callable[[], float] = lambda: float("inf"),
+    margin_seconds: float = 0.0,
 ) -> None:
     """Release the counted owners whose disruption never started (a lapsed admission, an ended
     rollout's) and adopt the disruptions no owner counts (domain/admission.unsettled): each worker read
-    afresh and written on its version, each on its own."""
+    afresh and written on its version, each on its own; what the time left does not reach waits for
+    the next cycle (`owners_deferred`)."""
     opened = Door(ctx, now)
     for seen in workers:
         if not unsettled(seen, opened.now, opened.active)[0]:
+            continue
+        if time_left() < margin_seconds:
+            counters["owners_deferred"] += 1
             continue
 
         def settle(worker_id: str = seen.id) -> None:

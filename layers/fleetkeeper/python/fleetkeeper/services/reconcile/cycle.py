@@ -277,7 +277,14 @@ def _after_steps(
         (
             "settling owners",
             "owner_errors",
-            lambda: admission.settle_owners(ctx, [i.worker for i in work if not i.needs_io()], counters, now),
+            lambda: admission.settle_owners(
+                ctx,
+                [i.worker for i in work if not i.needs_io()],
+                counters,
+                now,
+                time_left=remaining,
+                margin_seconds=SAFETY_MARGIN_SECONDS,
+            ),
         ),
         (
             "replacing expired workers",
