@@ -4,7 +4,8 @@ table, then, through the services the API routes call, each with the calls made 
 
 - a dry run (the scope read and the plan), with the size of its JSON body;
 - a start: the scope read, the rollout with its member pages and audit in one transaction, and the claim
-  of its first 200 workers as the rollout's own (a hold each: read, then one conditional write);
+  of its first 50 workers (CLAIMS_AT_START) as the rollout's own (a hold each: read, then one
+  conditional write);
 - a second start of the same template and pool while the first is active: its 409;
 - the engine's steps, one per reconcile cycle, until the rollout has claimed its whole scope (each step
   claims 200 more), counted and timed, and the workers it owns read back;
@@ -34,6 +35,7 @@ from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.rollouts import MAX_ROLLOUT_WORKERS, Rollout, RolloutRequest
 from fleetkeeper.services import rollouts
 from fleetkeeper.services.context import default_context
+from fleetkeeper.services.rollouts.commands import CLAIMS_AT_START
 from fleetkeeper.services.rollouts.engine import step
 from fleetkeeper.services.rollouts.step import CLAIM_THREADS, CLAIMS_PER_STEP
 
@@ -117,13 +119,13 @@ def _calls(r: Reads) -> str:
 def section(size: int, rows: list[Timed], body_bytes: int, refusal: str, claiming: Claiming) -> str:
     timed = {r.label: r for r in rows}
     dry, start, unclaimed = timed["dry run"], timed["start"], timed[NO_CLAIMS]
-    expected = -(-(size - min(size, CLAIMS_PER_STEP)) // CLAIMS_PER_STEP)
+    expected = -(-(size - min(size, CLAIMS_AT_START)) // CLAIMS_PER_STEP)
     lines = [
         "## Rollout start at the largest scope",
         "",
         f"{size:,} RUNNING workers of one template and pool, `max_unavailable: 500` (surge, 20 waves); the",
         "services the API routes call, on DynamoDB Local. A start claims the first "
-        f"{CLAIMS_PER_STEP} workers of its scope as the rollout's own and answers; the engine claims "
+        f"{CLAIMS_AT_START} workers of its scope as the rollout's own and answers; the engine claims "
         f"{CLAIMS_PER_STEP} more a step, one step a reconcile cycle.",
         "",
         "| step | seconds | x dry run | index items | AWS calls |",
@@ -147,14 +149,14 @@ def section(size: int, rows: list[Timed], body_bytes: int, refusal: str, claimin
         f"({EARLIER_START_SECONDS} / {EARLIER_DRY_RUN_SECONDS} = "
         f"{EARLIER_START_SECONDS / EARLIER_DRY_RUN_SECONDS:.1f} x) | {start.seconds / dry.seconds:.1f} x "
         f"| {_met(start.seconds / dry.seconds < EARLIER_START_SECONDS / EARLIER_DRY_RUN_SECONDS)} |",
-        f"| the engine claims the rest in ceil(({size:,} - {CLAIMS_PER_STEP}) / {CLAIMS_PER_STEP}) = "
+        f"| the engine claims the rest in ceil(({size:,} - {CLAIMS_AT_START}) / {CLAIMS_PER_STEP}) = "
         f"{expected} cycles | {claiming.steps} | {_met(claiming.steps == expected)} |",
         f"| every worker of the scope is then the rollout's | {claiming.owned:,} of {size:,} "
         f"| {_met(claiming.owned == size)} |",
         "",
         f"Where the start's time goes: the scope read ({size:,} index items; the dry run is that read and "
         f"the plan: {dry.seconds:.2f} s), then the rollout's transaction and the 409 checks (a start that "
-        f"claims none: {unclaimed.seconds:.2f} s), then its {CLAIMS_PER_STEP} claims (a GetItem and a "
+        f"claims none: {unclaimed.seconds:.2f} s), then its {CLAIMS_AT_START} claims (a GetItem and a "
         f"conditional write each, {CLAIM_THREADS} at once: the remaining "
         f"{max(start.seconds - unclaimed.seconds, 0):.2f} s).",
         "",
