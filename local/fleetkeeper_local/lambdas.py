@@ -97,6 +97,10 @@ class LambdaDispatcher:
         self._handlers: dict[str, Handler] = {}
         self._faults: dict[str, list[_Fault]] = {}
         self._lock = threading.Lock()
+        # Invocations whose handler is running: a test's clean-up waits for none before it empties the
+        # table, so no step of its drains writes into the next test's items.
+        self._running = 0
+        self._idle = threading.Condition(self._lock)
         self.invocations: list[tuple[str, str | None]] = []
         # (function, step, target) of every invocation: which worker or pool each step served.
         self.calls: list[tuple[str, str | None, str | None]] = []
@@ -106,13 +110,27 @@ class LambdaDispatcher:
         self.crashes: list[tuple[str, str | None, str, str | None]] = []
 
     def register(self, function_name: str, handler: Handler) -> None:
-        self._handlers[function_name] = handler
+        with self._lock:
+            self._handlers[function_name] = handler
 
     def unregister(self, function_name: str) -> None:
         """Stop answering for a function; later invocations fail as if it had been deleted."""
-        self._handlers.pop(function_name, None)
         with self._lock:
+            self._handlers.pop(function_name, None)
             self._faults.pop(function_name, None)
+
+    def wait_idle(self, timeout: float = 30) -> bool:
+        """Wait until no handler runs (True), or give up after `timeout` seconds (False)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def forget(self) -> None:
+        """Drop the record of invocations and crashes, so the next test counts only its own."""
+        with self._lock:
+            self.invocations.clear()
+            self.calls.clear()
+            self.returned.clear()
+            self.crashes.clear()
 
     def inject_failure(
         self,
@@ -158,14 +176,28 @@ class LambdaDispatcher:
 
     def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
         name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
-        handler = self._handlers.get(name)
         payload = json.loads(body) if body else {}
         fields = payload if isinstance(payload, dict) else {}
         step = fields.get("step")
-        self.invocations.append((name, step))
-        self.calls.append((name, step, _target(fields)))
+        with self._lock:
+            # Looked up and counted in one step: an unregister() then finds every run it must wait for.
+            handler = self._handlers.get(name)
+            self.invocations.append((name, step))
+            self.calls.append((name, step, _target(fields)))
+            if handler is not None:
+                self._running += 1
         if handler is None:
             return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
+        try:
+            return self._answer(name, handler, payload, response_headers)
+        finally:
+            with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
+
+    def _answer(self, name: str, handler: Handler, payload: Any, response_headers: dict[str, Any]) -> bytes:
+        fields = payload if isinstance(payload, dict) else {}
+        step = fields.get("step")
         try:
             if self._take_fault(name, step, fields, after=False):
                 raise InjectedFault(f"injected crash of {name} ({step}) before its handler ran")

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -22,14 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
+from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 from werkzeug.serving import make_server
 
 from fleetkeeper.store.layout import initialise_new_table
-from fleetkeeper.store.schema import create_table_request
+from fleetkeeper.store.schema import PARTITION_KEY, SORT_KEY, create_table_request
 from fleetkeeper_local import machines
+from fleetkeeper_local.faults import unhooked_client
 
 DEFAULT_DYNAMODB_PORT = 8000
 DEFAULT_MOTO_PORT = 4566
@@ -67,6 +72,30 @@ def provisioned() -> dict[str, frozenset[str]]:
     """The stage resources provisioned so far in this process, by kind."""
     with _provisioned_lock:
         return {kind: frozenset(names) for kind, names in _provisioned.items()}
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed_program(definition: str) -> bytes:
+    program = AmazonStateLanguageParser.parse(definition)[0]
+    return pickle.dumps(program)
+
+
+def _parse_each_definition_once() -> None:
+    """moto parses a state machine's whole definition in pure Python to validate it at every create and
+    again at every execution's start: about 0.1 s of CPU for the drain workflow each time, which nearly
+    every test pays. Each text is parsed once per process instead; a create reuses its verdict (a failing
+    text still raises every time) and an execution runs on its own unpickled copy of the parsed program
+    (a millisecond), so no two executions share a part."""
+    check = StepFunctionsParserBackend._validate_definition
+    if hasattr(check, "cache_info"):
+        return
+    StepFunctionsParserBackend._validate_definition = staticmethod(functools.lru_cache(maxsize=32)(check))  # type: ignore[method-assign]
+
+    def entrypoint(worker: ExecutionWorker) -> Any:
+        definition = worker._evaluation_details.state_machine_details.definition
+        return pickle.loads(_parsed_program(definition))  # noqa: S301 - bytes this process pickled
+
+    ExecutionWorker._get_evaluation_entrypoint = entrypoint  # type: ignore[method-assign,assignment]
 
 
 class LocalStackError(RuntimeError):
@@ -187,6 +216,7 @@ class LocalStack:
     _dynamodb: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _moto: ThreadedMotoServer | None = field(default=None, init=False, repr=False)
     _dynamodb_admin: Any = field(default=None, init=False, repr=False)
+    _tables: set[str] = field(default_factory=set, init=False, repr=False)  # created here, not dropped
 
     @classmethod
     def from_environ(cls) -> LocalStack:
@@ -241,6 +271,11 @@ class LocalStack:
             storage = ["-dbPath", str(self.data_dir)]
         command = [
             java,
+            # The client compiler only, and one GC thread: the emulator lives minutes and serves small
+            # requests, so the server compiler's work never pays back (about a third less CPU, and a
+            # start in seconds on a busy machine).
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
             f"-Djava.library.path={jar_dir / 'DynamoDBLocal_lib'}",
             "-jar",
             str(jar_dir / "DynamoDBLocal.jar"),
@@ -268,6 +303,7 @@ class LocalStack:
             self._moto.start()
         # The emulated machines answer Run Command as registered workers would (machines.py).
         machines.install()
+        _parse_each_definition_once()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(
             {
@@ -311,12 +347,13 @@ class LocalStack:
             self._dynamodb = None
 
     def dynamodb_client(self) -> Any:
-        """One client per stack: tables are made and dropped for every test."""
+        """One client per stack for its tables, outside the local layers (faults, AWS rules, IAM
+        recording): making, emptying and dropping tables is the stack's housekeeping, not a caller's."""
         if self._dynamodb_admin is None:
-            self._dynamodb_admin = boto3.client(
+            self._dynamodb_admin = unhooked_client(
                 "dynamodb",
+                LOCAL_REGION,
                 endpoint_url=self.dynamodb_endpoint,
-                region_name=LOCAL_REGION,
                 aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
                 aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             )
@@ -325,19 +362,54 @@ class LocalStack:
     def create_table(self, table_name: str) -> None:
         """Create the fleetkeeper table from the shared definition, unless it exists."""
         remember_provisioned("table", table_name)
+        if table_name in self._tables:
+            return
         dynamodb = self.dynamodb_client()
         try:
             dynamodb.create_table(**create_table_request(table_name))
         except dynamodb.exceptions.ResourceInUseException:
+            self._tables.add(table_name)
             return
         dynamodb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1})
         # A table this release created holds nothing an earlier one wrote: no migration to run.
         initialise_new_table(dynamodb, table_name)
+        self._tables.add(table_name)
 
     def delete_table(self, table_name: str) -> None:
+        self._tables.discard(table_name)
         dynamodb = self.dynamodb_client()
         with contextlib.suppress(dynamodb.exceptions.ResourceNotFoundException):
             dynamodb.delete_table(TableName=table_name)
+
+    def empty_table(self, table_name: str, *, most: int) -> bool:
+        """Delete every item of a table as a new one holds them (none but the layout marker), when it
+        holds at most `most` items; False, with nothing deleted, when it holds more.
+
+        Reusing a table this way costs a few calls where dropping and creating one costs DynamoDB Local
+        far more; past `most` items the deletes cost more than that."""
+        dynamodb = self.dynamodb_client()
+        keys: list[dict[str, Any]] = []
+        request: dict[str, Any] = {
+            "TableName": table_name,
+            "ProjectionExpression": "#pk, #sk",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#sk": SORT_KEY},
+            "ConsistentRead": True,
+        }
+        while True:
+            page = dynamodb.scan(**request)
+            keys += page["Items"]
+            if len(keys) > most:
+                return False
+            if "LastEvaluatedKey" not in page:
+                break
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        pending = [{"DeleteRequest": {"Key": key}} for key in keys]
+        while pending:
+            batch, pending = pending[:25], pending[25:]
+            unprocessed = dynamodb.batch_write_item(RequestItems={table_name: batch})["UnprocessedItems"]
+            pending += unprocessed.get(table_name, [])
+        initialise_new_table(dynamodb, table_name)
+        return True
 
 
 @contextlib.contextmanager
