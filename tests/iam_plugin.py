@@ -5,8 +5,10 @@ record, xdist workers hand theirs to the controller, and the session ends with
 
     IAM: N recorded requests evaluated for M functions, D denied
 
-failing the run on any denied or unmodelled request. A run of the whole integration and e2e suites must
-also cover all five functions and find docs/security.md current (`make security-doc` rewrites it).
+failing the run on any denied request, on any request no decision was reached for (unattributed,
+unmodelled, on a missing resource, an evaluator error), and when the recorder was on but evaluated
+nothing. A run of the whole integration and e2e suites must also cover all five functions and find
+docs/security.md current (`make security-doc` rewrites it).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for output in _received:
         summary.merge(Summary.from_json(output["summary"]))
         complete = complete or bool(output["complete"])
-    if not summary.requests and not summary.unmodelled and not complete:
+    if not summary.recorders and not complete:
         return  # no test of this run used the local stack
     lines, failed = summary.report(), summary.failed
     if complete:

@@ -38,11 +38,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # Plain help: typer's rich help imports markdown and traceback renderers, most of a `--help`.
+    rich_markup_mode=None,
 )
 
 
 def _group(name: str, help_text: str) -> typer.Typer:
-    group = typer.Typer(help=help_text, no_args_is_help=True)
+    group = typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
     app.add_typer(group, name=name)
     return group
 

@@ -1,8 +1,10 @@
 """The admin API over HTTP: which URL, how requests are signed, and how errors come back.
 
 Deployed stages authorize every method with AWS_IAM, so requests to them are SigV4-signed with
-botocore's signer and the caller's normal credential chain (environment, profiles, SSO, assumed roles).
-The local control plane authenticates no one, so requests to a loopback address go unsigned.
+botocore's signer and the caller's normal credential chain (environment, profiles, SSO, assumed roles),
+and go through requests (proxies, CA bundles). The local control plane authenticates no one: requests to
+a loopback address go unsigned over the standard library's HTTP client, so a local command loads
+neither botocore nor requests, and a refused connection is reported at once.
 """
 
 from __future__ import annotations
@@ -12,15 +14,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
-import boto3
-import botocore.session
-import requests
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+if TYPE_CHECKING:
+    import http.client
+
+    import requests
 
 # The local control plane (`make run`) serves on FLEETKEEPER_API_PORT, 8080 unless set: the CLI follows it.
 LOCAL_PORT = 8080
@@ -72,7 +72,19 @@ class ApiError(CliError):
         self.body = body
 
 
-def _api_error(response: requests.Response) -> ApiError:
+@dataclass(frozen=True)
+class Answer:
+    """What came back: the status, its reason phrase and the body."""
+
+    status: int
+    reason: str
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def _api_error(response: Answer) -> ApiError:
     try:
         body = response.json()
     except ValueError:
@@ -85,11 +97,11 @@ def _api_error(response: requests.Response) -> ApiError:
             said = [f"{d.get('field')}: {d.get('reason')}" for d in details if isinstance(d, dict)]
             fields = "; ".join(text for text in said if text not in message)
             message = f"{message} ({fields})" if fields else message
-        return ApiError(response.status_code, str(body["error"]), message, body)
+        return ApiError(response.status, str(body["error"]), message, body)
     # API Gateway's own refusals (a missing or bad signature) say {"message": ...} and no code.
     text = body.get("message") if isinstance(body, dict) else None
-    code = {401: "UNAUTHORIZED", 403: "FORBIDDEN"}.get(response.status_code, "HTTP_ERROR")
-    return ApiError(response.status_code, code, str(text or response.reason or "no message"), body)
+    code = {401: "UNAUTHORIZED", 403: "FORBIDDEN"}.get(response.status, "HTTP_ERROR")
+    return ApiError(response.status, code, str(text or response.reason or "no message"), body)
 
 
 def is_local(url: str) -> bool:
@@ -102,11 +114,16 @@ def region_of(url: str) -> str | None:
 
 
 def _botocore_session(profile: str | None) -> Any:
+    import botocore.session  # noqa: PLC0415 - only a deployed stage's calls need botocore
+
     return botocore.session.Session(profile=profile)
 
 
 def stack_api_url(stack: str, *, region: str | None = None, profile: str | None = None) -> str:
     """The `ApiUrl` output of a deployed fleetkeeper stack (CloudFormation DescribeStacks)."""
+    import boto3  # noqa: PLC0415 - only --stack needs boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # noqa: PLC0415
+
     session = boto3.Session(profile_name=profile, region_name=region)
     try:
         stacks = session.client("cloudformation").describe_stacks(StackName=stack)["Stacks"]
@@ -165,6 +182,35 @@ def resolve_api_url(
     return resolve_api_target(api, stack, region=region, profile=profile).url
 
 
+class _Loopback:
+    """One kept-alive connection to a loopback API: the standard library's client, no proxy, no TLS."""
+
+    def __init__(self, base_url: str, timeout: float) -> None:
+        parts = urlsplit(base_url)
+        self._host, self._port, self._timeout = parts.hostname or "127.0.0.1", parts.port or 80, timeout
+        self._connection: http.client.HTTPConnection | None = None
+
+    def send(self, method: str, url: str, body: str | None, headers: dict[str, str]) -> Answer:
+        import http.client  # noqa: PLC0415 - `--help` and usage errors start without it
+
+        parts = urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        reused = self._connection is not None
+        if self._connection is None:
+            self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            self._connection.request(method, target, body=body, headers=headers)
+            response = self._connection.getresponse()
+            return Answer(response.status, response.reason, response.read())
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            self._connection.close()
+            self._connection = None
+            if not reused:
+                raise
+            # The server closed a connection kept from an earlier call: one new connection, once.
+            return self.send(method, url, body, headers)
+
+
 @dataclass
 class ApiClient:
     """JSON over HTTP to the admin API; signs every request for a deployed stage."""
@@ -174,7 +220,7 @@ class ApiClient:
     profile: str | None = None
     sign: bool | None = None  # None: sign unless the API is on a loopback address
     timeout: float = TIMEOUT_SECONDS
-    _http: requests.Session = field(default_factory=requests.Session, init=False, repr=False)
+    _transport: Any = field(default=None, init=False, repr=False)
     _credentials: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -208,9 +254,45 @@ class ApiClient:
     def _signed_headers(
         self, method: str, url: str, body: str | None, headers: dict[str, str]
     ) -> dict[str, str]:
+        from botocore.auth import SigV4Auth  # noqa: PLC0415 - a deployed stage's calls only
+        from botocore.awsrequest import AWSRequest  # noqa: PLC0415
+
         request = AWSRequest(method=method, url=url, data=body or None, headers=headers)
         SigV4Auth(self._frozen_credentials(), SERVICE, self._signing_region()).add_auth(request)
         return dict(request.headers.items())
+
+    def _send(self, method: str, url: str, body: str | None, headers: dict[str, str]) -> Answer:
+        local = urlsplit(self.base_url).scheme == "http" and is_local(self.base_url)
+        if local:
+            if self._transport is None:
+                self._transport = _Loopback(self.base_url, self.timeout)
+            try:
+                answer: Answer = self._transport.send(method, url, body, headers)
+            except TimeoutError as exc:
+                raise self._timed_out() from exc
+            except OSError as exc:  # refused, reset: nothing listens there
+                raise self._unreachable() from exc
+            return answer
+        import requests  # noqa: PLC0415 - only a remote API needs proxies and CA bundles
+
+        if self._transport is None:
+            self._transport = requests.Session()
+        session: requests.Session = self._transport
+        try:
+            response = session.request(method, url, data=body, headers=headers, timeout=self.timeout)
+        except requests.ConnectionError as exc:
+            raise self._unreachable() from exc
+        except requests.Timeout as exc:
+            raise self._timed_out() from exc
+        return Answer(response.status_code, response.reason or "", response.content)
+
+    def _unreachable(self) -> CliError:
+        local = is_local(self.base_url)
+        hint = f" (is `make run` running there? it serves on ${LOCAL_PORT_ENV})" if local else ""
+        return CliError(f"cannot reach the API at {self.base_url}{hint}", ExitCode.FAILED)
+
+    def _timed_out(self) -> CliError:
+        return CliError(f"the API at {self.base_url} did not answer in {self.timeout:g} s", ExitCode.FAILED)
 
     def request(
         self,
@@ -228,20 +310,8 @@ class ApiClient:
             headers["Content-Type"] = "application/json"
         if self.sign:
             headers = self._signed_headers(method, url, data, headers)
-        try:
-            response = self._http.request(method, url, data=data, headers=headers, timeout=self.timeout)
-        except requests.ConnectionError as exc:
-            hint = (
-                f" (is `make run` running there? it serves on ${LOCAL_PORT_ENV})"
-                if is_local(self.base_url)
-                else ""
-            )
-            raise CliError(f"cannot reach the API at {self.base_url}{hint}", ExitCode.FAILED) from exc
-        except requests.Timeout as exc:
-            raise CliError(
-                f"the API at {self.base_url} did not answer in {self.timeout:g} s", ExitCode.FAILED
-            ) from exc
-        if response.status_code >= 400:
+        response = self._send(method, url, data, headers)
+        if response.status >= 400:
             raise _api_error(response)
         if not response.content:
             return None

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
+from fleetkeeper_cli.client import CliError, ExitCode
 
-from fleetkeeper_cli.client import ApiClient, CliError, ExitCode
+if TYPE_CHECKING:
+    from fleetkeeper_cli.client import ApiClient
 
 TEMPLATE_FIELDS = (
     "instance_type",
@@ -82,6 +83,8 @@ def _entries(
 
 
 def load(path: Path) -> FleetFile:
+    import yaml  # noqa: PLC0415 - only `apply` reads YAML; every other command starts without it
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as exc:

@@ -15,17 +15,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from fleetkeeper.domain.lifecycle import ACTIVE_INSTANCE_STATES, ForceReason
 from fleetkeeper_cli.client import ApiClient
 from fleetkeeper_cli.durations import format_seconds
 
-ACTIVE_STATES = frozenset({"SCHEDULED", "INSTANTIATING", "RUNNING"})
 FINAL_DRAIN_STATES = frozenset({"SUCCESS", "ERROR", "CANCELLED", "TIMED_OUT", "NOT_RUN"})
-# The reason a drain's force step writes on the instances it terminates.
-FORCED_REASON = "drain_timeout"
+# What a drain's force step writes on the instances it ends, whether at the deadline or forced now.
+FORCE_REASONS = frozenset(ForceReason)
+
+
+def was_forced(instance: dict[str, Any]) -> bool:
+    return instance.get("reason") in FORCE_REASONS
 
 
 def _time(value: str | None) -> datetime | None:
@@ -59,8 +62,8 @@ class DrainWatch:
         ended = [
             instance
             for instance_id, instance in sorted(current.items())
-            if instance["state"] not in ACTIVE_STATES
-            and self.instances.get(instance_id, {}).get("state") in ACTIVE_STATES
+            if instance["state"] not in ACTIVE_INSTANCE_STATES
+            and self.instances.get(instance_id, {}).get("state") in ACTIVE_INSTANCE_STATES
         ]
         self.instances = current
         return ended
@@ -74,7 +77,8 @@ class DrainWatch:
         return [
             i
             for i in self.instances.values()
-            if i["state"] not in ACTIVE_STATES and (started is None or _time(i["updated_at"]) >= started)  # type: ignore[operator]
+            if i["state"] not in ACTIVE_INSTANCE_STATES
+            and (started is None or _time(i["updated_at"]) >= started)  # type: ignore[operator]
         ]
 
     def outcome(self) -> dict[str, Any]:
@@ -82,7 +86,7 @@ class DrainWatch:
         forced = int(self.status.get("forced_instances") or 0)
         return {
             **self.status,
-            "graceful_instances": sum(1 for i in ended if i.get("reason") != FORCED_REASON),
+            "graceful_instances": sum(1 for i in ended if not was_forced(i)),
             "forced_instances": forced,
         }
 
@@ -110,7 +114,7 @@ class DrainWatch:
 
 
 def describe_end(instance: dict[str, Any]) -> str:
-    how = "forced" if instance.get("reason") == FORCED_REASON else "ended"
+    how = "forced" if was_forced(instance) else "ended"
     reason = f" ({instance['reason']})" if instance.get("reason") and how != "forced" else ""
     return f"instance {instance['id']} {how}: {instance['state']}{reason}"
 
@@ -126,14 +130,18 @@ def follow(watch: DrainWatch, console: Console, *, live: bool = True) -> dict[st
             time.sleep(watch.interval)
             watch.poll()
         return watch.outcome()
-    with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
-        while not watch.finished:
-            time.sleep(watch.interval)
-            for instance in watch.poll():
-                console.print(describe_end(instance))
-            view.update(watch.view())
-    if not console.is_terminal:
-        console.line()  # a non-terminal Live leaves its last frame without a line end
+    from rich.live import Live  # noqa: PLC0415 - only a live view needs it
+
+    try:
+        with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
+            while not watch.finished:
+                time.sleep(watch.interval)
+                for instance in watch.poll():
+                    console.print(describe_end(instance))
+                view.update(watch.view())
+    finally:
+        if not console.is_terminal:
+            console.line()  # a non-terminal Live leaves its last frame without a line end, Ctrl-C too
     return watch.outcome()
 
 
@@ -274,12 +282,16 @@ def follow_rollout(watch: RolloutWatch, console: Console, *, live: bool = True) 
             time.sleep(watch.interval)
             watch.poll()
         return watch.view_of
-    with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
-        while not watch.finished:
-            time.sleep(watch.interval)
-            for line in watch.poll():
-                console.print(line, markup=False, highlight=False)
-            view.update(watch.view())
-    if not console.is_terminal:
-        console.line()
+    from rich.live import Live  # noqa: PLC0415 - only a live view needs it
+
+    try:
+        with Live(watch.view(), console=console, refresh_per_second=4, transient=False) as view:
+            while not watch.finished:
+                time.sleep(watch.interval)
+                for line in watch.poll():
+                    console.print(line, markup=False, highlight=False)
+                view.update(watch.view())
+    finally:
+        if not console.is_terminal:
+            console.line()
     return watch.view_of

@@ -1,276 +1,127 @@
-"""`python -m fleetkeeper_local run`: the local control plane on the emulated AWS stack."""
+"""`python -m fleetkeeper_local run`: the local control plane on the emulated AWS stack.
+
+A start overlaps its slow parts: DynamoDB Local's JVM boots, and the IAM template is synthesized when
+its inputs changed, each in a process of its own, while this one imports the control plane (serve.py),
+starts moto and seeds the fleet. This module imports nothing heavy before they have started.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
 import threading
-import warnings
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import boto3
-from botocore.exceptions import BotoCoreError, ClientError
-
-from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
-from fleetkeeper.observability import logger
-from fleetkeeper.services.context import default_context
-from fleetkeeper.store.repository import FleetStore
-from fleetkeeper_local import aws_rules
-from fleetkeeper_local.console import FleetConsole
-from fleetkeeper_local.controlplane import (
-    API_PORT_ENVIRONMENT,
-    ApiServer,
-    LocalResources,
-    activate,
-    provision,
-)
 from fleetkeeper_local.iam import session as iam_session
-from fleetkeeper_local.iam.policies import template_ready
-from fleetkeeper_local.images import publish_newer_image, register_template_images
-from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
-from fleetkeeper_local.scheduler import Ec2EventPump, LocalScheduler
-from fleetkeeper_local.seed import TEMPLATES, describe_fleet, seed_demo_fleet
-from fleetkeeper_local.stack import LOCAL_REGION, LocalStack, LocalStackError, ensure_port_free
-from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
+from fleetkeeper_local.iam.policies import TemplateState, template_path, template_state
+from fleetkeeper_local.stack import (
+    API_PORT_ENVIRONMENT,
+    DATA_DIR_ENV,
+    DEFAULT_API_PORT,
+    LOCAL_REGION,
+    LocalStack,
+    LocalStackError,
+    ensure_port_free,
+)
 
-DATA_DIR_ENV = "FLEETKEEPER_LOCAL_DATA_DIR"
-
-DEFAULT_TABLE = "fleetkeeper-local"
-DEFAULT_API_PORT = 8080
 # Console defaults: warnings only, and no EMF metric blobs between the lines people read.
 QUIET_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "WARNING", "POWERTOOLS_METRICS_DISABLED": "true"}
+VERBOSE_POWERTOOLS = {"POWERTOOLS_LOG_LEVEL": "INFO", "POWERTOOLS_METRICS_DISABLED": "false"}
+# How often the synthesis says how far it is while the rest of the start goes on.
+PROGRESS_EVERY_SECONDS = 15.0
 
 
-def _tour_target(store: FleetStore) -> tuple[str, str]:
-    """A RUNNING worker with a started (RUNNING) instance, and that instance: its drain waits for it.
-    The busiest such worker, whose drain also moves its scheduled work."""
-    candidates: list[tuple[int, str, str]] = []
-    for worker in store.list_workers(status=WorkerStatus.RUNNING, limit=1000).items:
-        active = store.active_instances_of(worker.id)
-        started = [i.id for i in active if i.state == InstanceState.RUNNING]
-        if started:
-            candidates.append((len(active), worker.id, started[0]))
-    if not candidates:
-        return "<worker-id>", "<instance-id>"
-    _, worker_id, instance_id = max(candidates)
-    return worker_id, instance_id
+@dataclass
+class Synthesis:
+    """The IAM template for the current inputs: synthesized in the background (its own process) when not
+    cached, saying every PROGRESS_EVERY_SECONDS how long it has run and about how long it has left."""
 
+    state: TemplateState
+    started: float = field(default_factory=time.monotonic)
+    seconds: float | None = None  # how long this start's synthesis took (None: none ran)
+    _error: BaseException | None = None
+    _thread: threading.Thread | None = None
 
-def _commented(lines: list[tuple[str, str]]) -> list[str]:
-    width = max(len(command) for command, _ in lines) + 2
-    return [f"  {command:<{width}}# {note}" if note else f"  {command}" for command, note in lines]
+    @classmethod
+    def begin(cls) -> Synthesis:
+        synthesis = cls(template_state())
+        if not synthesis.state.cached:
+            print(f"IAM: {synthesis.what()}, in the background", flush=True)
+            synthesis._thread = threading.Thread(target=synthesis._run, name="iam-synth", daemon=True)
+            synthesis._thread.start()
+        return synthesis
 
+    def _run(self) -> None:
+        worker = threading.Thread(target=self._synthesize, name="iam-synth-process", daemon=True)
+        worker.start()
+        while True:
+            worker.join(PROGRESS_EVERY_SECONDS)
+            if not worker.is_alive():
+                return
+            spent = time.monotonic() - self.started
+            print(f"IAM: {self.what()}: {spent:.0f} s so far, {self.left(spent)}", flush=True)
 
-def _examples(api: str, worker_id: str, instance_id: str) -> str:
-    fk, w, i = "fleetkeeper", worker_id, instance_id
-    post = "curl -s -H 'Content-Type: application/json' -X POST"
-    port = api.rsplit(":", 1)[1]
-    # The CLI finds the local API on FLEETKEEPER_API_PORT, as this control plane does.
-    follow = [] if port == str(DEFAULT_API_PORT) else [f"  export {API_PORT_ENVIRONMENT}={port}"]
-    return "\n".join(
-        [
-            f"Try it ({worker_id} runs the started instance {instance_id}, so its drain waits for it):",
-            *follow,
-            *_commented(
-                [
-                    (f"{fk} workers", ""),
-                    (f"{fk} drain {w} --reason maintenance", "DRAINING; its scheduled work moves"),
-                    (f"{fk} drain-status {w} --watch", "Ctrl-C detaches; the drain goes on"),
-                    (f"{fk} cancel-drain {w}", "back to RUNNING"),
-                    (f"{fk} drain {w} --wait", "then, from another shell:"),
-                    (f"{fk} instance state {i} COMPLETED", "its last instance ends the drain"),
-                ]
-            ),
-            f"  curl -s {api}/api/v1/workers | python3 -m json.tool",
-            f'  {post} {api}/api/v1/instances -d \'{{"template": "lab-small"}}\'',
-            f"  {post} {api}/api/v1/pools/batch/drain -d '{{\"timeout_seconds\": 60}}'",
-            f"  Swagger UI: {api}/docs",
-        ]
-    )
+    def _synthesize(self) -> None:
+        try:
+            template_path()
+        except BaseException as exc:
+            self._error = exc
+        self.seconds = time.monotonic() - self.started
 
+    def wait(self) -> None:
+        """Until the template is there."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
 
-def _print_banner(
-    api: ApiServer,
-    stack: LocalStack,
-    resources: LocalResources,
-    store: FleetStore,
-    workload: WorkloadSimulator | None,
-) -> None:
-    table_name = resources.table_name
-    print(f"admin API       {api.url}  (OpenAPI: {api.url}/openapi.json)")
-    print(f"DynamoDB Local  {stack.dynamodb_endpoint}  table {table_name}")
-    if stack.data_dir is None:
-        print(
-            "state           IN MEMORY: stopping this control plane discards the fleet "
-            f"(keep it with --data-dir DIR or {DATA_DIR_ENV})"
-        )
-    else:
-        print(f"state           kept in {stack.data_dir} (EC2 and drain workflows are re-created on restart)")
-    if workload is not None:
-        print(workload.settings.describe())
-    print(f"moto server     {stack.moto_endpoint}  (EC2, Step Functions, EventBridge, SNS, CloudWatch)")
-    print(f"drain workflow  {resources.state_machine_arn}")
-    print(
-        "schedules       reconcile every 5 s, discovery every 30 s, EC2 state changes every 1 s "
-        "(FLEETKEEPER_LOCAL_*_SECONDS)"
-    )
-    print()
-    print(describe_fleet(store))
-    print()
-    print(_examples(api.url, *_tour_target(store)))
-    print()
+    def what(self) -> str:
+        return f"synthesizing the dev stage's policies ({self.state.why})"
 
+    def left(self, spent: float) -> str:
+        estimate = self.state.estimate_seconds
+        if spent < estimate:
+            return f"about {estimate - spent:.0f} s left"
+        if self.state.last_seconds is None:
+            return f"longer than the {estimate:.0f} s it takes on a quiet machine"
+        return f"longer than the {estimate:.0f} s the last one took"
 
-def _prepare_fleet(args: argparse.Namespace, stack: LocalStack, store: FleetStore, ec2: Any) -> None:
-    # The reconciler launches PENDING workers from the newest AMI matching their template.
-    register_template_images(ec2, TEMPLATES)
-    if has_fleet(store):
-        # Never seed into a kept fleet; bring the emulated EC2 and workflows in line with it instead.
-        print(f"restarting into the fleet kept in {stack.data_dir or 'the table'}", flush=True)
-        reconcile_after_restart(default_context(), ec2)
-    elif not args.no_seed:
-        seed_demo_fleet(default_context(), ec2, stack.environment()["AWS_REGION"])
-
-
-def _workload(args: argparse.Namespace) -> WorkloadSimulator | None:
-    if not args.workload:
-        return None
-    settings = WorkloadSettings(
-        placements_per_minute=args.workload_rate,
-        min_seconds=args.workload_min_seconds,
-        max_seconds=args.workload_max_seconds,
-        seed=args.workload_seed,
-    )
-    return WorkloadSimulator(default_context, settings)
-
-
-def _wait_for_stop() -> None:
-    """Until Ctrl-C or SIGTERM."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
-
-
-def _evaluate_permissions(until: contextlib.ExitStack) -> None:
-    """Evaluate every function's AWS requests against the policies it deploys with, until `until` closes:
-    a request its role would not allow fails here as it would on AWS."""
-    if iam_session.mode() != "off":
-        print("IAM: evaluating every function's requests against the dev stage's policies", flush=True)
-        if not template_ready():
-            print(
-                "IAM: synthesizing the dev stage once for its policies (again after infra/ changes)",
-                flush=True,
-            )
-    until.enter_context(iam_session.recording())
-
-
-def _print_farewell(stack: LocalStack, workload: WorkloadSimulator | None) -> None:
-    if workload is not None:
-        print(workload.summary())
-    # The API instance processes wrote their records when they stopped; the run's record holds them all.
-    record = iam_session.record_path()
-    if record is not None:
-        iam_session.merge_records(record, pattern=".instance-*")
-    if iam_session.mode() != "off":
-        print("\n".join(iam_session.RUN.report()))
-    iam_session.write_record()
-    if stack.data_dir is None:
-        print("stopped; the fleet was in memory and is gone")
-    else:
-        print(f"stopped; the fleet is kept in {stack.data_dir}")
+    def banner(self) -> str:
+        where = os.path.relpath(self.state.path)
+        if self.seconds is None:
+            return f"{where} (cached: infra/, cdk.json and what they read are unchanged)"
+        return f"{where} (synthesized in {self.seconds:.0f} s: {self.state.why})"
 
 
 def run(args: argparse.Namespace) -> int:
-    warnings.filterwarnings("ignore", message="No application metrics to publish")
-    for key, value in QUIET_POWERTOOLS.items():
+    for key, value in (VERBOSE_POWERTOOLS if args.verbose else QUIET_POWERTOOLS).items():
         os.environ.setdefault(key, value)
-    # The shared logger was built at import, before the line above could reach it.
-    logger.setLevel(os.environ["POWERTOOLS_LOG_LEVEL"])
     api_port = int(os.environ.get(API_PORT_ENVIRONMENT, DEFAULT_API_PORT))
     if args.data_dir is not None:
         os.environ[DATA_DIR_ENV] = str(args.data_dir)
     stack = LocalStack.from_environ()
     try:
         ensure_port_free(api_port, "the admin API", API_PORT_ENVIRONMENT)
-        stack.start()
+        stack.start_dynamodb()
     except LocalStackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    api: ApiServer | None = None
-    background: list[LocalScheduler | Ec2EventPump | FleetConsole | WorkloadSimulator] = []
-    workload: WorkloadSimulator | None = None
-    evaluation = contextlib.ExitStack()
+    synthesis = Synthesis.begin() if iam_session.mode() != "off" else None
     try:
-        os.environ.update(stack.environment())
-        _evaluate_permissions(evaluation)
-        table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
-        resources = provision(stack, table_name, suffix="local")
-        activate(resources, heartbeat_seconds=int(os.environ.get("DRAIN_HEARTBEAT_SECONDS", "300")))
-        store = default_context().store
-        ec2 = boto3.client("ec2")
-        _prepare_fleet(args, stack, store, ec2)
-        # From here on the control plane meets AWS's limits; the seeding above stood in for a fleet
-        # that already exists, and the console's reads stay outside them.
-        aws_rules.install_from_environ()
-        api = ApiServer(port=api_port).start()
-        # EventBridge's parts, locally: the reconcile and discovery schedules, and EC2 state changes.
-        workload = _workload(args)
-        console = FleetConsole(store, rollouts=default_context().rollouts)
-        background = [LocalScheduler(), Ec2EventPump(), console]
-        if workload is not None:
-            background.append(workload)
-        for runner in background:
-            runner.start()
+        from fleetkeeper_local import serve  # noqa: PLC0415 - after the JVM and the synthesis started
 
-        _print_banner(api, stack, resources, store, workload)
-        print("The local control plane is up. Press Ctrl-C to stop it.", flush=True)
-        _wait_for_stop()
-    except LocalStackError as exc:
-        # A port taken after the pre-check, at the bind: the same message, and everything started stops.
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return serve.serve(args, stack, api_port, synthesis)
     finally:
-        # A second Ctrl-C while the servers shut down would leave DynamoDB Local running.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        for runner in background:
-            runner.stop()
-        if api is not None:
-            api.stop()
-        evaluation.close()
         stack.stop()
-    _print_farewell(stack, workload)
-    return 0
 
 
 def publish_image(args: argparse.Namespace) -> int:
-    """A newer image for one template of the running local stack (docs/rollouts.md)."""
-    stack = LocalStack.from_environ()
-    os.environ.update(stack.environment())
-    table_name = os.environ.get("TABLE_NAME", DEFAULT_TABLE)
-    try:
-        template = FleetStore(boto3.client("dynamodb"), table_name).find_template(args.template)
-    except (BotoCoreError, ClientError) as exc:
-        print(f"error: the local stack does not answer ({exc}); start it with `make run`", file=sys.stderr)
-        return 2
-    if template is None:
-        print(f"error: no template '{args.template}' in table {table_name}", file=sys.stderr)
-        return 3
-    image_id, name = publish_newer_image(
-        boto3.client("ec2", region_name=args.region), template.ami_name_filter
-    )
-    print(
-        f"published {image_id} ({name}) for '{template.ami_name_filter}' in {args.region}: the workers "
-        "of every template with that filter show drift `image` after the next reconcile cycle"
-    )
-    return 0
+    from fleetkeeper_local import serve  # noqa: PLC0415 - see the module's docstring
+
+    return serve.publish_image(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         "--workload-max-seconds", type=float, default=60.0, help="longest instance (default 60 s)"
     )
     run_parser.add_argument("--workload-seed", type=int, default=None, help="seed, to repeat a simulation")
+    run_parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print the functions' INFO logs and their EMF metric lines",
+    )
     run_parser.set_defaults(handler=run)
     publish_parser = commands.add_parser(
         "publish-image",
@@ -315,4 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything the run started has stopped and its record is written: what is left is the
+    # interpreter freeing the emulators' objects one by one, seconds on a busy machine.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

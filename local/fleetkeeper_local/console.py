@@ -6,25 +6,41 @@ the reconciler, EC2 events.
 
 from __future__ import annotations
 
+import io
+import os
 import re
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TextIO
 
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.lifecycle import ForceReason, WorkerStatus
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker
 from fleetkeeper.domain.rollouts import Rollout
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper_local.loop import Loop
 
-# The reason a drain's force step writes on the instances it terminates.
-FORCED_REASON = "drain_timeout"
 DEFAULT_INTERVAL_SECONDS = 1.0
 # Audit events read back to find the steps between two looks; a second between looks holds a handful.
 TRAIL_LOOKBACK = 20
 # The newest rollouts looked at each second: older ones have long finished on a local fleet.
 ROLLOUT_LOOKBACK = 20
+
+
+# What a drain's force step writes on the instances it ends (deadline passed, or forced now).
+FORCE_REASONS = frozenset(ForceReason)
+DEADLINE_MOVED = "WorkerDrainDeadlineMoved"
+
+
+def _clock(moment: object) -> str:
+    """`08:42:03` for an ISO timestamp of the audit trail's details (as the drain's deadline prints)."""
+    try:
+        return f"{datetime.fromisoformat(str(moment)):%H:%M:%S}"
+    except ValueError:
+        return str(moment)
 
 
 @dataclass(frozen=True)
@@ -34,6 +50,7 @@ class _WorkerSeen:
     drain_outcome: str | None
     forced: int
     moved: int = 0
+    deadline_moves: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,7 @@ def _seen(worker: Worker) -> _WorkerSeen:
         drain_outcome=str(drain.outcome) if drain else None,
         forced=drain.forced_instances if drain else 0,
         moved=drain.moved_instances if drain else 0,
+        deadline_moves=drain.deadline_moves if drain else 0,
     )
 
 
@@ -216,20 +234,25 @@ class FleetConsole:
         )
         for source, target, reason in steps[:leaving]:
             self._say(f"worker {worker.id} ({where}) {source} -> {target}{f': {reason}' if reason else ''}")
+        moves = now.deadline_moves - (0 if new_drain else before.deadline_moves)
+        if drain is not None and moves > 0:
+            self._deadline_moves(worker, drain.generation, moves)
         moved = now.moved - (0 if new_drain else before.moved)
         if moved > 0:
             self._say(f"drain of {worker.id} moved {moved} scheduled instance(s) to other workers")
         forced_before = 0 if new_drain else before.forced
-        if forced_before < now.forced:
+        if drain is not None and forced_before < now.forced:
             forced = [
                 i.id
                 for i in self._store.list_instances(worker_id=worker.id, limit=1000).items
-                if i.reason == FORCED_REASON
+                if i.reason in FORCE_REASONS and i.updated_at >= drain.started_at
             ]
-            self._say(
-                f"drain of {worker.id} reached its deadline: {now.forced - forced_before} instance(s) forced "
-                f"({', '.join(forced) or '-'})"
-            )
+            count = f"{now.forced - forced_before} instance(s) forced ({', '.join(forced) or '-'})"
+            if drain.forced_at is not None:
+                why = f" ({drain.force_reason})" if drain.force_reason else ""
+                self._say(f"drain of {worker.id} forced by {drain.forced_by}{why}: {count}")
+            else:
+                self._say(f"drain of {worker.id} reached its deadline: {count}")
         for source, target, reason in steps[leaving:]:
             self._say(f"worker {worker.id} ({where}) {source} -> {target}{f': {reason}' if reason else ''}")
         if (
@@ -239,6 +262,17 @@ class FleetConsole:
         ):
             by = f" by {drain.cancelled_by}" if drain.cancelled_by else ""
             self._say(f"drain of {worker.id} ended {now.drain_outcome}{by}; {now.forced} instance(s) forced")
+
+    def _deadline_moves(self, worker: Worker, generation: int, count: int) -> None:
+        """The last `count` moves of the drain's deadline, oldest first, from the worker's audit trail."""
+        trail = self._store.audit_page("worker", worker.id, limit=TRAIL_LOOKBACK).items
+        moves = [e for e in trail if e.action == DEADLINE_MOVED and e.details.get("generation") == generation]
+        for event in reversed(moves[:count]):
+            why = f" ({event.reason})" if event.reason else ""
+            self._say(
+                f"drain of {worker.id} deadline moved {_clock(event.details.get('from'))} -> "
+                f"{_clock(event.details.get('to'))} by {event.actor}{why}"
+            )
 
     def _transitions(self, worker: Worker, seen: str) -> list[tuple[str, str, str | None]]:
         """The status changes from `seen` to the worker's status, oldest first, read from its audit trail
@@ -278,3 +312,46 @@ class FleetConsole:
 
     def stop(self) -> None:
         self._loop.stop(10)
+
+
+# The start of a line Powertools' metrics print (Embedded Metric Format): one JSON object per line.
+EMF_LINE = '{"_aws":'
+
+
+def hide_metrics_when_disabled() -> None:
+    """This process's console without EMF lines when POWERTOOLS_METRICS_DISABLED says metrics are off
+    (`make run` without --verbose, and its API instance processes)."""
+    if os.environ.get("POWERTOOLS_METRICS_DISABLED", "").lower() == "true" and not isinstance(
+        sys.stdout, WithoutMetrics
+    ):
+        sys.stdout = WithoutMetrics(sys.stdout)
+
+
+class WithoutMetrics(io.TextIOBase):
+    """The console without the EMF lines the functions print: `single_metric` prints them even when
+    POWERTOOLS_METRICS_DISABLED is set. A line is held only while it may still be one (it starts with
+    `{`), so a progress line without its end shows at once. Threads print at once: one lock."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            *lines, self._pending = self._pending.split("\n")
+            shown = "".join(f"{line}\n" for line in lines if not line.startswith(EMF_LINE))
+            if self._pending and not EMF_LINE.startswith(self._pending[: len(EMF_LINE)]):
+                shown, self._pending = shown + self._pending, ""
+            if shown:
+                self._target.write(shown)
+                self._target.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._target.flush()
+
+    def isatty(self) -> bool:
+        return self._target.isatty()

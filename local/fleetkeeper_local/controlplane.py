@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,9 +37,11 @@ from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import aws_rules, faults, lambdas
+from fleetkeeper_local.console import hide_metrics_when_disabled
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.attribution import acting_as
 from fleetkeeper_local.stack import (
+    API_PORT_ENVIRONMENT,
     LOCAL_ACCOUNT,
     LocalStack,
     _wait_for_http,
@@ -212,7 +214,6 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     The parts a test observes (the state machine's executions, the bus's rules, the topic's
     subscriptions) are new for every call; moto validates each definition text once (stack.py)."""
     suffix = suffix or uuid.uuid4().hex[:8]
-    stack.create_table(table_name)
     profile = ensure_worker_profile()
     shared = _drain_function(suffix)
     lambdas.install().register(shared.function_arn.split(":")[-1], drain_tasks_handler)
@@ -228,6 +229,8 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     remember_provisioned("state-machine", state_machine_arn)
     remember_provisioned("bus", bus_name)
     remember_provisioned("topic", topic_arn)
+    # Last: the moto resources above are made while a JVM just launched still boots.
+    stack.create_table(table_name)
     return LocalResources(table_name, state_machine_arn, shared.function_arn, bus_name, topic_arn, profile)
 
 
@@ -267,22 +270,29 @@ def api_event(
     path: str,
     *,
     body: str | None = None,
-    query: dict[str, str] | None = None,
+    query: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
     headers: dict[str, str] | None = None,
     caller: str = DEFAULT_CALLER,
     source_ip: str = "127.0.0.1",
 ) -> dict[str, Any]:
-    """A REST API proxy-integration event, as API Gateway sends it for `/{proxy+}` with AWS_IAM auth."""
+    """A REST API proxy-integration event, as API Gateway sends it for `/{proxy+}` with AWS_IAM auth.
+
+    `query` is a mapping, or the query's (name, value) pairs in order when a name repeats: API Gateway
+    then puts every value in multiValueQueryStringParameters and the last one in queryStringParameters."""
     headers = dict(headers or {})
     request_id = str(uuid.uuid4())
+    pairs = list(query.items()) if isinstance(query, Mapping) else list(query or [])
+    values: dict[str, list[str]] = {}
+    for name, value in pairs:
+        values.setdefault(name, []).append(value)
     return {
         "resource": "/{proxy+}",
         "path": path,
         "httpMethod": method,
         "headers": headers,
         "multiValueHeaders": {k: [v] for k, v in headers.items()},
-        "queryStringParameters": dict(query) if query else None,
-        "multiValueQueryStringParameters": {k: [v] for k, v in query.items()} if query else None,
+        "queryStringParameters": {k: v[-1] for k, v in values.items()} if values else None,
+        "multiValueQueryStringParameters": values or None,
         "pathParameters": {"proxy": path.lstrip("/")},
         "stageVariables": None,
         "requestContext": {
@@ -322,7 +332,6 @@ _INVOCATION_LOCK = threading.Lock()
 LOCAL_CONTROL_PREFIX = "/_local/"
 FAULTS_ENVIRONMENT = "FLEETKEEPER_LOCAL_FAULTS"
 API_INSTANCES_ENVIRONMENT = "FLEETKEEPER_LOCAL_API_INSTANCES"
-API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
 _FORWARDED_FOR = "X-Forwarded-For"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -349,6 +358,13 @@ class _LocalServer(ThreadingHTTPServer):
     # its connections reset before any request is read. API Gateway queues far more than that.
     request_queue_size = 128
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that left before its answer (a timeout, Ctrl-C) is not a fault of the server: no
+        # traceback for it in the console.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _LocalHandler(BaseHTTPRequestHandler):
@@ -394,7 +410,7 @@ class _ApiRequestHandler(_LocalHandler):
             self.command,
             unquote(url.path),
             body=body,
-            query=dict(parse_qsl(url.query, keep_blank_values=True)) or None,
+            query=parse_qsl(url.query, keep_blank_values=True),
             headers={k: v for k, v in self.headers.items() if k != _FORWARDED_FOR},
             caller=self.headers.get("X-Fleetkeeper-Caller") or self.caller,
             source_ip=self.headers.get(_FORWARDED_FOR) or self.client_address[0],
@@ -570,12 +586,14 @@ class ApiServer:
         env = {**os.environ, "FLEETKEEPER_LOCAL_INSTANCE_INDEX": str(index)}
         with contextlib.ExitStack() as files:
             output = files.enter_context(self.log_path.open("ab")) if self.log_path else None
+            # Its own session: a Ctrl-C in the terminal reaches the control plane, which stops it.
             process = subprocess.Popen(  # noqa: S603 - our own module, fixed argv
                 [sys.executable, "-m", "fleetkeeper_local.controlplane", "--port", str(port)],
                 cwd=project_root(),
                 env=env,
                 stdout=output,
                 stderr=subprocess.STDOUT if output else None,
+                start_new_session=True,
             )
         self._processes.append(process)
         url = f"http://127.0.0.1:{port}"
@@ -602,6 +620,7 @@ class ApiServer:
 def serve_instance(port: int) -> None:
     """One API instance process, serving until SIGTERM (requests still run one at a time)."""
     global _process_fault_plan  # noqa: PLW0603 - one plan per instance process, by design
+    hide_metrics_when_disabled()
     aws_rules.install_from_environ()  # before the fault plan, as the harness process installs them
     plan = fault_plan_from_environ(int(os.environ.get("FLEETKEEPER_LOCAL_INSTANCE_INDEX", "0")))
     server = _LocalServer(("127.0.0.1", port), _ApiRequestHandler)

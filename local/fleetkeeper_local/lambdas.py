@@ -97,10 +97,6 @@ class LambdaDispatcher:
         self._handlers: dict[str, Handler] = {}
         self._faults: dict[str, list[_Fault]] = {}
         self._lock = threading.Lock()
-        # Invocations whose handler is running: a test's clean-up waits for none before it empties the
-        # table, so no step of its drains writes into the next test's items.
-        self._running = 0
-        self._idle = threading.Condition(self._lock)
         self.invocations: list[tuple[str, str | None]] = []
         # (function, step, target) of every invocation: which worker or pool each step served.
         self.calls: list[tuple[str, str | None, str | None]] = []
@@ -108,29 +104,17 @@ class LambdaDispatcher:
         self.returned: list[tuple[str | None, str | None]] = []
         # (function, step, "before" | "after", target) of every injected crash, for the tests' counts.
         self.crashes: list[tuple[str, str | None, str, str | None]] = []
+        self._running = 0  # invocations under way
+        self._idle = threading.Condition()
 
     def register(self, function_name: str, handler: Handler) -> None:
-        with self._lock:
-            self._handlers[function_name] = handler
+        self._handlers[function_name] = handler
 
     def unregister(self, function_name: str) -> None:
         """Stop answering for a function; later invocations fail as if it had been deleted."""
+        self._handlers.pop(function_name, None)
         with self._lock:
-            self._handlers.pop(function_name, None)
             self._faults.pop(function_name, None)
-
-    def wait_idle(self, timeout: float = 30) -> bool:
-        """Wait until no handler runs (True), or give up after `timeout` seconds (False)."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._running == 0, timeout)
-
-    def forget(self) -> None:
-        """Drop the record of invocations and crashes, so the next test counts only its own."""
-        with self._lock:
-            self.invocations.clear()
-            self.calls.clear()
-            self.returned.clear()
-            self.crashes.clear()
 
     def inject_failure(
         self,
@@ -174,30 +158,40 @@ class LambdaDispatcher:
         """Crashes injected so far, of one step and/or one position ("before", "after")."""
         return sum(1 for _, s, w, _ in self.crashes if step in (None, s) and when in (None, w))
 
-    def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
-        name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
-        payload = json.loads(body) if body else {}
-        fields = payload if isinstance(payload, dict) else {}
-        step = fields.get("step")
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no invocation is under way; whether none is. A test's teardown waits so, before
+        the emulators forget the machines a step still under way is about to stop."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout)
+
+    def forget(self) -> None:
+        """Drop the record of invocations and crashes, so the next test counts only its own."""
         with self._lock:
-            # Looked up and counted in one step: an unregister() then finds every run it must wait for.
-            handler = self._handlers.get(name)
-            self.invocations.append((name, step))
-            self.calls.append((name, step, _target(fields)))
-            if handler is not None:
-                self._running += 1
-        if handler is None:
-            return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
+            self.invocations.clear()
+            self.calls.clear()
+            self.returned.clear()
+            self.crashes.clear()
+
+    def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
+        with self._idle:
+            self._running += 1
         try:
-            return self._answer(name, handler, payload, response_headers)
+            return self._invoke(function_name, body, response_headers)
         finally:
             with self._idle:
                 self._running -= 1
                 self._idle.notify_all()
 
-    def _answer(self, name: str, handler: Handler, payload: Any, response_headers: dict[str, Any]) -> bytes:
+    def _invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
+        name = function_name.split(":")[6] if function_name.startswith("arn:") else function_name
+        handler = self._handlers.get(name)
+        payload = json.loads(body) if body else {}
         fields = payload if isinstance(payload, dict) else {}
         step = fields.get("step")
+        self.invocations.append((name, step))
+        self.calls.append((name, step, _target(fields)))
+        if handler is None:
+            return self._error(response_headers, "ResourceNotFoundException", f"no local handler for {name}")
         try:
             if self._take_fault(name, step, fields, after=False):
                 raise InjectedFault(f"injected crash of {name} ({step}) before its handler ran")

@@ -34,10 +34,16 @@ class Loop:
             self._thread.join(timeout)
             self._thread = None
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self._tick()
             except Exception as exc:
-                self._on_error(exc)
+                # A step cut short by the stack stopping under it is no failure worth a traceback.
+                if not self._stop.is_set():
+                    self._on_error(exc)
             self._stop.wait(self._interval)

@@ -154,6 +154,8 @@ class Ec2EventPump:
             try:
                 self._deliver(event)
             except Exception:
+                if self._loop.stopping:
+                    break  # the stack stops under it: no traceback, and no more deliveries
                 log.exception("delivering %s failed", event.get("detail"))
         return events
 

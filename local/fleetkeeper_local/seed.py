@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetkeeper.cloud.ec2 import Ec2Gateway
+from fleetkeeper.domain.disruption import Budget, DisruptionPolicy
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
@@ -16,6 +17,8 @@ from fleetkeeper_local.controlplane import ensure_worker_profile
 from fleetkeeper_local.images import stock_image
 
 SEED_ACTOR = "seed"
+# One lab worker disrupted at a time (docs/disruption.md).
+LAB_BUDGETS = DisruptionPolicy(budgets=[Budget(max=1)])
 
 TEMPLATES = [
     WorkerTemplate(name="lab-small", instance_type="m5.large", ami_name_filter="fleet-lab-*", capacity=4),
@@ -89,8 +92,10 @@ def seed_demo_fleet(ctx: Context, ec2: Any, region: str) -> SeededFleet:
     store = ctx.store
     for template in TEMPLATES:
         catalog.put_template(store, template, actor=SEED_ACTOR)
-    for pool in ("labs", "batch"):
-        catalog.ensure_pool(store, pool, actor=SEED_ACTOR)
+    # The lab pool takes one worker out of service at a time, whatever takes it (a rollout, expiry,
+    # scale-down): as a stage's pools should, rather than lean on the stage default (README, Quick start).
+    catalog.put_pool(store, "labs", actor=SEED_ACTOR, disruption=LAB_BUDGETS)
+    catalog.ensure_pool(store, "batch", actor=SEED_ACTOR)
 
     fallback = stock_image(ec2)
     # Each worker runs its template's image, as the reconciler would launch it, so the demo fleet starts

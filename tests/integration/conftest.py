@@ -7,7 +7,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,7 @@ class ControlPlane:
         body: Any = None,
         *,
         raw: str | None = None,
-        query: dict[str, str] | None = None,
+        query: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
         headers: dict[str, str] | None = None,
         caller: str = DEFAULT_CALLER,
     ) -> tuple[int, Any]:
@@ -147,7 +147,11 @@ def eventually(probe: Callable[[], Any], timeout: float = 15, interval: float = 
 
 
 @pytest.fixture
-def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch: pytest.MonkeyPatch):
+def control_plane_factory(
+    local_stack: LocalStack, table_name: str, monkeypatch: pytest.MonkeyPatch, ec2: Any
+):
+    # After `ec2`, so torn down before it: the steps still under way finish before moto is reset, and
+    # never stop a machine moto has just forgotten.
     started: list[ControlPlane] = []
 
     def start(heartbeat_seconds: int = 300) -> ControlPlane:
@@ -163,7 +167,7 @@ def control_plane_factory(local_stack: LocalStack, table_name: str, monkeypatch:
     sfn = shared_client("stepfunctions")
     for plane in started:
         plane.dispatcher.unregister(plane.resources.drain_function_arn.split(":")[-1])
-        # Waiting executions would otherwise call into the next test's table; moto may already be reset.
+        # Waiting executions would otherwise call into the next test's table.
         with contextlib.suppress(ClientError):
             running = sfn.list_executions(
                 stateMachineArn=plane.resources.state_machine_arn, statusFilter="RUNNING"

@@ -8,12 +8,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import requests
 
 from fleetkeeper.api import idempotency
 from fleetkeeper.api.app import contract
 from fleetkeeper.api.body import MAX_BODY_BYTES
 from fleetkeeper.domain.models import MAX_DRAIN_TIMEOUT_SECONDS
-from fleetkeeper_local.controlplane import refresh_process_caches
+from fleetkeeper_local.controlplane import ApiServer, refresh_process_caches
+from fleetkeeper_local.stack import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +100,74 @@ def test_given_a_forged_page_token_then_422_not_500(control_plane):
             "GET", "/api/v1/workers", query={"status": "PENDING", "next_token": forged}
         )
         assert (status, body["details"][0]["field"]) == (422, "next_token"), forged
+
+
+# ---- query parameters ------------------------------------------------------------------------------
+
+
+def _filled(path: str) -> str:
+    return path.replace("{worker_id}", "w-1").replace("{instance_id}", "i-1").replace("{rollout_id}", "ro-1")
+
+
+def _query_parameters(kind: str | None = None) -> list[tuple[str, str, str]]:
+    """(method, path, name) of every query parameter of the contract (only those of JSON type `kind` if
+    given), path parameters filled in."""
+    found = []
+    for path, item in contract()["paths"].items():
+        for method, operation in item.items():
+            for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
+                schema = parameter["schema"]
+                types = {s.get("type") for s in schema.get("anyOf", [schema])}
+                if parameter["in"] == "query" and (kind is None or kind in types):
+                    found.append((method.upper(), _filled(path.replace("{name}", "lab")), parameter["name"]))
+    return found
+
+
+@pytest.mark.parametrize("value", ["yes", "no", "1", "0", "on", "off", "True", "FALSE", "t", "y", ""])
+def test_given_a_boolean_query_parameter_other_than_true_or_false_then_422_names_it(control_plane, value):
+    # pydantic alone reads yes, on, 1 and their kin as true: the contract's boolean is `true` or `false`.
+    flags = _query_parameters("boolean")
+    assert flags, "the contract has no boolean query parameter"
+    for method, path, name in flags:
+        status, body = control_plane.api(method, path, query={name: value})
+        expected = [{"field": f"query.{name}", "reason": "true or false"}]
+        assert (status, body["details"]) == (422, expected), (method, path, name)
+        for accepted in ("true", "false"):
+            assert control_plane.api(method, path, query={name: accepted})[0] != 422, (path, name, accepted)
+
+
+@pytest.mark.parametrize("value", ["5.0", " 5", "5 ", "+5", "5_0", "\u0665", "0x5", "5e0", ""])
+def test_given_an_integer_query_parameter_not_in_digits_then_422_names_it(control_plane, value):
+    # `limit=5_0` used to list 50 workers: a query integer is its decimal digits, as the contract writes it.
+    numbers = _query_parameters("integer")
+    assert len(numbers) >= 6
+    for method, path, name in numbers:
+        status, body = control_plane.api(method, path, query={name: value})
+        expected = [{"field": f"query.{name}", "reason": "a whole number written with the digits 0-9"}]
+        assert (status, body["details"]) == (422, expected), (method, path, name)
+        assert control_plane.api(method, path, query={name: "5"})[0] != 422, (path, name)
+
+
+def test_given_any_query_parameter_twice_then_422_names_it(control_plane):
+    # `?drifted=true&drifted=false` used to answer with one of the two, silently.
+    parameters = _query_parameters()
+    assert len(parameters) > 10
+    for method, path, name in parameters:
+        status, body = control_plane.api(method, path, query=[(name, "x"), (name, "x")])
+        assert (status, body["details"]) == (
+            422,
+            [{"field": f"query.{name}", "reason": "given 2 times; it takes one value"}],
+        ), (method, path, name)
+
+
+def test_given_a_repeated_parameter_over_http_then_422_as_api_gateway_would_answer(control_plane):
+    # The local adapter hands every value over, as API Gateway does in multiValueQueryStringParameters.
+    server = ApiServer(port=free_port()).start()
+    try:
+        answer = requests.get(f"{server.url}/api/v1/workers?drifted=true&drifted=false", timeout=30)
+    finally:
+        server.stop()
+    assert (answer.status_code, answer.json()["details"][0]["field"]) == (422, "query.drifted")
 
 
 # ---- content types, ids, nesting ---------------------------------------------------------------------
@@ -319,15 +389,18 @@ def test_given_a_method_a_route_does_not_answer_then_405_names_the_allowed_ones(
     assert control_plane.api("TRACE", "/api/v1/nowhere")[0] == 404
 
 
-def test_given_a_whole_number_written_as_a_float_then_it_is_that_integer(control_plane, running_worker):
+def test_given_a_whole_number_written_as_a_float_then_422_and_nothing_starts(control_plane, running_worker):
+    # 1800.0 used to be read as 1800 here and refused in rollouts: one rule now, a fraction is no integer.
     worker = running_worker()
     status, body = control_plane.api(
         "POST", f"/api/v1/workers/{worker.id}/drain", {"timeout_seconds": 1800.0}
     )
-    assert (status, body["timeout_seconds"]) == (202, 1800)
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["body.timeout_seconds"])
+    assert control_plane.ctx.store.get_worker(worker.id).drain is None
     spec = {"instance_type": "m5.large", "ami_name_filter": "x", "capacity": 3.0}
     status, body = control_plane.api("PUT", "/api/v1/templates/other", spec)
-    assert (status, body["capacity"]) == (201, 3)
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["body.capacity"])
+    assert control_plane.api("GET", "/api/v1/templates/other")[0] == 404
 
 
 # ---- paths ------------------------------------------------------------------------------------------
@@ -477,7 +550,7 @@ def test_given_tens_of_thousands_of_unknown_keys_then_the_422_lists_the_first_an
     assert status == 422
     assert len(body["details"]) == 20
     assert body["details_total"] == 90_000
-    assert body["message"].endswith("and 89980 more")
+    assert body["message"].endswith("and 89,980 more")
     assert len(json.dumps(body)) < MAX_ANSWER_BYTES
 
 
@@ -593,3 +666,14 @@ def test_given_a_worker_without_a_pool_and_a_pool_named_then_422(control_plane, 
     status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": worker.id, "pool": "labs"})
     assert (status, body["details"][0]["field"]) == (422, "pool")
     assert "has pool none" in body["details"][0]["reason"]
+
+
+def test_given_ten_thousand_unknown_workers_in_a_rollout_then_422_names_ten_and_counts_the_rest(
+    control_plane,
+):
+    unknown = [f"w-gone-{n:05d}" for n in range(10_000)]
+    status, body = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": unknown})
+    assert (status, [d["field"] for d in body["details"]]) == (422, ["worker_ids"])
+    reason = body["details"][0]["reason"]
+    assert reason == f"unknown workers: {', '.join(unknown[:10])} and 9,990 more"
+    assert control_plane.api("GET", "/api/v1/rollouts")[1]["items"] == []

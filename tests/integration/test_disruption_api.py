@@ -50,6 +50,10 @@ BAD_BUDGETS = [
     ({"max": 1, "schedule": "0 9 * * mon-fry", "duration": "8h"}, "schedule"),
     ({"max": 1, "schedule": "61 9 * * *", "duration": "8h"}, "schedule"),
     ({"max": 1, "schedule": "0 9 * * *", "duration": "8h", "timezone": "Europe/Atlantis"}, "timezone"),
+    ({"max": 1, "schedule": "0 9 * * *", "duration": "8h", "timezone": "posix/Europe/Berlin"}, "timezone"),
+    ({"max": 1, "schedule": "0 9 * * *", "duration": "8h", "timezone": "right/UTC"}, "timezone"),
+    ({"max": 1, "schedule": "0 9 * * *", "duration": "8h", "timezone": "localtime"}, "timezone"),
+    ({"max": 1, "schedule": "0 0 30 2 *", "duration": "8h"}, "schedule"),
     ({"max": 1, "schedule": "0 9 * * *", "duration": "eight hours"}, "duration"),
     ({"max": 1, "schedule": "0 9 * * *"}, "duration"),
     ({"max": "ten"}, "max"),
@@ -67,6 +71,20 @@ def test_given_a_bad_budget_when_put_then_422_names_the_field(control_plane):
         assert (status, body["error"]) == (422, "VALIDATION_FAILED"), budget
         assert [d["field"] for d in body["details"]] == [f"body.disruption.budgets.0.{field}"], budget
     assert control_plane.api("GET", "/api/v1/pools/labs")[0] == 404  # nothing was created
+
+
+def test_given_a_schedule_that_never_fires_when_put_then_422_says_so(control_plane):
+    budget = {"max": 0, "schedule": "0 0 31 4 *", "duration": "1h", "timezone": "US/Eastern"}
+
+    status, body = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [budget]}})
+
+    assert status == 422
+    assert body["details"] == [
+        {
+            "field": "body.disruption.budgets.0.schedule",
+            "reason": "Value error, never fires: none of its months has a day 31",
+        }
+    ]
 
 
 def test_given_too_many_budgets_then_422_and_the_item_stays_bounded(control_plane):

@@ -25,6 +25,7 @@ from fleetkeeper.services.drains.contract import DrainInput
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, WorkerFactory, eventually
 from tests.integration.faults.support import alert_feed, complete, drain, place
+from tests.integration.functions import run_watchdog
 from tests.integration.operations.test_before_stop_cancel import just_before
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -208,7 +209,7 @@ def test_given_a_moved_deadline_when_the_watchdog_restarts_a_vanished_execution_
     status, moved = move(control_plane, worker_id, 600)
     assert (status, moved["deadline_moves"]) == (200, 1), moved
 
-    verdicts = drains.run_watchdog(control_plane.ctx, now=utcnow() + timedelta(minutes=10))
+    verdicts = run_watchdog(control_plane.ctx, now=utcnow() + timedelta(minutes=10))
 
     assert verdicts["restarted"] == 1, verdicts
     record = control_plane.ctx.store.get_worker(worker_id).drain

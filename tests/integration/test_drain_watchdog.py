@@ -17,8 +17,9 @@ from fleetkeeper.services import catalog, drains, instances
 from fleetkeeper.services.context import Context, build_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local import faults
+from fleetkeeper_local.stack import remember_provisioned
 from tests.integration.conftest import ControlPlane, eventually
-from tests.integration.functions import reconcile_fleet, run_step
+from tests.integration.functions import reconcile_fleet, run_step, run_watchdog, sweep_waiting_drains
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,7 +53,7 @@ def test_given_a_crash_between_the_drain_write_and_its_start_then_the_sweep_star
     worker = ec2_worker()
     mark_draining(ctx, worker)
 
-    swept = drains.sweep_waiting_drains(ctx)
+    swept = sweep_waiting_drains(ctx)
 
     assert swept["restarted"] == 1
     record = ctx.store.get_worker(worker.id).drain
@@ -91,7 +92,7 @@ def test_given_an_execution_that_vanished_then_a_new_one_for_the_same_generation
         "stepfunctions", "ExecutionDoesNotExist", frozenset({"DescribeExecution"}), limit=1
     )
     with faults.FaultPlan(faults=[vanished]).installed():
-        verdicts = drains.run_watchdog(build_context(get_settings()), grace=timedelta(0))
+        verdicts = run_watchdog(build_context(get_settings()), grace=timedelta(0))
 
     assert verdicts["restarted"] == 1
     record = ctx.store.get_worker(worker.id).drain
@@ -100,7 +101,7 @@ def test_given_an_execution_that_vanished_then_a_new_one_for_the_same_generation
     # The replacement waits for the same work, with its own token, until the same deadline.
     eventually(lambda: (token() or first_token) != first_token)
     assert started["deadline"] == record.deadline.isoformat().replace("+00:00", "Z")
-    assert drains.run_watchdog(ctx, grace=timedelta(0))["running"] == 1
+    assert run_watchdog(ctx, grace=timedelta(0))["running"] == 1
     instances.change_instance_state(ctx, body["id"], InstanceState.COMPLETED, actor="workload")
     assert control_plane.wait_for_execution(record.execution_arn or "")["status"] == "SUCCEEDED"
     assert ctx.store.get_worker(worker.id).status is WorkerStatus.STOPPING
@@ -114,7 +115,7 @@ def test_given_a_drain_out_of_restarts_then_it_is_closed_in_error_with_an_alert_
     lost = ctx.workflows.execution_arn(drains.execution_name("drain", worker.id, 1, drains.MAX_RESTARTS))
     mark_draining(ctx, worker, restarts=drains.MAX_RESTARTS, execution_arn=lost)
 
-    swept = drains.sweep_waiting_drains(ctx)
+    swept = sweep_waiting_drains(ctx)
 
     assert swept["closed"] == 1
     record = ctx.store.get_worker(worker.id).drain
@@ -140,12 +141,14 @@ def test_given_an_execution_that_failed_without_recording_its_error_then_the_dra
     machine = sfn.create_state_machine(
         name=f"gave-up-{uuid.uuid4().hex[:6]}", definition=json.dumps(definition), roleArn=role["Arn"]
     )["stateMachineArn"]
+    # It stands for the stage's drain workflow, whose executions the watchdog's grant covers.
+    remember_provisioned("state-machine", machine)
     failed = sfn.start_execution(stateMachineArn=machine)["executionArn"]
     assert control_plane.wait_for_execution(failed)["status"] == "FAILED"
     worker = ec2_worker()
     mark_draining(ctx, worker, execution_arn=failed)
 
-    verdicts = drains.run_watchdog(ctx)
+    verdicts = run_watchdog(ctx)
 
     assert verdicts["closed"] == 1
     record = ctx.store.get_worker(worker.id).drain
@@ -177,7 +180,7 @@ def test_given_a_pool_drain_whose_execution_never_started_then_the_sweep_starts_
         action="PoolDrainStarted",
     )
 
-    assert drains.sweep_waiting_drains(ctx)["restarted"] == 1
+    assert sweep_waiting_drains(ctx)["restarted"] == 1
 
     after = ctx.store.get_pool("labs")
     assert after.drain_restarts == 1
@@ -250,7 +253,7 @@ def test_given_a_finishing_drain_closed_by_the_watchdog_then_its_unrun_before_st
     # Lost after Finish marked it (no cancel can undo it) and before its operations ran.
     mark_draining(ctx, worker, restarts=drains.MAX_RESTARTS, execution_arn=lost, finishing_at=utcnow())
 
-    assert drains.sweep_waiting_drains(ctx)["closed"] == 1
+    assert sweep_waiting_drains(ctx)["closed"] == 1
     reconcile_fleet(ctx)
 
     assert ctx.store.get_worker(worker.id).status is WorkerStatus.STOPPING

@@ -14,6 +14,7 @@ from fleetkeeper.domain.drain_policy import MAX_RECHECKS_PER_DRAIN
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.services import drains
 from tests.integration.conftest import eventually
+from tests.integration.functions import sweep_waiting_drains
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -294,7 +295,7 @@ def test_given_a_lost_signal_then_the_sweep_completes_the_drain(control_plane, e
     eventually(token_stored(control_plane, worker.id))
     store = control_plane.ctx.store
     store.end_instance(store.get_instance(instance["id"]), InstanceState.COMPLETED, actor="test")
-    swept = drains.sweep_waiting_drains(control_plane.ctx)
+    swept = sweep_waiting_drains(control_plane.ctx)
     assert (swept["completed"], swept["heartbeats"]) == (1, 0)
     assert control_plane.wait_for_execution(started["execution_arn"])["status"] == "SUCCEEDED"
     assert "Recheck" not in control_plane.states_entered(started["execution_arn"])

@@ -20,6 +20,7 @@ from fleetkeeper_local.controlplane import ApiServer
 from fleetkeeper_local.restart import has_fleet, reconcile_after_restart
 from fleetkeeper_local.stack import LocalStack, LocalStackError
 from fleetkeeper_local.workload import WorkloadSettings, WorkloadSimulator
+from tests.integration.conftest import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -135,6 +136,37 @@ def test_given_a_drain_that_moves_scheduled_work_then_the_console_says_how_many(
     moves = [line for line in lines if "moved" in line]
     assert len(moves) == 1
     assert f"drain of {source.id} moved 1 scheduled instance(s) to other workers" in moves[0]
+
+
+def test_given_a_drain_whose_deadline_moves_and_that_is_forced_then_the_console_says_when_and_by_whom(
+    control_plane, store, ec2_worker
+):
+    worker = ec2_worker()
+    placed = placement.place_instance(store, actor="test", worker_id=worker.id)
+    instances.change_instance_state(control_plane.ctx, placed.id, InstanceState.RUNNING, actor="test")
+    started = drains.start_worker_drain(control_plane.ctx, worker.id, actor="alice", timeout_seconds=3600)
+    lines: list[str] = []
+    console = FleetConsole(store, printer=lines.append)
+    console.poll_once()
+
+    moved = drains.move_worker_drain_deadline(
+        control_plane.ctx, worker.id, timeout_seconds=7200, actor="carol", reason="exam runs late"
+    )
+    console.poll_once()
+    drains.force_worker_drain(control_plane.ctx, worker.id, actor="dave", reason="cve fix")
+
+    def forced() -> bool:
+        console.poll_once()
+        return any("forced by" in line for line in lines)
+
+    eventually(forced, 60)
+
+    said = [line.split("  ", 1)[1] for line in lines]
+    assert said[0] == (
+        f"drain of {worker.id} deadline moved {started.deadline:%H:%M:%S} -> {moved.deadline:%H:%M:%S} "
+        "by carol (exam runs late)"
+    )
+    assert f"drain of {worker.id} forced by dave (cve fix): 1 instance(s) forced ({placed.id})" in said
 
 
 def test_given_the_workload_when_time_passes_then_it_places_and_completes_instances(

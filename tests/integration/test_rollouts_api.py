@@ -8,7 +8,7 @@ import pytest
 
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.services import rollouts
-from fleetkeeper.store import rollouts as rollout_store
+from fleetkeeper_local.controlplane import DEFAULT_CALLER
 from tests.integration.emf import metric_totals
 
 pytestmark = pytest.mark.integration
@@ -41,7 +41,7 @@ def test_given_a_dry_run_larger_than_the_listed_workers_then_later_waves_answer_
     control_plane, labs, monkeypatch
 ):
     # 5 workers in waves of 2, ids listed up to 3: the first wave only (the second would reach 4).
-    monkeypatch.setattr(rollouts, "PLAN_LISTED_WORKERS", 3)
+    monkeypatch.setattr(rollouts.commands, "PLAN_LISTED_WORKERS", 3)
 
     status, plan = control_plane.api(
         "POST",
@@ -151,38 +151,37 @@ def test_given_an_active_rollout_then_another_covering_one_of_its_workers_is_409
     assert (status, whole["error"], whole["details"]["id"]) == (409, "CONFLICT", first["id"])
     assert whole["details"]["current_status"] == "RUNNING"
     assert (status_named, named["details"]["worker_id"]) == (409, labs[3].id)
-    # The losers took no lock: the worker outside the pool is free for a rollout of its own.
+    # The losers claimed nothing: the worker outside the pool is free for a rollout of its own.
     outside = next(
         w
         for w in control_plane.ctx.store.placement_candidates(template="lab-small", pool=None)
         if w.pool is None
     )
     assert control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": [outside.id]})[0] == 202
-    # Once the first is cancelled, its workers can be rolled out again: its locks are taken over.
+    # Once the first is cancelled, its workers can be rolled out again: its claims hold nothing.
     control_plane.api("POST", f"/api/v1/rollouts/{first['id']}/cancel")
     status, again = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
     assert (status, again["total"]) == (202, 5), again
-    assert all(control_plane.ctx.rollouts.lock_holder(w.id) == again["id"] for w in labs)
+    owners = [control_plane.ctx.store.get_worker(w.id).owner for w in labs]
+    assert [o.rollout_id if o else None for o in owners] == [again["id"]] * 5
 
 
-def test_given_locks_in_many_transactions_at_once_then_a_refused_start_gives_back_every_lock_taken(
-    control_plane, labs, monkeypatch
-):
-    # Two locks a transaction: the pool's five workers take three, run at once.
-    monkeypatch.setattr(rollout_store, "LOCKS_PER_TRANSACTION", 2)
+def test_given_workers_another_rollout_holds_then_a_template_start_leaves_them_to_it(control_plane, labs):
     ids = sorted(w.id for w in labs)
     _, first = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": ids[3:5]})
-    locks = control_plane.ctx.rollouts
 
-    status, refused = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
+    status, second = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
 
-    assert (status, refused["details"]["id"], refused["details"]["worker_id"]) == (409, first["id"], ids[3])
-    assert locks.lock_holders(ids) == {ids[3]: first["id"], ids[4]: first["id"]}
-    # Cancelled, its locks are taken over beside free ones, across the chunks.
-    assert control_plane.api("POST", f"/api/v1/rollouts/{first['id']}/cancel")[0] == 200
-    status, again = control_plane.api("POST", "/api/v1/rollouts", {"template": "lab-small", "pool": "labs"})
-    assert (status, again["total"]) == (202, 5), again
-    assert locks.lock_holders(ids) == dict.fromkeys(ids, again["id"])
+    # Accepted: the door keeps the two rollouts apart, worker by worker; the first keeps its own.
+    assert (status, second["total"]) == (202, 5), second
+    holders = {w: control_plane.ctx.store.get_worker(w).owner for w in ids}
+    assert {w: o.rollout_id if o else None for w, o in holders.items()} == {
+        ids[0]: second["id"],
+        ids[1]: second["id"],
+        ids[2]: second["id"],
+        ids[3]: first["id"],
+        ids[4]: first["id"],
+    }
 
 
 def test_given_pause_resume_cancel_then_each_moves_only_from_its_statuses(control_plane, labs, audit_feed):
@@ -192,7 +191,8 @@ def test_given_pause_resume_cancel_then_each_moves_only_from_its_statuses(contro
     status, resumed = control_plane.api("POST", f"{base}/resume")
     assert (status, resumed["details"]["current_status"]) == (409, "RUNNING")
     status, paused = control_plane.api("POST", f"{base}/pause", {"reason": "error rate up"})
-    assert (status, paused["status"], paused["blocked"]["reason"]) == (200, "PAUSED", "checkpoint")
+    assert (status, paused["status"], paused["blocked"]["reason"]) == (200, "PAUSED", "paused")
+    assert paused["blocked"]["detail"] == f"paused by {DEFAULT_CALLER}"
     assert control_plane.api("POST", f"{base}/pause")[0] == 409
     status, resumed = control_plane.api("POST", f"{base}/resume")
     assert (status, resumed["status"], resumed["blocked"]) == (200, "RUNNING", None)

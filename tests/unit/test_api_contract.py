@@ -61,6 +61,30 @@ def test_given_a_write_route_then_it_lists_the_statuses_it_really_answers(docume
     assert "503" not in placed  # no capacity is a 409
 
 
+def test_given_the_contract_then_each_operation_has_its_resource_tag_a_summary_and_a_description(document):
+    # Swagger UI once listed every route under one "default" tag, most summaries repeating the path.
+    tags = {tag["name"]: tag.get("description") for tag in document["tags"]}
+    assert len(tags) == len(document["tags"]) >= 10
+    assert all(tags.values()), "every resource says what it is"
+    used = set()
+    for path, method, operation in operations(document):
+        where = f"{method.upper()} {path}"
+        (tag,) = operation["tags"]
+        assert tag in tags, where
+        used.add(tag)
+        summary, description = operation.get("summary", ""), operation.get("description", "")
+        assert summary, where
+        assert "/api/" not in summary, where
+        assert len(description) > len(summary), where
+        # The description says the route's own errors; the common ones (400, 413, 415, 422 for a
+        # value of the wrong form) are the reference's, and so is 404 for a path no route takes, the
+        # only 404 of a route that names nothing (or of a PUT, which creates what it names).
+        own = {403, 409, 503} | ({404} if "{" in path and method != "put" else set())
+        for status in own & {int(s) for s in operation["responses"]}:
+            assert str(status) in description, (where, status)
+    assert used == set(tags)
+
+
 def test_given_the_contract_then_requests_are_signed_with_sigv4(document):
     scheme = document["components"]["securitySchemes"][SIGV4]
     assert scheme["x-amazon-apigateway-authtype"] == "awsSigv4"

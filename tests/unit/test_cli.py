@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -175,10 +178,37 @@ def test_given_an_api_error_then_one_line_with_its_code_and_the_exit_code(server
     assert line in output
 
 
-def test_given_no_server_then_exit_1_with_a_hint():
+def test_given_no_server_then_exit_1_with_a_hint_after_one_attempt(monkeypatch: pytest.MonkeyPatch):
+    attempts: list[object] = []
+    connect = socket.create_connection
+
+    def counted(*args: Any, **kwargs: Any) -> socket.socket:
+        attempts.append(args[0])
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", counted)
+
     exit_code, output = run("--api", "http://127.0.0.1:9", "workers")
+
     assert exit_code == 1
     assert "cannot reach the API at http://127.0.0.1:9" in output
+    # A refused connection is the answer: no retry, no backoff.
+    assert attempts == [("127.0.0.1", 9)]
+
+
+def test_given_a_local_api_then_a_command_loads_neither_botocore_nor_requests_nor_yaml(server: str):
+    # What a command imports is what every run of it pays for: a fresh interpreter tells.
+    script = (
+        "import json, sys\n"
+        "from fleetkeeper_cli.app import app\n"
+        f"app(['--api', '{server}', 'workers'], standalone_mode=False)\n"
+        "sys.stderr.write(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)  # noqa: S603
+
+    loaded = {name.split(".")[0] for name in json.loads(done.stderr)}
+    assert Recorder.requests[0][1].startswith("/api/v1/workers")
+    assert loaded.isdisjoint({"boto3", "botocore", "requests", "urllib3", "yaml", "pydantic"}), loaded
 
 
 @pytest.mark.parametrize(
@@ -454,6 +484,28 @@ def test_given_force_now_then_the_cli_forces_the_running_drain(server: str):
 
 
 @pytest.mark.parametrize(
+    ("reason", "graceful", "forced"), [("forced", 0, 1), ("drain_timeout", 0, 1), ("completed", 1, 0)]
+)
+def test_given_a_drain_that_ended_then_the_watch_counts_instances_forced_now_or_at_the_deadline_as_forced(
+    server: str, reason: str, graceful: int, forced: int
+):
+    ended = {
+        **RUNNING_DRAIN,
+        "status": "TIMED_OUT" if forced else "SUCCESS",
+        "worker_status": "STOPPING",
+        "started_at": "2099-01-01T00:00:00Z",
+        "forced_instances": forced,
+    }
+    instance = {"id": "i-1", "state": "TERMINATED" if forced else "COMPLETED", "reason": reason}
+    Recorder.queue = [(200, ended), (200, {"items": [{**instance, "updated_at": "2099-01-01T00:01:00Z"}]})]
+
+    exit_code, output = run("--api", server, "drain-status", "w-1", "--watch")
+
+    assert exit_code == (1 if forced else 0), output
+    assert f"{graceful} instance(s) ended gracefully, {forced} forced" in output
+
+
+@pytest.mark.parametrize(
     "flags",
     [
         ["--extend", "30m", "--force-now"],
@@ -509,7 +561,7 @@ def test_given_the_default_port_then_no_note_and_a_bad_port_is_a_usage_error(mon
 
 
 def test_given_the_cli_and_the_local_stack_then_they_default_to_the_same_port():
-    from fleetkeeper_local.__main__ import DEFAULT_API_PORT
+    from fleetkeeper_local.stack import DEFAULT_API_PORT
 
     assert f"http://127.0.0.1:{DEFAULT_API_PORT}" == LOCAL_API
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 
-from fleetkeeper.services import discovery, reconcile, rollout_engine, rollouts
+from fleetkeeper.services import discovery, reconcile, rollouts
 from fleetkeeper.services.drains import watchdog
+from fleetkeeper.services.rollouts import engine, step
 from infra import metrics as dashboard
 
 
@@ -35,7 +36,7 @@ def test_given_the_rollout_events_with_a_metric_then_the_dashboard_plots_exactly
 
 
 def test_given_the_rollout_engine_then_the_counters_the_dashboard_plots_are_its_own():
-    source = inspect.getsource(rollout_engine)
+    source = inspect.getsource(engine) + inspect.getsource(step)
     for name in dashboard.ROLLOUT_ENGINE_COUNTERS:
         prefix, counter = name.split(".")
         assert prefix == "Reconcile"

@@ -1,4 +1,5 @@
-"""Scale-down guards: each refuses for its own reason, in order."""
+"""Scale-down's own guards: each refuses for its own reason, in order (whether the worker may go, its
+protection, the scope's minimum and the budgets, is the door's: tests/unit/test_admission.py)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,7 @@ def verdict(w: Worker, **overrides: object):
     arguments: dict[str, object] = {
         "now": NOW,
         "policy": POLICY,
-        "running_in_scope": 3,
         "last_scale_down_at": None,
-        "draining_now": 0,
-        "fleet_size": 10,
         "timeslot_starts": list,
     }
     arguments.update(overrides)
@@ -74,10 +72,6 @@ def test_given_scale_down_disabled_then_the_enabled_guard_refuses():
     assert verdict(idle_worker(), policy=policy).refused_by is Guard.DISABLED
 
 
-def test_given_the_scope_at_its_minimum_then_min_workers_refuses():
-    assert verdict(idle_worker(), running_in_scope=1).refused_by is Guard.MIN_WORKERS
-
-
 def test_given_a_recent_scale_down_then_cooldown_refuses():
     result = verdict(idle_worker(), last_scale_down_at=NOW - timedelta(minutes=5))
     assert result.refused_by is Guard.COOLDOWN
@@ -89,25 +83,6 @@ def test_given_a_timeslot_starting_within_the_lookahead_then_it_refuses():
     assert result.refused_by is Guard.UPCOMING_TIMESLOT
     later = verdict(idle_worker(active_instances=1), timeslot_starts=lambda: [NOW + timedelta(hours=1)])
     assert later.action is Action.DRAIN
-
-
-def test_given_do_not_disrupt_then_it_refuses():
-    assert verdict(idle_worker(do_not_disrupt=True)).refused_by is Guard.DO_NOT_DISRUPT
-
-
-def test_given_do_not_disrupt_until_then_it_refuses_until_that_moment_and_lapses_by_itself():
-    pinned = idle_worker(do_not_disrupt_until=NOW + timedelta(minutes=5))
-    assert verdict(pinned).refused_by is Guard.DO_NOT_DISRUPT
-    assert verdict(pinned, now=NOW + timedelta(minutes=5) - timedelta(microseconds=1)).refused_by is (
-        Guard.DO_NOT_DISRUPT
-    )
-    assert verdict(pinned, now=NOW + timedelta(minutes=5)).action is Action.STOP
-    assert verdict(idle_worker(do_not_disrupt_until=NOW - timedelta(seconds=1))).action is Action.STOP
-
-
-def test_given_the_budget_used_up_then_a_drain_is_refused_but_an_empty_stop_is_not():
-    assert verdict(idle_worker(active_instances=1), draining_now=2).refused_by is Guard.DISRUPTION_BUDGET
-    assert verdict(idle_worker(), draining_now=2).action is Action.STOP
 
 
 @pytest.mark.parametrize(

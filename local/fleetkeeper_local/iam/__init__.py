@@ -2,9 +2,10 @@
 
 attribution.py says which function makes a request; requests.py what AWS authorizes for it;
 policies.py reads the functions' policies from the synthesized dev stage; evaluator.py runs a real IAM
-evaluator; recorder.py ties them to botocore; session.py turns it on for a process.
+evaluator; recorder.py ties them to botocore; record.py keeps what became of each request; session.py
+turns it on for a process.
 """
 
-from fleetkeeper_local.iam.attribution import FUNCTIONS, acting_as, as_function, current_function
+from fleetkeeper_local.iam.attribution import FUNCTIONS, acting_as, as_function
 
-__all__ = ["FUNCTIONS", "acting_as", "as_function", "current_function"]
+__all__ = ["FUNCTIONS", "acting_as", "as_function"]

@@ -95,6 +95,8 @@ class Evaluator:
         node = shutil.which("node")
         if node is None:
             raise EvaluatorError("Node.js is required to evaluate IAM policies locally (make install)")
+        # Its own session: a Ctrl-C in the terminal must not end it under the requests still in flight
+        # while the control plane stops; it ends when its input closes.
         process = subprocess.Popen(  # noqa: S603 - our own script, fixed argv
             [node, str(self._script)],
             cwd=self._script.parent,
@@ -102,6 +104,7 @@ class Evaluator:
             stdout=subprocess.PIPE,
             text=True,
             bufsize=1,
+            start_new_session=True,
         )
         stdin, _ = _pipes(process)
         for line in self._sets.values():

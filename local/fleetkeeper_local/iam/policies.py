@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ class CanonicalNames:
 
 CANONICAL: Final = CanonicalNames()
 
-# ---- the synthesized template, cached -------------------------------------------------------------
+# ---- the synthesized template, cached ----------------------------------------------------------------
 
 BUILD_DIR: Final = Path("build") / "iam"
 _FLEETKEEPER: Final = Path("layers") / "fleetkeeper" / "python" / "fleetkeeper"
@@ -91,18 +92,28 @@ _HASHED: Final = (
     ("local/fleetkeeper_local/iam", "synth.py"),
     ("local/fleetkeeper_local/iam", "stage.py"),
 )
+_REGIONS: Final = "regions"  # the inputs' entry for the local regions the template is homed on
+# A synthesis's time when none ran here yet: about what one takes on a quiet 2-core machine.
+FIRST_SYNTHESIS_ESTIMATE_SECONDS: Final = 40.0
 
 
-def template_key(root: Path) -> str:
-    digest = hashlib.sha256()
-    digest.update(repr((LOCAL_HOME_REGION, LOCAL_WORKER_REGIONS)).encode())
+def template_inputs(root: Path) -> dict[str, str]:
+    """Each input of the template (path relative to `root`) and the hash of its content."""
+    inputs = {_REGIONS: repr((LOCAL_HOME_REGION, LOCAL_WORKER_REGIONS))}
     for folder, pattern in _HASHED:
         for path in sorted((root / folder).glob(pattern)):
             if "__pycache__" in path.parts or not path.is_file():
                 continue
-            digest.update(str(path.relative_to(root)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+            inputs[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return inputs
+
+
+def _key(inputs: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def template_key(root: Path) -> str:
+    return _key(template_inputs(root))
 
 
 @contextlib.contextmanager
@@ -116,26 +127,70 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _cached_template(root: Path) -> Path:
-    return root / BUILD_DIR / f"{STAGE}-{template_key(root)}.template.json"
+def _cached_template(root: Path, key: str) -> Path:
+    return root / BUILD_DIR / f"{STAGE}-{key}.template.json"
+
+
+def _manifest(template: Path) -> Path:
+    """Beside each cached template: its inputs' hashes, and how long its synthesis took."""
+    return template.with_name(template.name.removesuffix(".template.json") + ".inputs.json")
+
+
+@dataclass(frozen=True)
+class TemplateState:
+    """The cached template for the current inputs, whether it is there, and if not, why not."""
+
+    path: Path
+    cached: bool
+    why: str  # what changed since the last synthesis here ("" when cached)
+    last_seconds: float | None  # how long the last synthesis here took, if one ran
+
+    @property
+    def estimate_seconds(self) -> float:
+        return FIRST_SYNTHESIS_ESTIMATE_SECONDS if self.last_seconds is None else self.last_seconds
+
+
+def _changes(before: Mapping[str, str], now: Mapping[str, str]) -> str:
+    changed = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+    if _REGIONS in changed:
+        return "the local regions changed"
+    if len(changed) <= 2:
+        return " and ".join(changed) + " changed"
+    return f"{len(changed)} inputs changed ({', '.join(changed[:2])}, ...)"
+
+
+def template_state(root: Path | None = None) -> TemplateState:
+    """Whether the template of the current inputs is cached; what changed since the newest one if not."""
+    root = root or project_root()
+    inputs = template_inputs(root)
+    path = _cached_template(root, _key(inputs))
+    manifests = sorted((root / BUILD_DIR).glob(f"{STAGE}-*.inputs.json"), key=lambda m: m.stat().st_mtime)
+    last = json.loads(manifests[-1].read_text(encoding="utf-8")) if manifests else None
+    seconds = float(last["seconds"]) if last else None
+    if path.exists():
+        return TemplateState(path, cached=True, why="", last_seconds=seconds)
+    why = _changes(last["inputs"], inputs) if last else "no synthesis recorded here yet"
+    return TemplateState(path, cached=False, why=why, last_seconds=seconds)
 
 
 def template_ready(root: Path | None = None) -> bool:
     """Whether the template is cached already (otherwise the first use synthesizes it, for seconds)."""
-    return _cached_template(root or project_root()).exists()
+    return template_state(root).cached
 
 
 def template_path(root: Path | None = None) -> Path:
-    """The cached template of the local dev stage, synthesized first if infra/ or cdk.json changed."""
+    """The cached template of the local dev stage, synthesized first if its inputs changed."""
     root = root or project_root()
     build = root / BUILD_DIR
-    target = _cached_template(root)
+    inputs = template_inputs(root)
+    target = _cached_template(root, _key(inputs))
     if target.exists():
         return target
     with _locked(build / "synth.lock"):
         if target.exists():  # another process synthesized it while this one waited
             return target
         staging = target.with_suffix(f".{os.getpid()}.tmp")
+        started = time.monotonic()
         done = subprocess.run(  # noqa: S603 - our own module, fixed argv
             [sys.executable, "-m", "fleetkeeper_local.iam.synth", "--out", str(staging)],
             cwd=root,
@@ -148,10 +203,11 @@ def template_path(root: Path | None = None) -> Path:
             raise RuntimeError(
                 f"synthesizing the {STAGE} stage for IAM evaluation failed:\n{done.stderr[-4000:]}"
             )
+        for old in [*build.glob(f"{STAGE}-*.template.json"), *build.glob(f"{STAGE}-*.inputs.json")]:
+            old.unlink(missing_ok=True)
+        manifest = {"inputs": inputs, "seconds": round(time.monotonic() - started, 1)}
+        _manifest(target).write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
         staging.rename(target)
-        for old in build.glob(f"{STAGE}-*.template.json"):
-            if old != target:
-                old.unlink(missing_ok=True)
     return target
 
 

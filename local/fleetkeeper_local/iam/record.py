@@ -2,6 +2,11 @@
 
 A `Summary` is plain data, so test processes, `make run` and its API instance processes can each keep
 one, write it as JSON and merge them: the verdict and docs/security.md come from the merged record.
+
+Every request the recorder sees ends in one `Outcome`: set-up (no function's, not evaluated), allowed or
+denied, or one the evaluation could not decide, each of which fails the run: unattributed (fleetkeeper's
+code on a thread that lost its invocation), unmodelled (no translation into what AWS authorizes), missing
+(a resource the emulator does not know, so the conditions on it cannot be decided) or an evaluator error.
 """
 
 from __future__ import annotations
@@ -10,9 +15,37 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from fleetkeeper_local.iam.attribution import FUNCTIONS
+from fleetkeeper_local.iam.attribution import FUNCTIONS, SETUP, UNATTRIBUTED
+from fleetkeeper_local.iam.evaluator import Decision
+from fleetkeeper_local.iam.requests import Authorization
+
+ALLOWED: Final = "allowed"
+DENIED: Final = "denied"
+UNMODELLED: Final = "unmodelled"
+MISSING: Final = "missing"
+ERROR: Final = "evaluator error"
+# What the report says of each outcome that fails the run without a decision.
+_UNDECIDED: Final = {
+    UNATTRIBUTED: "UNATTRIBUTED",
+    UNMODELLED: "UNMODELLED",
+    MISSING: "MISSING RESOURCE",
+    ERROR: "EVALUATOR ERROR",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one request: its kind, the evaluator's decisions, or why there are none."""
+
+    kind: str
+    decisions: tuple[tuple[Authorization, Decision], ...] = ()
+    error: str = ""
+
+    @property
+    def denied(self) -> list[tuple[Authorization, Decision]]:
+        return [(one, decision) for one, decision in self.decisions if not decision.allowed]
 
 
 @dataclass
@@ -24,10 +57,11 @@ class Summary:
     by_function: Counter[str] = field(default_factory=Counter)
     # function|action|resource -> {function, action, resource, operation, why, path, count}
     denials: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # function|service:operation -> {function, operation, error, count}: requests no model covers
-    unmodelled: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # function|service:operation -> count: requests on resources the emulator does not know
-    missing: Counter[str] = field(default_factory=Counter)
+    # kind|function|service:operation -> {kind, function, operation, error, path, during, count}: the
+    # requests no decision was reached for (every kind in _UNDECIDED)
+    undecided: dict[str, dict[str, Any]] = field(default_factory=dict)
+    setup: int = 0  # requests of the tests' and the local stack's own, not evaluated
+    recorders: int = 0  # recorders that were on (one a process), so a silent one is told from none
     # function|action|statement -> the code paths that needed that grant
     usage: dict[str, set[str]] = field(default_factory=dict)
     # What the evaluation cost: CPU seconds in the recorder's hooks and in the evaluator process, and
@@ -43,11 +77,53 @@ class Summary:
         return [function for function in FUNCTIONS if function not in self.by_function]
 
     @property
-    def failed(self) -> bool:
-        return bool(self.denied_requests or self.unmodelled)
+    def silent(self) -> bool:
+        """A recorder was on and evaluated nothing: it proves no grant, and may be broken."""
+        return bool(self.recorders) and not self.requests
 
-    def allowed(self, function: str, action: str, statement: str, path: str) -> None:
-        self.usage.setdefault(f"{function}|{action}|{statement}", set()).add(path)
+    @property
+    def failed(self) -> bool:
+        return bool(self.denied_requests or self.undecided or self.silent)
+
+    def record(self, function: str, operation: str, outcome: Outcome, *, path: str, during: str) -> None:
+        """Count one request's outcome (the one place each kind is counted)."""
+        if outcome.kind == SETUP:
+            self.setup += 1
+            return
+        if outcome.kind in _UNDECIDED:
+            found = self.undecided.setdefault(
+                f"{outcome.kind}|{function}|{operation}",
+                {
+                    "kind": outcome.kind,
+                    "function": function,
+                    "operation": operation,
+                    "error": outcome.error,
+                    "path": path,
+                    "during": during,
+                    "count": 0,
+                },
+            )
+            found["count"] += 1
+            return
+        self.requests += 1
+        self.by_function[function] += 1
+        for one, decision in outcome.decisions:
+            for statement in decision.grants or ("?",):
+                if decision.allowed:
+                    self.usage.setdefault(f"{function}|{one.action}|{statement}", set()).add(path)
+        for one, decision in outcome.denied:
+            self.deny(
+                function,
+                one.action,
+                one.resource,
+                operation=operation,
+                why="; ".join(decision.denials),
+                path=path,
+                context=json.dumps(dict(one.context), sort_keys=True, default=list),
+                during=during,
+            )
+        if outcome.kind == DENIED:
+            self.denied_requests += 1
 
     def deny(
         self,
@@ -78,13 +154,6 @@ class Summary:
         )
         found["count"] += 1
 
-    def not_modelled(self, function: str, operation: str, error: str) -> None:
-        found = self.unmodelled.setdefault(
-            f"{function}|{operation}",
-            {"function": function, "operation": operation, "error": error, "count": 0},
-        )
-        found["count"] += 1
-
     def add_cost(self, key: str, value: float) -> None:
         self.cost[key] = self.cost.get(key, 0.0) + value
 
@@ -95,10 +164,11 @@ class Summary:
         for key, denial in other.denials.items():
             mine = self.denials.setdefault(key, {**denial, "count": 0})
             mine["count"] += denial["count"]
-        for key, entry in other.unmodelled.items():
-            mine = self.unmodelled.setdefault(key, {**entry, "count": 0})
+        for key, entry in other.undecided.items():
+            mine = self.undecided.setdefault(key, {**entry, "count": 0})
             mine["count"] += entry["count"]
-        self.missing.update(other.missing)
+        self.setup += other.setup
+        self.recorders += other.recorders
         for key, paths in other.usage.items():
             self.usage.setdefault(key, set()).update(paths)
         for key, value in other.cost.items():
@@ -110,8 +180,9 @@ class Summary:
             "denied_requests": self.denied_requests,
             "by_function": dict(self.by_function),
             "denials": self.denials,
-            "unmodelled": self.unmodelled,
-            "missing": dict(self.missing),
+            "undecided": self.undecided,
+            "setup": self.setup,
+            "recorders": self.recorders,
             "usage": {key: sorted(paths) for key, paths in self.usage.items()},
             "cost": dict(self.cost),
         }
@@ -123,8 +194,9 @@ class Summary:
             denied_requests=int(data.get("denied_requests", 0)),
             by_function=Counter(data.get("by_function", {})),
             denials=dict(data.get("denials", {})),
-            unmodelled=dict(data.get("unmodelled", {})),
-            missing=Counter(data.get("missing", {})),
+            undecided=dict(data.get("undecided", {})),
+            setup=int(data.get("setup", 0)),
+            recorders=int(data.get("recorders", 0)),
             usage={key: set(paths) for key, paths in data.get("usage", {}).items()},
             cost={key: float(value) for key, value in data.get("cost", {}).items()},
         )
@@ -144,13 +216,19 @@ class Summary:
         )
 
     def report(self) -> list[str]:
-        """The headline, then each denial and each request no model covers."""
+        """The headline, then each denial and each request no decision was reached for."""
         lines = [self.headline()]
-        if self.cost:
+        if self.cost or self.setup:
             lines.append(
                 f"  cost: {self.cost.get('hook_cpu_seconds', 0):.1f} s CPU in the recorder, "
                 f"{self.cost.get('evaluator_cpu_seconds', 0):.1f} s in the evaluator, "
-                f"{int(self.cost.get('evaluations', 0))} evaluations for {self.requests} requests"
+                f"{int(self.cost.get('evaluations', 0))} evaluations for {self.requests} requests; "
+                f"{self.setup} set-up requests of the tests and the local stack not evaluated"
+            )
+        if self.silent:
+            lines.append(
+                f"  NOTHING EVALUATED: {self.recorders} recorder(s) were on and evaluated no function's "
+                "request, which proves no grant (FLEETKEEPER_LOCAL_IAM=off runs tests without the recorder)"
             )
         for denial in sorted(
             self.denials.values(), key=lambda d: (d["function"], d["action"], d["resource"])
@@ -161,12 +239,12 @@ class Summary:
                 f"context {denial.get('context') or '{}'}"
                 + (f"; first during {denial['during']}" if denial.get("during") else "")
             )
-        for entry in sorted(self.unmodelled.values(), key=lambda e: (e["function"], e["operation"])):
-            where = f"{entry['function']}: {entry['operation']} ({entry['count']}x)"
-            lines.append(f"  UNMODELLED {where}: {entry['error']}")
-        if self.missing:
-            skipped = ", ".join(
-                f"{key.replace('|', ' ')} {count}x" for key, count in sorted(self.missing.items())
+        for entry in sorted(
+            self.undecided.values(), key=lambda e: (e["kind"], e["function"], e["operation"])
+        ):
+            lines.append(
+                f"  {_UNDECIDED[entry['kind']]} {entry['function']}: {entry['operation']} "
+                f"(from {entry['path']}, {entry['count']}x): {entry['error']}"
+                + (f"; first during {entry['during']}" if entry.get("during") else "")
             )
-            lines.append(f"  not evaluated, the resource does not exist (AWS answers NotFound): {skipped}")
         return lines

@@ -2,11 +2,12 @@
 
 Two botocore handlers, installed through the fault layer's mechanism (`faults.installed_hooks`): the API
 parameters are kept when the request is built (`before-parameter-build`), and at `before-call` the
-request is translated into what AWS authorizes (requests.py), each authorization is evaluated for the
-function's role (policies.py, evaluator.py), and the outcome is recorded. A denied request fails as AWS
-fails it, with the service's own error (EC2's UnauthorizedOperation, SNS's AuthorizationError, the JSON
-services' AccessDeniedException), and never reaches the emulator; with `enforce=False` it is only
-recorded.
+request is attributed to a function (attribution.py), translated into what AWS authorizes (requests.py),
+each authorization is evaluated for the function's role (policies.py, evaluator.py), and the outcome is
+recorded (record.py). A denied request fails as AWS fails it, with the service's own error (EC2's
+UnauthorizedOperation, SNS's AuthorizationError, the JSON services' AccessDeniedException), and never
+reaches the emulator; with `enforce=False` it is only recorded. A request no decision is reached for goes
+on to the emulator, and fails the run instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from types import CodeType
 from typing import Any, Final
@@ -26,11 +28,11 @@ from typing import Any, Final
 import fleetkeeper
 from fleetkeeper.settings import Settings, SettingsError, get_settings
 from fleetkeeper_local.faults import HookSpec, HttpAnswer, installed_hooks, service_and_operation
-from fleetkeeper_local.iam.attribution import acting_as, current_function
+from fleetkeeper_local.iam.attribution import SETUP, UNATTRIBUTED, attribute
 from fleetkeeper_local.iam.emulator import Emulator, Lookups
 from fleetkeeper_local.iam.evaluator import Decision, Evaluator
 from fleetkeeper_local.iam.policies import CANONICAL, PolicyModel
-from fleetkeeper_local.iam.record import Summary
+from fleetkeeper_local.iam.record import ALLOWED, DENIED, ERROR, MISSING, UNMODELLED, Outcome, Summary
 from fleetkeeper_local.iam.requests import (
     Authorization,
     Environment,
@@ -46,6 +48,8 @@ _PARAMS: Final = "fleetkeeper_iam_params"
 _PACKAGE: Final = str(Path(fleetkeeper.__file__).resolve().parent) + "/"
 _ADAPTERS: Final = ("cloud/", "store/")
 _IDEMPOTENCY: Final = "aws_lambda_powertools/utilities/idempotency/"
+# Set while a request is judged: whatever the judging itself asks AWS is not a request to judge.
+_judging: ContextVar[bool] = ContextVar("fleetkeeper_iam_judging", default=False)
 
 # How each service answers a request its caller may not make.
 _DENIAL_ANSWERS: Final = {
@@ -140,22 +144,25 @@ class Recorder:
         return [("before-parameter-build", self.remember_params), ("before-call", self.before_call)]
 
     def remember_params(self, params: Mapping[str, Any], context: Any = None, **_: Any) -> None:
-        if self.enabled and isinstance(context, dict) and current_function() is not None:
+        if self.enabled and isinstance(context, dict):
             context[_PARAMS] = params
 
     def before_call(
         self, event_name: str, context: Any = None, request_signer: Any = None, **_: Any
     ) -> tuple[HttpAnswer, dict[str, Any]] | None:
-        function = current_function()
-        if function is None or not self.enabled:
+        if not self.enabled or _judging.get():
             return None
         started = time.thread_time()
-        service, operation = service_and_operation(event_name)
-        params = context.get(_PARAMS, {}) if isinstance(context, dict) else {}
-        region = getattr(request_signer, "region_name", None) or CANONICAL.region
+        token = _judging.set(True)
         try:
-            return self.check(function, Request(service, operation, params, region), path=code_path())
+            service, operation = service_and_operation(event_name)
+            params = context.get(_PARAMS, {}) if isinstance(context, dict) else {}
+            region = getattr(request_signer, "region_name", None) or CANONICAL.region
+            function = attribute(sys._getframe(1))
+            request = Request(service, operation, params, region)
+            return self.check(function, request, path=code_path() if function != SETUP else "")
         finally:
+            _judging.reset(token)
             spent = time.thread_time() - started
             with self._lock:
                 self.summary.add_cost("hook_cpu_seconds", spent)
@@ -189,50 +196,48 @@ class Recorder:
     def check(
         self, function: str, request: Request, *, path: str = "test"
     ) -> tuple[HttpAnswer, dict[str, Any]] | None:
-        """Evaluate one request of `function`; the denial answer when it is denied and enforced."""
-        operation = f"{request.service}:{request.operation}"
-        identity = self.model.functions.get(function)
-        if identity is None:
-            with self._lock:
-                self.summary.not_modelled(function, operation, f"the template has no function {function}")
-            return None
-        try:
-            decisions = self.decisions(function, request)
-        except Unmodelled as exc:
-            with self._lock:
-                self.summary.not_modelled(function, operation, f"no authorization model for {exc}")
-            return None
-        except MissingResource:
-            with self._lock:
-                self.summary.missing[f"{function}|{operation}"] += 1
-            return None
-        denied = [(one, decision) for one, decision in decisions if not decision.allowed]
+        """Judge and record one request of `function`; the denial answer when it is denied and enforced."""
+        outcome = self.judge(function, request)
         with self._lock:
-            self.summary.requests += 1
-            self.summary.by_function[function] += 1
-            for one, decision in decisions:
-                for statement in decision.grants or ("?",):
-                    if decision.allowed:
-                        self.summary.allowed(function, one.action, statement, path)
-            for one, decision in denied:
-                context = json.dumps(dict(one.context), sort_keys=True, default=list)
-                self.summary.deny(
-                    function,
-                    one.action,
-                    one.resource,
-                    operation=operation,
-                    why="; ".join(decision.denials),
-                    path=path,
-                    context=context,
-                    # Under pytest, the test (and its phase) that made it: a denial is found from its test.
-                    during=os.environ.get("PYTEST_CURRENT_TEST", ""),
-                )
-            if denied:
-                self.summary.denied_requests += 1
-        if not denied or not self.enforce:
+            self.summary.record(
+                function,
+                f"{request.service}:{request.operation}",
+                outcome,
+                path=path,
+                # Under pytest, the test (and its phase) that made it: a failure is found from its test.
+                during=os.environ.get("PYTEST_CURRENT_TEST", ""),
+            )
+        if outcome.kind != DENIED or not self.enforce:
             return None
-        one, decision = denied[0]
-        return denial_answer(request.service, identity.principal, one, decision)
+        one, decision = outcome.denied[0]
+        return denial_answer(request.service, self.model.functions[function].principal, one, decision)
+
+    def judge(self, function: str, request: Request) -> Outcome:
+        """The one place a request's outcome is decided (record.py names the kinds)."""
+        if function == SETUP:
+            return Outcome(SETUP)
+        if function == UNATTRIBUTED:
+            return Outcome(
+                UNATTRIBUTED,
+                error="fleetkeeper's code on a thread that did not copy its invocation's context "
+                "(fleetkeeper.pool.ContextThreadPool does)",
+            )
+        if function not in self.model.functions:
+            return Outcome(UNMODELLED, error=f"the template has no function {function}")
+        try:
+            decisions = tuple(self.decisions(function, request))
+        except Unmodelled as exc:
+            return Outcome(UNMODELLED, error=f"no authorization model for {exc}")
+        except MissingResource as exc:
+            return Outcome(
+                MISSING,
+                error=f"{exc} is unknown to the emulator, so the conditions on it cannot be decided "
+                "(AWS denies a tag-conditioned action on it)",
+            )
+        except Exception as exc:  # the run fails on it, not the code under test, which may swallow it
+            return Outcome(ERROR, error=f"{type(exc).__name__}: {exc}")
+        denied = any(not decision.allowed for _, decision in decisions)
+        return Outcome(DENIED if denied else ALLOWED, decisions)
 
     def decisions(
         self, function: str, request: Request, *, localizer: Localizer | None = None
@@ -242,8 +247,7 @@ class Recorder:
         Raises Unmodelled or MissingResource when the request cannot be evaluated.
         """
         env = Environment(self.lookups, localizer or self._localizer(), self.model)
-        with acting_as(None):  # the lookups are not the function's requests
-            needed = authorizations(request, env)
+        needed = authorizations(request, env)
         return [(one, self.decide(function, one)) for one in needed]
 
     def decide(self, function: str, authorization: Authorization) -> Decision:
@@ -264,6 +268,8 @@ class Recorder:
     @contextmanager
     def installed(self) -> Iterator[Recorder]:
         """Record (and with `enforce`, refuse) the requests of every client created inside the block."""
+        with self._lock:
+            self.summary.recorders += 1
         try:
             with installed_hooks(self.specs()):
                 yield self

@@ -24,11 +24,30 @@ of the run that wrote the file: which code paths used each grant. Do not edit it
   function's role with its inline and managed policies, plus the resource policies of the topic, its key,
   the queues and the API.
 - **The requests** are every AWS request a function makes in the integration and e2e tests and on
-  `make run`, recorded through botocore's event hooks and attributed to the function whose handler made
-  it. Each request is translated into what AWS authorizes for it (the service authorization reference):
-  RunInstances on the instance, image (`ec2:Owner`), subnet, security groups, network interface, volume
-  and key pair, its tags as `ec2:CreateTags`, an instance profile's role as `iam:PassRole`; an instance's
-  tags for Start/Stop/Terminate and SendCommand; a transaction per item; and so on.
+  `make run`, recorded through botocore's event hooks. Each request is translated into what AWS
+  authorizes for it (the service authorization reference): RunInstances on the instance, image
+  (`ec2:Owner`), subnet, security groups, network interface, volume and key pair, its tags as
+  `ec2:CreateTags`, an instance profile's role as `iam:PassRole`; an instance's tags (read from the
+  emulator) for Start/Stop/Terminate and SendCommand; a transaction per item; and so on.
+- **Whose request it is**: inside an invocation (the local Lambda paths, the API adapter, a test's
+  `as_function`), the invoked function's, on every thread that copies the invocation's context
+  (`fleetkeeper.pool`). Otherwise the request is the function's whose own code its caller entered
+  fleetkeeper through (the outermost fleetkeeper frame of its stack). A function's own code is derived
+  from its `functions/<name>/handler.py`: each module defining a name the handler imports that no other
+  handler imports, widened to the largest package that nothing outside it imports. So `api/` is the
+  api's, `services/reconcile/` the reconciler's, `services/discovery.py` and `services/ec2_events.py`
+  their functions', and `services/drains/steps.py` the drain tasks' (the rest of the drains package is
+  the api's and the reconciler's too). Entered through the code the functions share, or not through
+  fleetkeeper at all, a request is **set-up** and is not evaluated when code that does not ship
+  (`tests/`, `local/`, `bench/`, `cli/`) made it, or a pool's task whose submitter acted as no function:
+  the fixtures seeding workers and machines, an assertion reading an item. A test that calls shared code
+  as one function names it with `as_function`. Fleetkeeper's code alone, on a thread that did not copy
+  its invocation's context, is unattributed and fails the run.
+- **What fails the run** besides a denial: an unattributed request, one no translation models, one on
+  a resource the emulator does not know (its tags, which the conditions read, cannot be told; AWS denies
+  a tag-conditioned action on a machine that no longer exists rather than answer NotFound), an error of
+  the evaluator, and a recorder that evaluated no request at all. Each is listed with the request, the
+  code path and the test that made it.
 - **The evaluator** is [@cloud-copilot/iam-simulate](https://github.com/cloud-copilot/iam-simulate), a
   real implementation of IAM's evaluation logic and condition operators (a development dependency only,
   see docs/dependencies.md). A request it denies fails locally with the service's own error
@@ -45,8 +64,6 @@ Resources are shown with the local stack's names: account `{CANONICAL.account}`,
 - **Service-side checks other than IAM**: an AMI's launch permissions, a KMS grant, SSM's requirement
   that the instance be registered with Systems Manager (a machine without an instance profile never is),
   quotas and capacity.
-- **Requests on resources that do not exist**: AWS answers them NotFound before a policy could apply, and
-  their tags, which conditions read, do not exist; such requests are counted, not evaluated.
 - **Calls the Lambda service and the SDK make for the function**: writing its logs, sending X-Ray
   traces, delivering a failed asynchronous invocation to its queue. Their grants are listed below as not
   exercised by the code.

@@ -12,11 +12,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from fleetkeeper_local.iam.policies import load_model
 from fleetkeeper_local.iam.record import Summary
-from fleetkeeper_local.iam.recorder import Recorder
+
+if TYPE_CHECKING:
+    from fleetkeeper_local.iam.recorder import Recorder
 
 MODE_ENVIRONMENT: Final = "FLEETKEEPER_LOCAL_IAM"
 RECORD_ENVIRONMENT: Final = "FLEETKEEPER_LOCAL_IAM_RECORD"
@@ -40,6 +42,9 @@ def recording() -> Iterator[bool]:
     if mode() == "off":
         yield False
         return
+    # The recorder loads fleetkeeper and botocore: `make run` reads the mode before it imports them.
+    from fleetkeeper_local.iam.recorder import Recorder  # noqa: PLC0415
+
     recorder = Recorder(load_model(), summary=RUN, enforce=mode() == "enforce")
     with recorder.installed():
         _active.append(recorder)

@@ -17,7 +17,6 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, utcnow
-from fleetkeeper.services import drains
 from fleetkeeper.services.context import default_context
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, WorkerFactory, eventually
@@ -30,6 +29,7 @@ from tests.integration.faults.support import (
     reconcile,
     token_stored,
 )
+from tests.integration.functions import run_watchdog
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -70,7 +70,7 @@ def cycle_past_grace() -> None:
     in its start grace there, so the watchdog is also asked as of a later cycle.
     """
     reconcile()
-    drains.run_watchdog(default_context(), now=utcnow() + timedelta(minutes=10))
+    run_watchdog(default_context(), now=utcnow() + timedelta(minutes=10))
 
 
 def worker_watchdog(plane: ControlPlane, worker_id: str, generation: int) -> str:

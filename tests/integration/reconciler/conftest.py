@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import Worker
-from fleetkeeper.services import catalog, drain_hooks, workers
+from fleetkeeper.domain.models import DrainRecord, Worker
+from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.context import Context, build_context, default_context
+from fleetkeeper.services.drains import commands as drain_commands
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.repository import FleetStore
 from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template, launch
@@ -19,6 +20,8 @@ from tests.integration.reconciler.support import LAB_IMAGE_NAME, ensure_template
 pytestmark = pytest.mark.integration
 
 ContextFactory = Callable[..., Context]
+# The drain workflow `drains_started` stands in for: its executions are recorded, never started.
+RECORDED_STATE_MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:fk-recorded-drain"
 LiveWorkerFactory = Callable[..., Worker]
 
 
@@ -81,14 +84,24 @@ def live_worker(store: FleetStore, ec2: Any, lab_image: str) -> LiveWorkerFactor
 
 @pytest.fixture
 def drains_started(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Drains asked for at the seam to the drain workflow, recorded instead of started."""
+    """Drains started for real up to the seam to the drain workflow (the door's write: the worker
+    DRAINING with its drain record and its owner); each execution is recorded instead of started."""
     started: list[dict[str, Any]] = []
+    monkeypatch.setenv("DRAIN_STATE_MACHINE_ARN", RECORDED_STATE_MACHINE)
 
-    def record(ctx: Context, worker_id: str, **kwargs: Any) -> bool:
-        started.append({"worker_id": worker_id, **kwargs})
-        return True
+    def record(ctx: Context, worker_id: str, drain: DrainRecord) -> str:
+        started.append(
+            {
+                "worker_id": worker_id,
+                "then": drain.then,
+                "timeout_seconds": drain.timeout_seconds,
+                "reason": drain.reason,
+                "requested_by": drain.requested_by,
+            }
+        )
+        return drain.execution_arn or ""
 
-    monkeypatch.setattr(drain_hooks, "start_drain", record)
+    monkeypatch.setattr(drain_commands, "launch_worker_drain", record)
     return started
 
 

@@ -4,19 +4,18 @@ workers by itself, which replaces them; a template without it only reports the d
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import Worker, utcnow
+from fleetkeeper.domain.models import Owner, Worker, utcnow
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.services import workers
-from fleetkeeper.services.reconcile import auto_rollout
 from fleetkeeper.services.reconcile.cycle import SAFETY_MARGIN_SECONDS
-from fleetkeeper.store.codec import serialize
+from fleetkeeper.services.rollouts import auto as auto_rollout
 from fleetkeeper.store.repository import FleetStore
-from fleetkeeper.store.rollouts import rollout_lock_key
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import launch
@@ -140,7 +139,7 @@ def test_given_a_worker_a_rollback_pinned_then_the_auto_rollout_leaves_it_out(co
     assert len(started) == 1, started
     status, rollout = control_plane.api("GET", f"/api/v1/rollouts/{started[0]['id']}")
     assert (status, rollout["total"]) == (200, 1)
-    assert control_plane.ctx.rollouts.lock_holders([free.id, pinned.id]) == {free.id: rollout["id"]}
+    assert holders(control_plane, [free.id, pinned.id]) == {free.id: rollout["id"]}
     assert store.get_worker(pinned.id).drift is not None
 
 
@@ -181,8 +180,11 @@ def test_given_more_drifted_workers_than_one_auto_start_covers_then_each_cycle_s
     assert third.counters["auto_rollouts_started"] == 0
     rollouts = sorted(_rollouts(control_plane), key=lambda r: r["created_at"])
     assert [r["total"] for r in rollouts] == [2, 1]
-    holders = control_plane.ctx.rollouts.lock_holders(ids)
-    assert holders == {ids[0]: rollouts[0]["id"], ids[1]: rollouts[0]["id"], ids[2]: rollouts[1]["id"]}
+    assert holders(control_plane, ids) == {
+        ids[0]: rollouts[0]["id"],
+        ids[1]: rollouts[0]["id"],
+        ids[2]: rollouts[1]["id"],
+    }
 
 
 def test_given_too_little_time_left_in_the_cycle_then_no_auto_rollout_starts_and_it_is_counted(
@@ -201,25 +203,28 @@ def test_given_too_little_time_left_in_the_cycle_then_no_auto_rollout_starts_and
     assert reconcile_fleet(control_plane.ctx).counters["auto_rollouts_started"] == 1
 
 
-def test_given_a_drifted_worker_whose_lock_a_start_is_taking_then_the_auto_rollout_starts_over_the_others(
+def test_given_a_drifted_worker_someone_else_holds_then_the_auto_rollout_starts_over_the_others(
     control_plane, store, ec2
 ):
     status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 0}]}})
     assert status == 201
     ids = sorted(w.id for w in drifted_auto_workers(control_plane, store, ec2, 2))
-    # Another start took the first worker's lock moments ago and has not written its rollout yet (or
-    # died there, leaving the lock to age): a start over it is refused until the lock is old.
-    locks = control_plane.ctx.rollouts
-    ghost = {
-        **rollout_lock_key(ids[0]),
-        "rollout_id": "ro-starting",
-        "taken_at_ms": int(utcnow().timestamp() * 1000),
-    }
-    locks._client.put_item(TableName=locks.table_name, Item=serialize(ghost))
+    # Expiry admitted the first worker a moment ago, ahead of making its replacement.
+    lease = Owner(
+        reason="expired", actor="reconciler", since=utcnow(), until=utcnow() + timedelta(minutes=15)
+    )
+    store.update_worker(store.get_worker(ids[0]), {"owner": lease}, actor="test", action="Admitted")
 
     report = reconcile_fleet(control_plane.ctx)
 
     assert report.counters["auto_rollouts_started"] == 1, dict(report.counters)
     (started,) = _rollouts(control_plane)
     assert started["total"] == 1
-    assert locks.lock_holders(ids) == {ids[0]: "ro-starting", ids[1]: started["id"]}
+    assert holders(control_plane, ids) == {ids[1]: started["id"]}
+    assert store.get_worker(ids[0]).owner == lease
+
+
+def holders(control_plane, ids: list[str]) -> dict[str, str]:
+    """The rollout that holds each of these workers (those a rollout holds)."""
+    found = {w.id: w.owner for w in control_plane.ctx.store.get_workers(ids)}
+    return {w: o.rollout_id for w, o in found.items() if o is not None and o.rollout_id is not None}

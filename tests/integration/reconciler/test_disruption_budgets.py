@@ -10,11 +10,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from fleetkeeper.domain.disruption import Budget, BudgetBlock, DisruptionPolicy, DisruptionReason
+from fleetkeeper.domain.admission import Ask, Held, WaitReason
+from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Instance, Worker, utcnow
-from fleetkeeper.domain.scale_down import Guard
-from fleetkeeper.services import catalog, disruption
+from fleetkeeper.services import admission, catalog, disruption
 from fleetkeeper.services.reconcile import reconcile_fleet
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
@@ -136,11 +136,12 @@ def test_given_workers_an_operator_drains_then_they_use_up_the_budget_for_scale_
     assert report.counters["scale_down_stop_count"] == 0
 
 
-def test_given_an_operator_drains_after_the_cycle_read_the_fleet_then_scale_down_counts_the_drain(
+def test_given_an_operator_drains_between_the_doors_read_and_its_write_then_scale_down_waits(
     make_ctx, store, live_worker
 ):
-    """Scale-down reads the counters again when it enters the ledger: a drain that lands after the
-    cycle read its workers, and before the ledger, still uses up the pool's budget."""
+    """The door decides on what it read; its admitting write carries the budget as a condition. An
+    operator's drain that commits in between takes the pool's last place: the write fails, the door
+    reads again and holds scale-down back."""
     pool_with(store, DisruptionPolicy(budgets=[Budget(max=1)]))
     waiting = idle(store, live_worker(pool="labs"))
     drained = live_worker(pool="labs")
@@ -148,10 +149,12 @@ def test_given_an_operator_drains_after_the_cycle_read_the_fleet_then_scale_down
     fired: list[str] = []
 
     def operator_drains(params: dict[str, Any], **_: Any) -> None:
-        # The statuses of the ledger's workers are read first (a projected BatchGetItem), the counters
-        # after them: the operator's drain lands just before both.
-        request = next(iter(params["RequestItems"].values()))
-        if fired or "ProjectionExpression" not in request:
+        admitting = any(
+            "ConditionExpression" in item.get("Update", {})
+            and item["Update"]["Key"]["PK"]["S"] == "DISRUPTING#labs"
+            for item in params["TransactItems"]
+        )
+        if fired or not admitting:
             return
         fired.append(drained.id)
         store.transition_worker(
@@ -162,16 +165,20 @@ def test_given_an_operator_drains_after_the_cycle_read_the_fleet_then_scale_down
             reason="kernel patch",
         )
 
-    with faults.installed_hooks([("before-parameter-build.dynamodb.BatchGetItem", operator_drains)]):
+    with faults.installed_hooks([("before-parameter-build.dynamodb.TransactWriteItems", operator_drains)]):
         report = reconcile_fleet(make_ctx(**ENABLED))
 
     assert fired == [drained.id]
     assert store.get_worker(waiting.id).status == WorkerStatus.RUNNING
+    assert store.get_worker(drained.id).owner is not None
     assert report.counters["scale_down_refused_pool_budget"] == 1
     assert report.counters["scale_down_stop_count"] == 0
+    view = disruption.pool_view(make_ctx(), "labs")
+    assert (view.in_use, [w.worker_id for w in view.waiting]) == (1, [waiting.id])
+    assert view.waiting[0].why == "budget"
 
 
-def test_given_an_engine_outside_the_cycle_then_admission_names_the_budget_and_until_when(
+def test_given_an_engine_outside_the_cycle_then_the_door_names_the_budget_and_until_when(
     make_ctx, store, live_worker
 ):
     rollout = DisruptionReason.ROLLOUT
@@ -182,16 +189,24 @@ def test_given_an_engine_outside_the_cycle_then_admission_names_the_budget_and_u
     monday = tomorrow_in_berlin(12)
     while monday.weekday() != 0:
         monday += timedelta(days=1)
+    ask = Ask(rollout, "rollout:ro-1", rollout_id="ro-1")
 
-    assert disruption.admit(ctx, first.id, rollout, now=monday - timedelta(hours=5)) is None
-    refused = disruption.admit(ctx, second.id, rollout, now=monday - timedelta(hours=5))
-    frozen = disruption.admit(ctx, third.id, DisruptionReason.EXPIRED, now=monday)
+    with admission.door(ctx, monday - timedelta(hours=5)) as early:
+        admitted = admission.hold_ahead(ctx, early, first.id, ask)
+        refused = admission.hold_ahead(ctx, early, second.id, Ask(rollout, "rollout:ro-2", rollout_id="ro-2"))
+    assert [(w.worker_id, w.why) for w in ctx.waiting.read("labs").entries] == [(second.id, "budget")]
+    with admission.door(ctx, monday) as late:
+        frozen = admission.hold_ahead(
+            ctx, late, third.id, Ask(DisruptionReason.EXPIRED, "expiry", ahead=True)
+        )
 
-    assert [(e.worker_id, e.reason) for e in ctx.ledger.read().entries] == [(first.id, rollout)]
-    assert refused is not None
-    assert refused.guard is Guard.POOL_BUDGET
-    assert refused.block == BudgetBlock("labs", rollout, 0, 1, 1, None)
-    assert frozen is not None
-    assert frozen.block is not None
-    assert (frozen.block.budget, frozen.block.allowed) == (1, 0)
-    assert frozen.block.until == monday.replace(hour=17)
+    assert isinstance(admitted, Worker)
+    assert admitted.owner is not None
+    assert (admitted.owner.reason, admitted.owner.counted) == ("rollout", True)
+    assert isinstance(refused, Held)
+    assert (refused.why, refused.budget, refused.allowed, refused.in_use) == (WaitReason.BUDGET, 0, 1, 1)
+    assert isinstance(frozen, Held)
+    assert (frozen.why, frozen.budget, frozen.allowed) == (WaitReason.WINDOW, 1, 0)
+    assert frozen.until == monday.replace(hour=17)
+    # The view shows what waits now: the older refusal has left its window of ten minutes (at `monday`).
+    assert [(w.worker_id, w.why) for w in ctx.waiting.read("labs").entries] == [(third.id, "window")]

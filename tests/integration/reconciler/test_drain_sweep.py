@@ -16,12 +16,11 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainRecord, Instance, Worker, utcnow
-from fleetkeeper.services import drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from tests.integration.aws_calls import CallCount, aws_calls
-from tests.integration.functions import reconcile_fleet
+from tests.integration.functions import reconcile_fleet, sweep_waiting_drains
 from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
 
 pytestmark = pytest.mark.integration
@@ -92,7 +91,7 @@ def test_given_open_drains_then_describe_waits_for_the_interval_and_a_heartbeat_
 
     def sweep(at: datetime) -> tuple[dict[str, int], int, int]:
         with step_functions_answering() as calls:
-            swept = drains.sweep_waiting_drains(sweep_ctx(), now=at)
+            swept = sweep_waiting_drains(sweep_ctx(), now=at)
         return swept, calls.of("sfn", "DescribeExecution"), calls.of("sfn", "SendTaskHeartbeat")
 
     first = sweep(t0)
@@ -127,14 +126,14 @@ def test_given_a_budget_for_two_drains_then_the_rest_is_deferred_and_the_next_sw
     workers = [open_drain(store, running_worker(), started=t0 - timedelta(minutes=2)) for _ in range(6)]
 
     with step_functions_answering() as calls:
-        short = drains.sweep_waiting_drains(sweep_ctx(), now=t0, time_left=Budget(2))
+        short = sweep_waiting_drains(sweep_ctx(), now=t0, time_left=Budget(2))
     assert (short["deferred"], short["running"]) == (4, 2)
     assert calls.of("sfn", "DescribeExecution") == 2
     described_first = {w.id for w in workers if store.drain_marks([("worker", w.id)])}
     assert len(described_first) == 2
 
     with step_functions_answering() as calls:
-        rest = drains.sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=60))
+        rest = sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=60))
     assert (rest["deferred"], rest["running"]) == (0, 4)
     assert calls.of("sfn", "DescribeExecution") == 4
     assert all(store.drain_marks([("worker", w.id)]) for w in workers)
@@ -149,16 +148,16 @@ def test_given_drains_checked_at_different_times_when_the_budget_is_short_then_t
         for _ in range(3)
     ]
     with step_functions_answering():
-        drains.sweep_waiting_drains(sweep_ctx(), now=t0)
+        sweep_waiting_drains(sweep_ctx(), now=t0)
     late = [
         open_drain(store, running_worker(), started=t0 - timedelta(minutes=2), waiting=False)
         for _ in range(3)
     ]
     with step_functions_answering():
-        drains.sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=100))
+        sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=100))
 
     with step_functions_answering():
-        swept = drains.sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=450), time_left=Budget(3))
+        swept = sweep_waiting_drains(sweep_ctx(), now=t0 + timedelta(seconds=450), time_left=Budget(3))
 
     assert (swept["running"], swept["deferred"]) == (3, 3)
     described = {

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.models import DrainThen, Owner, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.rollouts import Rollout, RolloutStatus, RolloutStrategy
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.reconcile.expiry import replacement_id
-from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
-from fleetkeeper.store.rollouts import rollout_lock_key
 from fleetkeeper_local import faults
 from fleetkeeper_local.images import publish_newer_image
 from tests.integration.conftest import ControlPlane
@@ -98,7 +97,7 @@ def test_given_a_budget_of_zero_for_expired_then_the_worker_waits_and_nothing_is
 
     report = reconcile_fleet(make_ctx())
 
-    assert report.counters["expiry_waiting"] == 1
+    assert report.counters["expiry_held_budget"] == 1
     assert store.get_worker(old.id).status == S.RUNNING
     assert store.find_worker(replacement_id(old.id)) is None
     assert store.get_worker(old.id).drift is not None
@@ -180,24 +179,53 @@ def test_given_an_expired_worker_protected_during_the_cycle_then_it_is_neither_r
     assert store.find_worker(replacement_id(old.id)) is None
 
 
-def test_given_an_expired_worker_whose_lock_a_start_just_took_then_expiry_leaves_it_to_that_rollout(
-    make_ctx: ContextFactory, store, ec2
+def test_given_a_rollout_admits_the_worker_between_expirys_read_and_its_write_then_one_replacement_only(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2
 ):
+    """Expiry reads the worker free; before its admitting write lands, a rollout's step takes it. The
+    write fails on the worker's version, the door reads again and finds it owned: expiry makes nothing,
+    so the worker never gets two replacements."""
     (old,) = fleet_of(store, ec2, ages_hours=[3])
-    # A start between its locks and its rollout's item: the lock names a rollout not stored yet.
-    ctx = make_ctx()
-    lock = {
-        **rollout_lock_key(old.id),
-        "rollout_id": "ro-starting",
-        "taken_at_ms": int(utcnow().timestamp() * 1000),
-    }
-    ctx.rollouts._client.put_item(TableName=ctx.rollouts.table_name, Item=serialize(lock))
+    rollout_owner = Owner(reason="rollout", actor="rollout:ro-fast", since=utcnow(), rollout_id="ro-fast")
+    active = make_ctx().rollouts
+    taken: list[str] = []
 
-    report = reconcile_fleet(ctx)
+    def rollout_first(params: dict[str, Any], **_: Any) -> None:
+        keys = {
+            item.get("Update", {}).get("Key", {}).get("PK", {}).get("S") for item in params["TransactItems"]
+        }
+        admitting = {f"WORKER#{old.id}", "DISRUPTING#labs"} <= keys
+        if taken or not admitting:
+            return
+        taken.append(old.id)
+        store.update_worker(
+            store.get_worker(old.id), {"owner": rollout_owner}, actor="rollout", action="Held"
+        )
 
-    assert report.counters["expiry_in_rollout"] == 1
+    # The rollout the owner names is active (paused, so its own steps stay out of this test).
+    active.start(
+        Rollout(
+            id="ro-fast",
+            status=RolloutStatus.PAUSED,
+            total=1,
+            max_unavailable=1,
+            max_unavailable_requested=1,
+            strategy=RolloutStrategy.SURGE,
+            started_by="test",
+            created_at=utcnow(),
+            updated_at=utcnow(),
+        ),
+        [old.id],
+        actor="test",
+    )
+    with faults.installed_hooks([("before-parameter-build.dynamodb.TransactWriteItems", rollout_first)]):
+        report = reconcile_fleet(make_ctx())
+
+    assert taken == [old.id]
+    assert report.counters["expiry_held_owned"] == 1
     assert report.counters["expiry_replacements"] == report.counters["expiry_drains"] == 0
-    assert store.get_worker(old.id).status == S.RUNNING
+    assert store.find_worker(replacement_id(old.id)) is None
+    assert store.get_worker(old.id).owner == rollout_owner
 
 
 def test_given_an_expired_worker_in_an_active_rollout_then_the_rollout_replaces_it_not_expiry(
@@ -210,12 +238,12 @@ def test_given_an_expired_worker_in_an_active_rollout_then_the_rollout_replaces_
 
     report = reconcile_fleet(make_ctx())
 
-    assert report.counters["expiry_in_rollout"] == 1
+    assert report.counters["expiry_held_owned"] == 1
     assert report.counters["expiry_replacements"] == report.counters["expiry_drains"] == 0
     assert store.find_worker(replacement_id(old.id)) is None
     assert store.get_worker(old.id).status == S.RUNNING
 
-    # Once the rollout has finished, its lock no longer holds the worker back.
+    # Once the rollout has finished, its claim no longer holds the worker back.
     assert control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel")[0] == 200
     after = reconcile_fleet(make_ctx())
 

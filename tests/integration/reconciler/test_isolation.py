@@ -20,6 +20,7 @@ from tests.integration.reconciler.support import (
     LAB_IMAGE_NAME,
     SCALE_DOWN,
     ensure_template,
+    instances_tagged,
     launch,
     report_cpu,
 )
@@ -100,6 +101,35 @@ def test_given_an_instance_with_a_naive_timeslot_in_the_table_then_only_its_work
     assert store.get_worker(drained.id).status == S.DRAINING
     assert plan.injected["stepfunctions:TaskDoesNotExist"] == 1  # the drain sweep ran
     assert ctx.stats.read("reconcile").counters["worker_errors"] == 1
+
+
+def test_given_a_template_stored_with_a_tag_ec2_refuses_then_only_its_workers_fail_and_ec2_stays_readable(
+    ctx, store, ec2, live_worker, lab_image
+):
+    # Stored before the API checked tag characters: on the local stack its NUL once reached EC2, whose
+    # every later DescribeInstances answer was unreadable XML, and the whole fleet stalled PENDING.
+    ensure_template(store)
+    ensure_template(store, "tainted", tags={"team": "labs\u0000"})
+    tainted = workers.create_worker(store, template="tainted", region="us-east-1", actor="test")
+    fine = workers.create_worker(store, template="lab", region="us-east-1", actor="test")
+    running = live_worker()
+
+    report = reconcile_fleet(ctx)
+    failed, launched = store.get_worker(tainted.id), store.get_worker(fine.id)
+    later = reconcile_fleet(ctx)
+
+    assert failed.status == S.FAILED
+    assert "template 'tainted' launches with tags EC2 refuses" in (failed.status_reason or "")
+    assert "U+0000" in (failed.status_reason or "")
+    assert instances_tagged(ec2, tainted.id) == []
+    assert launched.status == S.PROVISIONING
+    assert report.counters["provisioned_count"] == 1
+    # EC2 still answers for the whole region: the next cycle reads every machine.
+    assert later.completed
+    assert (later.counters["region_unavailable"], later.counters["reconcile_errors"]) == (0, 0)
+    assert store.get_worker(fine.id).status == S.RUNNING
+    assert store.get_worker(running.id).status == S.RUNNING
+    assert len(ec2.describe_instances()["Reservations"]) == 2
 
 
 def test_given_ec2_throttles_one_region_then_its_workers_back_off_and_the_other_region_converges(

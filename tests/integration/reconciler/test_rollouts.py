@@ -14,7 +14,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.observability import metrics
-from fleetkeeper.services.rollout_engine import MAX_ROLLOUTS_PER_CYCLE
+from fleetkeeper.services.rollouts.step import MAX_ROLLOUTS_PER_CYCLE
 from tests.integration.emf import metric_totals
 from tests.integration.functions import reconcile_fleet
 
@@ -97,7 +97,14 @@ def test_given_surge_then_the_running_count_never_drops_below_the_start(control_
 
     assert (done["status"], done["replaced"]) == ("SUCCEEDED", 6), done
     assert min(running) >= 6, running
-    assert max(running) > 6, running  # replacements ran beside the workers they replaced
+    # Each old worker's drain started only once its replacement ran: they ran side by side.
+    store = control_plane.ctx.store
+    for old_id, new_id in zip(old, new, strict=True):
+        ran = min(e.at for e in store.audit_page("worker", new_id).items if e.to_status == "RUNNING")
+        drained = min(
+            e.at for e in store.audit_page("worker", old_id).items if e.action == "WorkerDrainStarted"
+        )
+        assert ran <= drained, (old_id, ran, drained)
     metrics.flush_metrics()
     published = metric_totals(capsys.readouterr().out)
     outcomes = (published["RolloutStarted"], published["RolloutSucceeded"], published["RolloutFailed"])
@@ -244,9 +251,10 @@ def test_given_more_active_rollouts_than_a_cycle_serves_then_each_advances_withi
         assert status == 202, view
         started.append(view["id"])
     rollouts = control_plane.ctx.rollouts
+    stored = {r: rollouts.get(r).version for r in started}
 
     def advanced() -> set[str]:
-        return {r for r in started if rollouts.get(r).version > 1}
+        return {r for r in started if rollouts.get(r).version > stored[r]}
 
     first = reconcile_fleet(control_plane.ctx)
     after_first = advanced()

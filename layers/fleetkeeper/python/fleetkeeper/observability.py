@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.shared.functions import resolve_truthy_env_var_choice
 from aws_lambda_powertools.tracing.base import BaseProvider, BaseSegment
 
@@ -95,3 +96,10 @@ def _tracer() -> Tracer:
 logger = Logger(service=SERVICE)
 tracer = _tracer()
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
+
+
+def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
+    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
+    for name, value in counters.items():
+        if value:
+            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)

@@ -11,14 +11,16 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
-from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver, Router
+from aws_lambda_powertools.event_handler.api_gateway import ApiGatewayResolver
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 from aws_lambda_powertools.event_handler.middlewares.openapi_validation import (
     OpenAPIRequestValidationMiddleware,
 )
 from aws_lambda_powertools.event_handler.types import EventHandlerInstance
 
-from fleetkeeper.api import body, errors, idempotency
+from fleetkeeper.api import body, errors, idempotency, query
 from fleetkeeper.api.routes import (
+    ResourceRouter,
     audit,
     drains,
     instances,
@@ -47,7 +49,7 @@ OPENAPI_PATH: Final = "/openapi.json"
 SIGV4: Final = "sigv4"
 
 # Every router the API serves. A new resource (e.g. api/routes/audit.py) is one import and one entry here.
-ROUTERS: Final[tuple[Router, ...]] = (
+ROUTERS: Final[tuple[ResourceRouter, ...]] = (
     workers.router,
     drains.router,
     templates.router,
@@ -138,13 +140,18 @@ def _add_body_errors(document: dict[str, Any]) -> None:
 _POWERTOOLS_VALIDATION_SCHEMAS: Final = ("HTTPValidationError", "ValidationError")
 
 
-class JsonBodiesOnly(OpenAPIRequestValidationMiddleware):
-    """Request validation whose body is read by api/body.py: one JSON object, or nothing, or a 4xx.
+class StrictRequests(OpenAPIRequestValidationMiddleware):
+    """Request validation that reads a request only as the contract writes it, before any model does.
 
-    Powertools would read form and multipart bodies as fields, compare the media type case-sensitively,
-    let duplicate keys and NaN through, and take the first element of an array as the body; the API's
-    contract is one JSON object, so the body is read in one place, and only on routes that take one.
+    The query string is checked by api/query.py: each parameter once, each value spelt as its type. The
+    body is read by api/body.py: one JSON object, or nothing, or a 4xx. Powertools would read form and
+    multipart bodies as fields, compare the media type case-sensitively, let duplicate keys and NaN
+    through, and take the first element of an array as the body.
     """
+
+    def handler(self, app: EventHandlerInstance, next_middleware: NextMiddleware) -> Response[Any]:
+        query.check(app.context["_route"], app.current_event)
+        return super().handler(app, next_middleware)
 
     def _get_body(self, app: EventHandlerInstance) -> dict[str, Any] | None:  # type: ignore[override]
         # Powertools reads None as "no body": the route's optional body takes its defaults.
@@ -157,7 +164,7 @@ class AdminApiResolver(APIGatewayRestResolver):
     def __init__(self) -> None:
         super().__init__(enable_validation=True)
         # The resolver runs this middleware first on every validated route.
-        self._request_validation_middleware = JsonBodiesOnly()  # type: ignore[no-untyped-call]
+        self._request_validation_middleware = StrictRequests()  # type: ignore[no-untyped-call]
         self._docs_enabled = False
 
     def resolve(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -183,6 +190,9 @@ class AdminApiResolver(APIGatewayRestResolver):
         schemas = document.get("components", {}).get("schemas", {})
         for name in _POWERTOOLS_VALIDATION_SCHEMAS:
             schemas.pop(name, None)
+        # One tag per resource, in the routers' order, each saying what the resource is (Swagger UI shows
+        # it above the resource's routes).
+        document["tags"] = [{"name": r.tag, "description": r.description} for r in ROUTERS]
         _add_links(document)
         _add_body_errors(document)
         return OpenAPI.model_validate(document)

@@ -31,6 +31,7 @@ from fleetkeeper.domain.errors import (
     NotFound,
     Unavailable,
     WorkflowUnavailable,
+    listed,
 )
 from fleetkeeper.observability import logger
 
@@ -112,9 +113,8 @@ class ValidationFailed(FleetkeeperError):
         self.fields = [
             ErrorDetail(field=clipped(d.field), reason=clipped(d.reason)) for d in details[:MAX_ERROR_DETAILS]
         ]
-        more = self.total - len(self.fields)
-        suffix = f" and {more} more" if more else ""
-        super().__init__("invalid request: " + ", ".join(d.field for d in self.fields) + suffix)
+        names = [d.field for d in self.fields]
+        super().__init__("invalid request: " + listed(names, MAX_ERROR_DETAILS, self.total))
 
 
 STATUS_FOR_ERROR: Final[dict[type[FleetkeeperError], HTTPStatus]] = {
@@ -225,7 +225,8 @@ def register(app: APIGatewayRestResolver) -> None:
         details = [
             ErrorDetail(
                 field=".".join(str(part) for part in e.get("loc", ())) or "body",
-                reason=str(e.get("msg") or e.get("type") or "invalid"),
+                # pydantic words a validator's own ValueError "Value error, <it>": the reason is <it>.
+                reason=str(e.get("msg") or e.get("type") or "invalid").removeprefix("Value error, "),
             )
             for e in errors[:MAX_ERROR_DETAILS]
         ]

@@ -148,13 +148,22 @@ reaches the function: API Gateway or Lambda refuses it first, with an answer tha
 
 Values are strict: `true` is not a number, `"60"` is not an integer, `0` is not a boolean, and a timestamp
 is an RFC 3339 string with its offset, e.g. `2099-03-01T09:00:00Z` (a naive time, an epoch number, a space
-for the `T` or an offset without its colon is refused). A drain timeout is a whole number of seconds from
+for the `T` or an offset without its colon is refused). An integer is written without a fraction part,
+in every field: `600`, not `600.0` (which JSON Schema would call an integer too). Digits are ASCII:
+`"٣"` is not 3. A `reason` (of a drain, a cancel, a force, a rollout or its moves, an instance's state)
+is 1 to 500 characters, or left out; `""` is refused. A template's `tags` follow EC2's rules: keys of 1 to
+128 and values of up to 256 letters, digits, spaces and `+ - = . _ : / @`, no key starting with `aws:`,
+at most 50 tags. A drain timeout is a whole number of seconds from
 {MIN_DRAIN_TIMEOUT_SECONDS} to {MAX_DRAIN_TIMEOUT_SECONDS}; leave it out for the default (the template's
 timeout for a worker, 300 s for a pool). An empty drain body means all defaults. A running drain's
 deadline moves with `PATCH .../drain {{"timeout_seconds": N}}`: N is its whole timeout, counted from its
 `started_at`, in the same range; a deadline that would already be past forces the drain now. Some values
 are checked against the fleet, each a 422 naming the field: a worker's `region` must be one the stage
 manages, and a placement's `template` or `pool` next to a `worker_id` must be that worker's own.
+
+A query parameter is given once: `?drifted=true&drifted=false` is a 422 naming `query.drifted`, never
+one of the two. Its value is text read as the contract's type is written: a boolean is `true` or `false`
+(not `yes`, `1`, `on` or `True`), an integer is its decimal digits 0-9 (not `5.0`, `+5`, ` 5` or `5_0`).
 
 ## Pages
 
@@ -207,6 +216,8 @@ def render(document: dict[str, Any]) -> str:
             if operation is None:
                 continue
             lines.append(f"### `{method.upper()} {path}`\n")
+            lines.append(f"**{operation['summary']}** ({operation['tags'][0]})\n")
+            lines.append(f"{operation['description']}\n")
             parameters = operation.get("parameters") or []
             if parameters:
                 lines.append("| parameter | in | required | type |")

@@ -17,7 +17,6 @@ from pydantic import (
     ValidatorFunctionWrapHandler,
     WithJsonSchema,
     WrapValidator,
-    model_validator,
 )
 
 from fleetkeeper.domain.disruption import DisruptionPolicy
@@ -52,6 +51,8 @@ from fleetkeeper.domain.operations import (
 )
 from fleetkeeper.domain.orphan_breaker import FINGERPRINT_PATTERN, PREVIEW_IDS
 from fleetkeeper.domain.placement import PlacementStrategy
+from fleetkeeper.domain.tags import Ec2Tags
+from fleetkeeper.domain.values import Reason, WholeNumber
 from fleetkeeper.services.disruption import BudgetExceeded
 
 if TYPE_CHECKING:
@@ -84,16 +85,11 @@ def _in_range(text: str) -> Any:
     return check
 
 
-def _whole_number(value: Any) -> Any:
-    """JSON has one number type: 1800.0 is the integer 1800 (JSON Schema agrees); 1800.5 is not."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
 # RFC 3339's date-time (what JSON Schema's `format: date-time` means), with its offset: pydantic alone
 # would also read "1700000000" as seconds since 1970, a space for the T, or an offset without its colon.
-TIMESTAMP_PATTERN: Final = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$"
+TIMESTAMP_PATTERN: Final = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
 _TIMESTAMP = re.compile(TIMESTAMP_PATTERN)
 _TIMESTAMP_HINT: Final = "an RFC 3339 timestamp with a timezone, e.g. 2099-03-01T09:00:00Z"
 _TIMESTAMP_SCHEMA: Final[dict[str, Any]] = {
@@ -113,25 +109,22 @@ def _timestamp_text(value: Any) -> Any:
     return value
 
 
-# Strict: `true` is not 1 second and `"60"` is not a number; 0, negatives and beyond a year are refused.
-# The bounds come before the validators: behind one, pydantic publishes them as `ge`/`le`, which are not
-# JSON Schema, and the contract would allow any number.
+# A whole number (domain/values.py): `true` is not 1 second, `"60"` and 60.0 are not 60; 0, negatives and
+# beyond a year are refused. The bounds come before the validator: behind one, pydantic publishes them as
+# `ge`/`le`, which are not JSON Schema, and the contract would allow any number.
 DrainTimeout = Annotated[
-    int,
-    Strict(),
+    WholeNumber,
     Field(
         ge=MIN_DRAIN_TIMEOUT_SECONDS,
         le=MAX_DRAIN_TIMEOUT_SECONDS,
         description=f"seconds, {_TIMEOUT_RANGE}",
         examples=[1800],
     ),
-    BeforeValidator(_whole_number),
     WrapValidator(_in_range(_TIMEOUT_RANGE)),
 ]
 # A running drain's new timeout: the same bounds, and no default to fall back to.
 MovedDrainTimeout = Annotated[
-    int,
-    Strict(),
+    WholeNumber,
     Field(
         ge=MIN_DRAIN_TIMEOUT_SECONDS,
         le=MAX_DRAIN_TIMEOUT_SECONDS,
@@ -139,7 +132,6 @@ MovedDrainTimeout = Annotated[
         "forces the drain now",
         examples=[7200],
     ),
-    BeforeValidator(_whole_number),
     WrapValidator(_in_range(_MOVED_TIMEOUT_RANGE)),
 ]
 # Timezone-aware RFC 3339 only: a naive time or an epoch number is refused, never guessed; held in UTC
@@ -247,7 +239,7 @@ class DrainRequest(Request):
     )
 
     timeout_seconds: DrainTimeout | None = None
-    reason: str | None = Field(default=None, max_length=500)
+    reason: Reason | None = None
     then: DrainThen = DrainThen.STOP
     dry_run: StrictFlag = False
     reschedule: StrictFlag = Field(
@@ -261,7 +253,7 @@ class DrainRequest(Request):
 # looked at (409). Generations count a worker's drains, one at a time: far below this.
 MAX_DRAIN_GENERATION: Final = 2**31 - 1
 DrainGeneration = Annotated[
-    Annotated[int, Strict(), Field(ge=1, le=MAX_DRAIN_GENERATION), BeforeValidator(_whole_number)] | None,
+    Annotated[WholeNumber, Field(ge=1, le=MAX_DRAIN_GENERATION)] | None,
     Field(
         description="the drain this request is for (409 if the worker's current drain is another one); "
         "default: whichever is current"
@@ -277,7 +269,7 @@ class DrainDeadlineRequest(Request):
     )
 
     timeout_seconds: MovedDrainTimeout
-    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    reason: Reason | None = None
     generation: DrainGeneration = None
 
 
@@ -286,7 +278,7 @@ class ForceDrainRequest(Request):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "security patch, cannot wait"}]})
 
-    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    reason: Reason | None = None
     generation: DrainGeneration = None
 
 
@@ -295,7 +287,7 @@ class CancelDrainRequest(Request):
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "patch postponed"}]})
 
-    reason: str | None = Field(default=None, min_length=1, max_length=500)
+    reason: Reason | None = None
 
 
 class ConfirmOrphansRequest(Request):
@@ -324,19 +316,11 @@ class InternalStatusRequest(Request):
     )
 
     status: WorkerStatus
-    terminated_reason: str | None = Field(default=None, max_length=500)
+    terminated_reason: Reason | None = None
 
 
 class TemplateRequest(TemplateSpec):
-    """The template spec, strictly: `"3"` is not a capacity and `true` is not a drain timeout."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _whole_capacity(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            whole = {k: _whole_number(data[k]) for k in ("capacity", "max_lifetime_hours") if k in data}
-            return {**data, **whole}
-        return data
+    """The template spec, strictly: `"3"` and 3.0 are not a capacity and `true` is not a drain timeout."""
 
     model_config = ConfigDict(
         strict=True,
@@ -352,6 +336,8 @@ class TemplateRequest(TemplateSpec):
             ]
         },
     )
+
+    tags: Ec2Tags = Field(default_factory=dict)
 
 
 class PlaceInstanceRequest(Request):
@@ -392,7 +378,7 @@ class InstanceStateRequest(Request):
     state: ReportedInstanceState = Field(
         description="the state the workload reports; SCHEDULED is where instances start, never a report"
     )
-    reason: str | None = Field(default=None, max_length=500)
+    reason: Reason | None = None
 
 
 class PoolRequest(Request):
@@ -699,7 +685,11 @@ class PoolView(BaseModel):
     drain_finished_at: datetime | None
     drain_cancelled_by: str | None = None
     drain_cancel_reason: str | None = None
-    active_instances: int | None = None
+    active_instances: int | None = Field(
+        default=None,
+        description="active instances on the pool's workers: counted when one pool is read or written, "
+        "null in the list of pools (counting reads every worker of every pool)",
+    )
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
     budget_exceeded: BudgetExceeded | None = Field(
         default=None,

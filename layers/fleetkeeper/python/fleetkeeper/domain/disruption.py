@@ -3,15 +3,10 @@
 A budget is `{"max": 2 | "10%", "reasons": [...], "schedule": "0 9 * * mon-fri", "duration": "8h",
 "timezone": "Europe/Berlin"}`. docs/disruption.md is the operator's account; the rules are:
 
-- Without a schedule a budget always applies. With one, it applies for `duration` after each match of
-  the cron schedule, read in `timezone` (UTC by default). Windows are half-open: a window that starts at
-  09:00 for 8h applies at 09:00 and no longer at 17:00. Overlapping windows (a duration longer than the
-  schedule's period) make one window.
-- Time zones and DST: the schedule is matched in local time as Debian's cron does (cronsim). A start at a
-  local time that does not exist (spring forward) moves to the first instant after the gap; a start at a
-  local time that exists twice (fall back) happens once, at the first of the two. Schedules that run
-  every hour or more often just follow the clock: they skip the missing hour and run in both copies of
-  the repeated one. `duration` is elapsed time, so an 8h window is 8 real hours even across a change.
+- Without a schedule a budget always applies. With one, it applies in the windows of domain/windows.py:
+  for `duration` (elapsed time) after each start of the cron schedule on the local clock of `timezone`
+  (UTC by default), half-open (a window that starts at 09:00 for 8h applies at 09:00 and no longer at
+  17:00); overlapping windows make one. That module says how starts fall where the clock jumps.
 - `reasons` (all four when left out) say which voluntary disruptions a budget holds back. What a budget
   counts is every worker of the pool being disrupted at once, whatever the cause: a worker drained by
   an operator, interrupted by EC2 or stopped by scale-down is one fewer that voluntary disruptions may
@@ -29,17 +24,25 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
-from cronsim import CronSim, CronSimError
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
-from fleetkeeper.domain.durations import parse_duration
+from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.windows import HORIZON, CronWindow, Window, check_duration, check_schedule, zone_of
 
 
 class DisruptionReason(StrEnum):
@@ -55,55 +58,46 @@ ALL_REASONS: tuple[DisruptionReason, ...] = tuple(DisruptionReason)
 # A pool item carries its budgets; this keeps it small (each budget is about 150 bytes).
 MAX_BUDGETS = 20
 MAX_BUDGET_COUNT = 100_000
-MIN_WINDOW = timedelta(minutes=1)
-MAX_WINDOW = timedelta(days=366)
 # Workers being taken out of service: what a budget counts as in use.
 DISRUPTING = frozenset({WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING})
 # A pool's members, the base of a percentage: in service, or on their way out of it.
 MEMBERS = DISRUPTING | {WorkerStatus.RUNNING}
 # A disruption whose worker shows one of these is over: it no longer holds a place in a budget.
 DISRUPTED = frozenset({WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
-# How far ahead the end of a window made of overlapping ones is followed ("* * * * *" for "1h" never
-# ends): the answer is then the end found so far, a moment until which the budget applies at least.
-_MAX_WINDOW_STEPS = 500
-_HORIZON = timedelta(days=366)
 # How many changes of the applying budgets `blocked_until` looks through.
 _MAX_CHANGES = 64
 
-_PERCENT = re.compile(r"^(\d{1,3})%$")
-_COUNT = re.compile(r"^\d{1,6}$")
+# `max` written as text: a count ("2") or a percentage ("10%"), in ASCII digits (Python's \d and int()
+# also read "٣" as 3), within the ranges the integer form has: the pattern states the whole rule, so the
+# contract publishes exactly what is accepted.
+BUDGET_MAX_PATTERN = r"^0*([0-9]{1,5}|100000|([0-9]{1,2}|100)%)$"
+_BUDGET_MAX_TEXT = re.compile(BUDGET_MAX_PATTERN)
+_BUDGET_MAX_HINT = f'a count from 0 to {MAX_BUDGET_COUNT:,} such as 2, or a percentage from "0%" to "100%"'
 
 
 def _budget_max(value: Any) -> Any:
-    """A count (2, or "2") or a percentage ("10%"); a count is held as an int, a percentage as text."""
-    if isinstance(value, bool):
-        raise ValueError('a count such as 2 or a percentage such as "10%"')
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int):
-        if not 0 <= value <= MAX_BUDGET_COUNT:
-            raise ValueError(f"a count from 0 to {MAX_BUDGET_COUNT}")
+    """A count (2, or "2") or a percentage ("10%"); a count is held as an int, a percentage as text. A
+    count is a whole number (domain/values.py): 1.0 and `true` are refused."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BUDGET_COUNT:
         return value
-    if isinstance(value, str):
-        text = value.strip()
-        if _COUNT.match(text):
-            return _budget_max(int(text))
-        match = _PERCENT.match(text)
-        if match is not None and int(match.group(1)) <= 100:
-            return f"{int(match.group(1))}%"
-        raise ValueError('a count such as 2 or a percentage from "0%" to "100%"')
-    raise ValueError('a count such as 2 or a percentage such as "10%"')
+    if isinstance(value, str) and _BUDGET_MAX_TEXT.fullmatch(value):
+        digits = value.removesuffix("%").lstrip("0") or "0"
+        return f"{digits}%" if value.endswith("%") else int(digits)
+    raise ValueError(_BUDGET_MAX_HINT)
 
 
-BudgetMax = Annotated[int | str, BeforeValidator(_budget_max)]
-
-
-def zone_of(name: str) -> ZoneInfo:
-    """The IANA time zone `name`; ValueError naming it when there is no such zone."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ValueError(f"'{name}' is not an IANA time zone, e.g. Europe/Berlin or UTC") from exc
+BudgetMax = Annotated[
+    int | str,
+    BeforeValidator(_budget_max),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET_COUNT},
+                {"type": "string", "pattern": BUDGET_MAX_PATTERN},
+            ]
+        }
+    ),
+]
 
 
 class _Record(BaseModel):
@@ -114,7 +108,11 @@ class _Record(BaseModel):
 class Budget(_Record):
     """One budget of a pool (see the module's docstring)."""
 
-    max: BudgetMax = Field(description='a count (2) or a percentage of the pool\'s members ("10%")')
+    max: BudgetMax = Field(
+        description=f'a count (0 to {MAX_BUDGET_COUNT:,}) or a percentage of the pool\'s members ("0%" to '
+        '"100%", rounded up); a count may be written as text ("2")',
+        examples=[2, "10%"],
+    )
     reasons: list[DisruptionReason] | None = Field(
         default=None,
         min_length=1,
@@ -132,7 +130,8 @@ class Budget(_Record):
         default=None,
         max_length=32,
         validate_default=True,
-        description="how long each window lasts: 8h, 90m, 1h30m, 1d; required with a schedule",
+        description="how long each window lasts: 8h, 90m, 1h30m, 1d (1m to 366d); required with a schedule",
+        json_schema_extra={"pattern": DURATION_PATTERN},
     )
     timezone: str | None = Field(
         default=None, max_length=64, description="the IANA time zone of the schedule; UTC by default"
@@ -148,19 +147,7 @@ class Budget(_Record):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        text = " ".join(value.split())
-        # cronsim also reads a sixth field of seconds; windows are planned to the minute.
-        if len(text.split(" ")) != 5:
-            raise ValueError("five fields: minute hour day-of-month month day-of-week, e.g. 0 9 * * mon-fri")
-        try:
-            first = next(CronSim(text, datetime(2000, 1, 1, tzinfo=UTC)), None)
-        except CronSimError as exc:
-            raise ValueError(f"not a cron expression: {exc}") from exc
-        if first is None:
-            raise ValueError("never matches")
-        return text
+        return None if value is None else check_schedule(value)
 
     @field_validator("duration")
     @classmethod
@@ -172,11 +159,7 @@ class Budget(_Record):
             raise ValueError("only applies to a schedule")
         if value is None:
             return None
-        length = parse_duration(value)
-        if length is None:
-            raise ValueError("a duration such as 8h, 90m, 1h30m or 1d")
-        if not MIN_WINDOW <= length <= MAX_WINDOW:
-            raise ValueError("from 1m to 366d")
+        check_duration(value)
         return value.strip()
 
     @field_validator("timezone")
@@ -197,6 +180,13 @@ class Budget(_Record):
     def zone(self) -> ZoneInfo:
         return zone_of(self.timezone or "UTC")
 
+    @property
+    def windows(self) -> CronWindow | None:
+        """Its cron windows; None without a schedule (it always applies)."""
+        if self.schedule is None or self.duration is None:
+            return None
+        return _cron_window(self.schedule, self.duration, self.timezone or "UTC")
+
     def covers(self, reason: DisruptionReason) -> bool:
         return self.reasons is None or reason in self.reasons
 
@@ -211,6 +201,12 @@ class Budget(_Record):
         return window_at(self, at)
 
 
+@lru_cache(maxsize=1024)
+def _cron_window(schedule: str, duration: str, timezone: str) -> CronWindow:
+    # Made once per budget's fields: a pool's view and `blocked_until` ask each budget dozens of times.
+    return CronWindow(schedule, check_duration(duration), timezone)
+
+
 class DisruptionPolicy(_Record):
     """A pool's disruption budgets (`PUT /api/v1/pools/{name}`, field `disruption`)."""
 
@@ -220,55 +216,10 @@ class DisruptionPolicy(_Record):
 # ---- windows ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Window:
-    """Whether a budget applies at an instant, until when, or when it applies next (all UTC).
-
-    `until` is None for a budget without a schedule (it always applies); `next_start` is None when it
-    applies now, or when its schedule never matches again within cronsim's search (50 years).
-    """
-
-    active: bool
-    until: datetime | None = None
-    next_start: datetime | None = None
-
-
-def _matches(schedule: str, zone: ZoneInfo, start: datetime, *, reverse: bool) -> Iterable[datetime]:
-    """Matches strictly after (or, reversed, strictly before) `start`, in UTC."""
-    for match in CronSim(schedule, start.astimezone(zone), reverse=reverse):
-        yield match.astimezone(UTC)
-
-
-@lru_cache(maxsize=16_384)
-def _latest_match(schedule: str, zone: ZoneInfo, at: datetime) -> datetime | None:
-    """The last match at or before `at`. Cached: a window that keeps being extended (windows that
-    overlap) walks the same chain of matches for every instant a caller asks about, and a refused
-    disruption asks about dozens (`blocked_until`); uncached that is seconds of CPU a refusal."""
-    return next(iter(_matches(schedule, zone, at + timedelta(microseconds=1), reverse=True)), None)
-
-
 def window_at(budget: Budget, at: datetime) -> Window:
-    """The budget's window at `at`. Every comparison and sum is done in UTC: Python compares and adds
-    datetimes of one zone in wall time, which would be wrong by the DST offset."""
-    at = at.astimezone(UTC)
-    length = budget.window_length
-    if budget.schedule is None or length is None:
-        return Window(active=True)
-    zone = budget.zone
-    latest = _latest_match(budget.schedule, zone, at)
-    if latest is None or latest + length <= at:
-        upcoming = next(iter(_matches(budget.schedule, zone, at, reverse=False)), None)
-        return Window(active=False, next_start=upcoming)
-    end = latest + length
-    # A window that starts before this one ends extends it: jump to the last start within it.
-    for _ in range(_MAX_WINDOW_STEPS):
-        if end - at > _HORIZON:
-            break
-        last_start = _latest_match(budget.schedule, zone, end)
-        if last_start is None or last_start + length <= end:
-            break
-        end = last_start + length
-    return Window(active=True, until=end)
+    """The budget's window at `at` (domain/windows.py); a budget without a schedule always applies."""
+    windows = budget.windows
+    return Window(active=True) if windows is None else windows.window_at(at)
 
 
 # ---- assessing a pool ------------------------------------------------------------------------------
@@ -360,7 +311,7 @@ def blocked_until(
 ) -> datetime | None:
     """The first moment after `at` at which the pool's budgets would admit one more disruption of
     `reason` with as many in use as now; None when only disruptions in progress ending can free a place
-    (no window ahead changes the answer).
+    (no window change within a year, windows.HORIZON, lets one more through).
 
     Remembered per policy, reason, instant and counts: a rollout step asks once for each worker it
     may not drain, all at the step's one instant, and with windows that overlap one answer walks
@@ -373,14 +324,15 @@ def _blocked_until(
     policy_json: str, reason: DisruptionReason, at: datetime, members: int, in_use: int
 ) -> datetime | None:
     policy = DisruptionPolicy.model_validate_json(policy_json)
-    moment = at
+    states: Sequence[BudgetState] = budget_states(policy, at, members)
     for _ in range(_MAX_CHANGES):
-        upcoming = next_change(budget_states(policy, moment, members))
-        if upcoming is None:
+        upcoming = next_change(states)
+        if upcoming is None or upcoming - at > HORIZON:
             return None
-        if assess(policy, reason, upcoming, members=members, in_use=in_use).admits:
+        found = assess(policy, reason, upcoming, members=members, in_use=in_use)
+        if found.admits:
             return upcoming
-        moment = upcoming
+        states = found.budgets
     return None
 
 
@@ -424,20 +376,6 @@ def pool_loads(cells: Mapping[tuple[str, WorkerStatus], int]) -> dict[str, PoolL
     return {pool: PoolLoad(members.get(pool, 0), disrupting.get(pool, 0)) for pool in members}
 
 
-@dataclass(frozen=True)
-class BudgetBlock:
-    """Why a voluntary disruption waits: the budget that holds it back (None: the stage default),
-    what it allows and how many are in use, and when a window change lets one more through (None:
-    when disruptions in progress end)."""
-
-    pool: str | None
-    reason: DisruptionReason
-    budget: int | None
-    allowed: int
-    in_use: int
-    until: datetime | None = None
-
-
 # ---- what waits on a pool's budgets ----------------------------------------------------------------
 
 # A refusal is shown as waiting this long: the reconciler looks at an idle worker every cycle (a
@@ -448,33 +386,25 @@ MAX_WAITING = 50
 
 
 class Waiting(_Record):
-    """A voluntary disruption a budget held back: which worker, why, by which budget and when."""
+    """A voluntary disruption the door held back: which worker, of which reason, why (the door's words,
+    domain/admission.WaitReason), and, when a budget held it, which budget, what it allows, how many
+    were in use and until when."""
 
     model_config = ConfigDict(extra="ignore")
 
     worker_id: str
     reason: DisruptionReason
     action: str
+    # Entries stored before the door named its reasons were all held by a budget.
+    why: str = Field(default="budget", description="why it waits: the door's reason, e.g. budget or owned")
+    detail: str | None = Field(default=None, max_length=500)
     budget: int | None = Field(
-        default=None, description="the budget's index in the pool's list; null: the stage default"
+        default=None, description="the budget's index in the pool's list; null: not a pool budget"
     )
-    allowed: int
-    in_use: int
+    allowed: int | None = None
+    in_use: int | None = None
     refused_at: datetime
     until: datetime | None = None
-
-    @classmethod
-    def of(cls, worker_id: str, action: str, block: BudgetBlock, at: datetime) -> Waiting:
-        return cls(
-            worker_id=worker_id,
-            reason=block.reason,
-            action=action,
-            budget=block.budget,
-            allowed=block.allowed,
-            in_use=block.in_use,
-            refused_at=at,
-            until=block.until,
-        )
 
 
 class WaitingList(_Record):

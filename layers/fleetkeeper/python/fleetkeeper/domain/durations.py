@@ -7,10 +7,14 @@ import re
 from datetime import timedelta
 from typing import Final
 
-# Written without a lookahead, so that every JSON Schema regex dialect reads the published pattern alike.
-DURATION_PATTERN: Final = r"^(?:\d+d(?:\d+h)?(?:\d+m)?(?:\d+s)?|\d+h(?:\d+m)?(?:\d+s)?|\d+m(?:\d+s)?|\d+s)$"
+# Written without a lookahead, so that every JSON Schema regex dialect reads the published pattern alike,
+# and with [0-9]: Python's \d (and int()) also read other scripts' digits, "٣h" as three hours.
+_N = "[0-9]+"
+DURATION_PATTERN: Final = (
+    f"^(?:{_N}d(?:{_N}h)?(?:{_N}m)?(?:{_N}s)?|{_N}h(?:{_N}m)?(?:{_N}s)?|{_N}m(?:{_N}s)?|{_N}s)$"
+)
 _DURATION = re.compile(DURATION_PATTERN)
-_PART = re.compile(r"(\d+)([dhms])")
+_PART = re.compile(f"({_N})([dhms])")
 _SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # timedelta's own limit is 999,999,999 days; a duration beyond this is a typo, and is held here rather
 # than overflowing, so that the caller's range check names it.

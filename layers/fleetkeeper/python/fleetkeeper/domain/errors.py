@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+
+def listed(items: Sequence[str], limit: int, total: int | None = None) -> str:
+    """Names as an error lists them: the first `limit`, then how many more there were, so an answer
+    stays small and still says how many ("w-1, w-2 and 9,998 more"). `total` counts them when only the
+    first of them are at hand."""
+    shown = list(items[:limit])
+    more = max(total or 0, len(items)) - len(shown)
+    return ", ".join(shown) + (f" and {more:,} more" if more > 0 else "")
+
 
 class FleetkeeperError(Exception):
     """Base of every error fleetkeeper raises on purpose."""
@@ -85,6 +96,30 @@ class DrainInProgress(Conflict):
 
     def __init__(self, entity: str, key: str) -> None:
         super().__init__(entity, key, "DRAINING", "Drain already in progress")
+
+
+class DisruptionHeld(Conflict):
+    """The door for disruption held a voluntary disruption back (domain/admission.WaitReason)."""
+
+    code = "DISRUPTION_HELD"
+
+    def __init__(self, worker_id: str, why: str, detail: str) -> None:
+        super().__init__("worker", worker_id, None, f"worker {worker_id} waits ({why}): {detail}")
+        self.why = why
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "why": self.why}
+
+
+class PoolNotActive(Conflict):
+    """A new worker (or a voluntary disruption) asked of a pool that is draining or inactive."""
+
+    code = "POOL_NOT_ACTIVE"
+
+    def __init__(self, pool: str, status: str) -> None:
+        super().__init__(
+            "pool", pool, status, f"pool {pool} is {status}: it takes no new worker until it is active again"
+        )
 
 
 class DrainFinishing(Conflict):

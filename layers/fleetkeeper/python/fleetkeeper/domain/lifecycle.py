@@ -172,6 +172,14 @@ class InstanceState(StrEnum):
     TERMINATED = "TERMINATED"
 
 
+class ForceReason(StrEnum):
+    """The reason a drain's force step writes on each instance it ends: the drain's deadline passed, or
+    an operator forced the drain now (the API and the CLI read these values)."""
+
+    DEADLINE = "drain_timeout"
+    OPERATOR = "forced"
+
+
 _I = InstanceState
 
 # An instance holds a slot on its worker (counts in active_instances) while in one of these states.

@@ -16,39 +16,14 @@ from fleetkeeper.domain.lifecycle import (
     PoolStatus,
     WorkerStatus,
 )
+from fleetkeeper.domain.values import WholeNumber
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Worker operation names (domain/operations.py), e.g. register-license.
 OPERATION_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,63}$"
-REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-\d+$"
+REGION_PATTERN = r"^[a-z]{2}(-[a-z]+)+-[0-9]+$"
 # An EC2 instance type: family, generation and options, a dot, the size (m5.xlarge, u-6tb1.metal).
 INSTANCE_TYPE_PATTERN = r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$"
-
-
-def _valid_ec2_tags(tags: dict[str, str]) -> dict[str, str]:
-    """EC2's own tag rules, so a template can never ask for a launch that EC2 would refuse."""
-    if len(tags) > MAX_EC2_TAGS:
-        raise ValueError(f"at most {MAX_EC2_TAGS} tags")
-    for key, value in tags.items():
-        if not 1 <= len(key) <= 128:
-            raise ValueError("tag keys must have 1 to 128 characters")
-        if key.lower().startswith("aws:"):
-            raise ValueError(f"tag key '{key}' uses the reserved prefix 'aws:'")
-        if len(value) > 256:
-            raise ValueError(f"tag '{key}' has a value longer than 256 characters")
-    return tags
-
-
-MAX_EC2_TAGS = 50
-# The schema says the same rules as _valid_ec2_tags, so a published contract allows what EC2 allows.
-_EC2_TAGS_SCHEMA: dict[str, Any] = {
-    "maxProperties": MAX_EC2_TAGS,
-    "propertyNames": {"minLength": 1, "maxLength": 128, "not": {"pattern": "^[aA][wW][sS]:"}},
-    "additionalProperties": {"type": "string", "maxLength": 256},
-}
-Ec2Tags = Annotated[
-    dict[str, str], AfterValidator(_valid_ec2_tags), Field(json_schema_extra=_EC2_TAGS_SCHEMA)
-]
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -193,6 +168,24 @@ class WorkerMetrics(Record):
 DESIRED_STATUSES = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED, WorkerStatus.TERMINATED})
 
 
+class Owner(Record):
+    """Who is changing a worker now (docs/disruption.md, "Who may disrupt a worker"): set by the
+    conditional write that starts the disruption, read by everyone else as one attribute.
+
+    `counted`: a disruption in progress, which its pool's budgets count; False for a worker held but not
+    disrupted (a rollout's replacement, which nothing else may disrupt while the rollout is active).
+    `rollout_id`: a rollout's, valid while that rollout is active. `until`: admitted before the write
+    that starts the disruption (a surge waiting for its replacement); lapses then if nothing started.
+    """
+
+    reason: str = Field(max_length=64)
+    actor: str = Field(max_length=2048)
+    since: UtcDatetime
+    counted: bool = True
+    rollout_id: str | None = Field(default=None, max_length=64)
+    until: UtcDatetime | None = None
+
+
 class WorkerSummary(Record):
     """What the worker indexes hold of a worker (store/schema.py): enough to filter a listing, count a
     fleet or rank placement candidates, never enough to decide about the worker itself."""
@@ -216,6 +209,7 @@ class Worker(WorkerSummary):
     private_ip: str | None = None
     public_ip: str | None = None
     drain: DrainRecord | None = None
+    owner: Owner | None = None
     do_not_disrupt: bool = False
     # Protection that expires by itself: compared with the clock, never cleaned up.
     do_not_disrupt_until: UtcDatetime | None = None
@@ -277,17 +271,19 @@ class TemplateSpec(Record):
 
     instance_type: str = Field(pattern=INSTANCE_TYPE_PATTERN, examples=["m5.xlarge"])
     ami_name_filter: str = Field(min_length=1, max_length=128)
-    capacity: int = Field(ge=1, le=MAX_WORKER_CAPACITY, description=_CAPACITY_DESCRIPTION)
+    capacity: WholeNumber = Field(ge=1, le=MAX_WORKER_CAPACITY, description=_CAPACITY_DESCRIPTION)
     drain_timeout_hours: float = Field(
         default=DEFAULT_DRAIN_TIMEOUT_HOURS, ge=MIN_DRAIN_TIMEOUT_HOURS, le=MAX_DRAIN_TIMEOUT_SECONDS / 3600
     )
-    tags: Ec2Tags = Field(default_factory=dict)
+    # As stored: the API checks EC2's tag rules (TemplateRequest), and a launch checks them again, so a
+    # template stored before a rule existed still loads, and fails only its own launches.
+    tags: dict[str, str] = Field(default_factory=dict)
     # Cleanup operations (the stage's catalogue) run once a drain has emptied a worker, before it stops.
     before_stop: list[Annotated[str, Field(pattern=OPERATION_NAME_PATTERN)]] = Field(
         default_factory=list, max_length=5
     )
     # A worker older than this is drifted with reason `expired` (domain/drift.py); None: no limit.
-    max_lifetime_hours: int | None = Field(
+    max_lifetime_hours: WholeNumber | None = Field(
         default=None,
         ge=1,
         le=MAX_LIFETIME_HOURS,

@@ -28,6 +28,7 @@ from pydantic import (
 
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.models import Name, UtcDatetime
+from fleetkeeper.domain.values import MAX_REASON_LENGTH, Reason, WholeNumber
 
 # The most workers one rollout covers. The scope's ids live in member page items beside the rollout's
 # (store/rollouts.py), so its own item holds only counts and the current wave's progress; the lock of
@@ -38,7 +39,6 @@ MAX_INLINE_WORKERS: Final = 1000
 # The most workers one wave takes (a percentage resolves to at most this): the wave's progress is kept
 # per worker in the rollout's item, and it must stay inside the item budget.
 MAX_WAVE_WORKERS: Final = 500
-MAX_REASON_LENGTH: Final = 500
 # A bake or a checkpoint's wait longer than a week is a typo, not a policy.
 MAX_WAIT_SECONDS: Final = 7 * 24 * 3600
 MIN_DRAIN_TIMEOUT_SECONDS: Final = 60
@@ -101,6 +101,25 @@ FINISHED: Final = frozenset(RolloutStatus) - ACTIVE
 ROLLBACK_FROM: Final = frozenset(s for s, moves in TRANSITIONS.items() if RolloutStatus.ROLLING_BACK in moves)
 
 
+class RolloutCovered(Conflict):
+    """An active rollout already covers what a new start asks for."""
+
+    def __init__(
+        self, holder: str, holder_status: str | None, what: str, worker_id: str | None = None
+    ) -> None:
+        super().__init__(
+            "rollout",
+            holder,
+            holder_status,
+            f"{what} is covered by rollout {holder}, which is {holder_status}; cancel it or wait for it "
+            "to finish",
+        )
+        self.worker_id = worker_id
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "worker_id": self.worker_id}
+
+
 def can_move(current: RolloutStatus, target: RolloutStatus) -> bool:
     return target in TRANSITIONS[current]
 
@@ -127,8 +146,7 @@ def _one_error(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 
 MaxUnavailable = Annotated[
-    Annotated[int, Strict(), Field(ge=1, le=MAX_WAVE_WORKERS)]
-    | Annotated[str, Field(pattern=PERCENT_PATTERN)],
+    Annotated[WholeNumber, Field(ge=1, le=MAX_WAVE_WORKERS)] | Annotated[str, Field(pattern=PERCENT_PATTERN)],
     WrapValidator(_one_error),
     Field(
         description="how many of the scope's workers may be out of placement at once: a count "
@@ -137,7 +155,7 @@ MaxUnavailable = Annotated[
         examples=[1, "25%"],
     ),
 ]
-WaitSeconds = Annotated[int, Strict(), Field(ge=0, le=MAX_WAIT_SECONDS)]
+WaitSeconds = Annotated[WholeNumber, Field(ge=0, le=MAX_WAIT_SECONDS)]
 AlarmName = Annotated[str, Field(min_length=1, max_length=MAX_ALARM_NAME_LENGTH)]
 WorkerId = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
 
@@ -183,7 +201,7 @@ class RolloutRequest(BaseModel):
     max_unavailable: MaxUnavailable = DEFAULT_MAX_UNAVAILABLE
     strategy: RolloutStrategy = RolloutStrategy.SURGE
     checkpoints: Annotated[
-        list[Annotated[int, Strict(), Field(ge=1, le=99)]],
+        list[Annotated[WholeNumber, Field(ge=1, le=99)]],
         Field(max_length=99, json_schema_extra={"uniqueItems": True}),
     ] = Field(
         default_factory=list,
@@ -197,12 +215,12 @@ class RolloutRequest(BaseModel):
         default=0, description="how long a finished wave settles before the next"
     )
     drain_timeout_seconds: (
-        Annotated[int, Strict(), Field(ge=MIN_DRAIN_TIMEOUT_SECONDS, le=MAX_DRAIN_TIMEOUT_SECONDS)] | None
+        Annotated[WholeNumber, Field(ge=MIN_DRAIN_TIMEOUT_SECONDS, le=MAX_DRAIN_TIMEOUT_SECONDS)] | None
     ) = Field(default=None, description="each drain's deadline; default: the template's")
     replace: Annotated[bool, Strict()] = Field(
         default=True, description="false drains the workers without creating replacements"
     )
-    reason: str | None = Field(default=None, max_length=MAX_REASON_LENGTH)
+    reason: Reason | None = None
     rollback_on_alarms: Annotated[
         list[AlarmName], Field(max_length=MAX_ROLLBACK_ALARMS, json_schema_extra={"uniqueItems": True})
     ] = Field(
@@ -360,8 +378,19 @@ class WorkerProgress(BaseModel):
     since: UtcDatetime
 
 
+# Why a rollout is not progressing: the door's words where it held a worker back (budget, window,
+# pool_not_active, protected: domain/admission.WaitReason), and the rollout's own.
 BlockedReason = Literal[
-    "budget", "window", "capacity", "launch_failed", "drain_waiting", "checkpoint", "alarms"
+    "budget",
+    "window",
+    "pool_not_active",
+    "protected",
+    "capacity",
+    "launch_failed",
+    "drain_waiting",
+    "checkpoint",
+    "paused",
+    "alarms",
 ]
 
 
@@ -402,6 +431,9 @@ class Rollout(BaseModel):
     created_at: UtcDatetime
     updated_at: UtcDatetime
     finished_at: UtcDatetime | None = None
+    # How far into the sorted scope the engine has claimed the workers as their owner (a hold: nobody
+    # else may disrupt them while the rollout is active); a step claims a few hundred ahead.
+    claimed: int = Field(default=0, ge=0)
     # The wave in progress (an index into the plan), and its workers' progress.
     wave: int = Field(default=0, ge=0)
     progress: dict[str, WorkerProgress] = Field(default_factory=dict)

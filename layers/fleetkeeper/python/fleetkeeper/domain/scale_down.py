@@ -25,11 +25,11 @@ class Guard(StrEnum):
     DISRUPTION_BUDGET = "disruption_budget"
     # A budget of the worker's pool (domain/disruption.py).
     POOL_BUDGET = "pool_budget"
-    # Another cycle chose this worker already, the ledger of choices in flight is full, or other
-    # cycles kept writing it first: the worker is looked at again next cycle.
+    # Someone else holds the worker (domain/admission.py), or it changed status since the cycle read it:
+    # it is looked at again next cycle.
     IN_FLIGHT = "in_flight"
-    # The cycle's view of the fleet is too old to decide from (domain/scale_down_ledger.py).
-    STALE_VIEW = "stale_view"
+    # Its pool is draining or inactive: no voluntary disruption of it until the pool is active again.
+    POOL_NOT_ACTIVE = "pool_not_active"
 
 
 class Action(StrEnum):
@@ -112,30 +112,17 @@ def evaluate(
     *,
     now: datetime,
     policy: ScaleDownPolicy,
-    running_in_scope: int,
     last_scale_down_at: datetime | None,
-    draining_now: int,
-    fleet_size: int,
     timeslot_starts: Callable[[], Iterable[datetime]],
-    stage_budget: bool = True,
 ) -> Verdict:
-    """Whether this RUNNING worker should be scaled down now, checking the guards in order.
-
-    `running_in_scope`, `draining_now` and `fleet_size` count the whole fleet, including the
-    scale-downs already chosen in this cycle. Without `stage_budget` (a budget of the worker's pool
-    applies), the stage default is not checked: the pool's budgets are, at the ledger.
-    """
+    """Whether scale-down proposes this RUNNING worker now, by its own guards in order: idle for the
+    window, enabled, the scope's cooldown, no timeslot coming. Whether it may go (its protection, the
+    scope's minimum, the budgets) is the door's to say (domain/admission.py)."""
     if worker.idle_since is None or now - worker.idle_since < policy.idle_window:
         return Verdict(Action.NONE, "not idle for the idle window")
     action = Action.STOP if worker.active_instances == 0 else Action.DRAIN
     if not policy.enabled:
         return Verdict(Action.NONE, "scale-down is disabled", Guard.DISABLED)
-    if running_in_scope - 1 < policy.min_workers:
-        return Verdict(
-            Action.NONE,
-            f"{running_in_scope} running in {scope_of(worker)}, minimum {policy.min_workers}",
-            Guard.MIN_WORKERS,
-        )
     if last_scale_down_at is not None and now - last_scale_down_at < policy.cooldown:
         return Verdict(Action.NONE, f"last scale-down at {last_scale_down_at.isoformat()}", Guard.COOLDOWN)
     horizon = now + policy.lookahead
@@ -144,15 +131,6 @@ def evaluate(
         if upcoming:
             return Verdict(
                 Action.NONE, f"a timeslot starts at {min(upcoming).isoformat()}", Guard.UPCOMING_TIMESLOT
-            )
-    if protected_from_disruption(worker, now):
-        why = "do_not_disrupt is set" if worker.do_not_disrupt else "do_not_disrupt_until is in the future"
-        return Verdict(Action.NONE, why, Guard.DO_NOT_DISRUPT)
-    if action is Action.DRAIN and stage_budget:
-        allowed = policy.budget.allowed(fleet_size)
-        if draining_now >= allowed:
-            return Verdict(
-                Action.NONE, f"{draining_now} drains running, budget {allowed}", Guard.DISRUPTION_BUDGET
             )
     idle_for = int((now - worker.idle_since).total_seconds())
     return Verdict(action, f"idle for {idle_for}s")

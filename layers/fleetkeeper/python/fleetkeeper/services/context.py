@@ -15,7 +15,6 @@ from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.breakers import BreakerStore
 from fleetkeeper.store.disruption import WaitingStore
-from fleetkeeper.store.ledger import LedgerStore
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper.store.stats import StatsStore
@@ -52,10 +51,6 @@ class Context:
     @property
     def stats(self) -> StatsStore:
         return StatsStore(client("dynamodb"), self.settings.table_name)
-
-    @property
-    def ledger(self) -> LedgerStore:
-        return LedgerStore(client("dynamodb"), self.settings.table_name)
 
     @property
     def waiting(self) -> WaitingStore:

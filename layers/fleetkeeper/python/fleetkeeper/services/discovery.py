@@ -40,10 +40,9 @@ from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
-from fleetkeeper.observability import logger, metrics
+from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.services import orphan_gc
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.settings import GcMode
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fleetkeeper.domain.admission import Ask
 from fleetkeeper.domain.errors import FleetkeeperError
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 from fleetkeeper.observability import logger
@@ -25,11 +26,13 @@ def start_drain(
     reason: str,
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
+    ask: Ask | None = None,
 ) -> bool:
-    """Start a drain of the worker; False (logged) when it was refused."""
+    """Start a drain of the worker through the door as `ask` says (by default an operator's command);
+    False (logged) when it was refused."""
     try:
         drains.start_worker_drain(
-            ctx, worker_id, actor=actor, reason=reason, timeout_seconds=timeout_seconds, then=then
+            ctx, worker_id, actor=actor, reason=reason, timeout_seconds=timeout_seconds, then=then, ask=ask
         )
     except FleetkeeperError as refusal:
         logger.info("drain not started", extra={"worker_id": worker_id, "refusal": refusal.message})

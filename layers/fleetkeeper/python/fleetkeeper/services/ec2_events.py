@@ -19,14 +19,14 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.domain.admission import Ask, Imposed
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
-from fleetkeeper.observability import logger
+from fleetkeeper.observability import emit_counters, logger
 from fleetkeeper.services import drain_hooks
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile import emit_counters
 from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
 from fleetkeeper.triggers import Ec2RebalanceEvent, Ec2SpotWarningEvent, Ec2StateChangeEvent
 
@@ -206,6 +206,7 @@ def apply_spot_warning(
         reason=f"spot interruption warning: {instance_action}",
         timeout_seconds=left,
         then=then,
+        ask=Ask(Imposed.SPOT, ACTOR),
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("spot interruption warning", worker_id=worker.id, seconds_left=left, drain_started=started)
@@ -242,6 +243,7 @@ def apply_rebalance_recommendation(
         reason="EC2 rebalance recommendation",
         timeout_seconds=int(timeout.total_seconds()),
         then=DrainThen.STOP,
+        ask=Ask(Imposed.SPOT, ACTOR),
     )
     outcome = EventOutcome.DRAIN_STARTED if started else EventOutcome.DRAIN_NOT_STARTED
     logger.info("rebalance recommendation", worker_id=worker.id, drain_started=started)

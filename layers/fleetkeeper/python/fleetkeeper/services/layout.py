@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.models import utcnow
 from fleetkeeper.observability import logger
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.layout import LEGACY_GRACE, LayoutPhase, LayoutState
 
@@ -147,7 +147,7 @@ def _walk(
 def _each(step: Callable[[Any], str], items: list[Any]) -> Counter[str]:
     if not items:
         return Counter()
-    with ThreadPoolExecutor(max_workers=min(PARALLELISM, len(items))) as pool:
+    with ContextThreadPool(max_workers=min(PARALLELISM, len(items))) as pool:
         return Counter(pool.map(step, items))
 
 

@@ -47,8 +47,8 @@ from fleetkeeper.domain.operations import (
     system_info_due,
 )
 from fleetkeeper.observability import NAMESPACE, SERVICE, logger, metrics
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.store.table import Page
 
 ACTOR: Final = "operations"

@@ -7,9 +7,9 @@ from datetime import datetime
 from typing import Any
 
 from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.errors import Conflict, InvalidInput
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import Worker, new_id
+from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolNotActive
+from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
+from fleetkeeper.domain.models import Owner, Worker, new_id
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import finish_retirement, retire_worker
 from fleetkeeper.store.repository import FleetStore
@@ -26,9 +26,12 @@ def create_worker(
     regions: Collection[str] | None = None,
     pinned_image_id: str | None = None,
     pinned_instance_type: str | None = None,
+    owner: Owner | None = None,
 ) -> Worker:
-    """A new PENDING worker of a known template, in a known pool; the reconciler launches it (from
-    `pinned_image_id` and as `pinned_instance_type` when given, else as the template says).
+    """The one door for new workers: a new PENDING worker of a known template, in a known pool that is
+    ACTIVE (PoolNotActive, 409, otherwise; checked again by the write itself); the reconciler launches
+    it (from `pinned_image_id` and as `pinned_instance_type` when given, else as the template says).
+    `owner` holds it for whoever made it (a rollout's replacement), so nothing else disrupts it.
 
     `regions` are those the stage manages (settings.regions): a worker anywhere else would stay PENDING
     for ever, its launch refused every cycle (on AWS the role may only launch in those regions)."""
@@ -38,8 +41,12 @@ def create_worker(
     known_template = store.find_template(template)
     if known_template is None:
         raise InvalidInput("template", f"unknown template '{template}'")
-    if pool is not None and store.find_pool(pool) is None:
-        raise InvalidInput("pool", f"unknown pool '{pool}'")
+    if pool is not None:
+        found = store.find_pool(pool)
+        if found is None:
+            raise InvalidInput("pool", f"unknown pool '{pool}'")
+        if found.status != PoolStatus.ACTIVE:
+            raise PoolNotActive(pool, str(found.status))
     worker = Worker(
         id=worker_id or new_id("w"),
         template=template,
@@ -49,8 +56,9 @@ def create_worker(
         capacity=known_template.capacity,
         pinned_image_id=pinned_image_id,
         pinned_instance_type=pinned_instance_type,
+        owner=owner,
     )
-    return store.create_worker(worker, actor=actor)
+    return store.create_worker(worker, actor=actor, active_pool=True)
 
 
 def set_desired_status(store: FleetStore, worker_id: str, desired: WorkerStatus, *, actor: str) -> Worker:

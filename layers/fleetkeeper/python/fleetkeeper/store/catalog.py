@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.errors import Conflict, StaleWrite
 from fleetkeeper.domain.lifecycle import check_pool_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, WorkerTemplate
@@ -85,7 +86,12 @@ class CatalogRepository(TableAccess):
         stored = pool.model_copy(update={"version": 1})
         item = {**keys.pool_key(pool.name), **keys.pool_index_attributes(stored), **record_attributes(stored)}
         audit = AuditEvent(
-            entity="pool", entity_id=pool.name, action="PoolCreated", actor=actor, to_status=str(pool.status)
+            entity="pool",
+            entity_id=pool.name,
+            action="PoolCreated",
+            actor=actor,
+            to_status=str(pool.status),
+            details=_budget_details(None, stored),
         )
 
         def refuse(current: dict[str, Any] | None) -> Exception:
@@ -171,9 +177,18 @@ class CatalogRepository(TableAccess):
             from_status=str(pool.status),
             to_status=str(updated.status),
             reason=reason,
+            details=_budget_details(pool, updated),
         )
         stale = refuse_missing(
             "pool", pool.name, lambda c: StaleWrite("pool", pool.name, current_status(Pool, c))
         )
         self._transact([put, self._audit_put(audit), *self._gate_puts(updated)], {0: stale}, written=updated)
         return updated
+
+
+def _budget_details(before: Pool | None, after: Pool) -> dict[str, str | int | None]:
+    """A write that sets a pool's budgets says what they became: with the pool's audit trail in version
+    order, which budgets any version of the pool had."""
+    if after.disruption == (before.disruption if before is not None else DisruptionPolicy()):
+        return {}
+    return {"disruption": after.disruption.model_dump_json(exclude_none=True)}

@@ -8,26 +8,29 @@ ones that became empty, rather than replace the whole item.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fleetkeeper.domain.admission import Claim, counted, settled
 from fleetkeeper.domain.drift import current_drift
-from fleetkeeper.domain.errors import Conflict, InvalidInput, StaleWrite
+from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolNotActive, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, check_transition
-from fleetkeeper.domain.models import AuditEvent, Worker, WorkerSummary, utcnow
+from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_transition
+from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize, serialize_value
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
+from fleetkeeper.store.disruption import BudgetTaken, PoolMoved, count_updates
 from fleetkeeper.store.machine_keys import MachineKeyRepository
 from fleetkeeper.store.schema import BY_EC2_INSTANCE, BY_KIND, BY_PARENT, BY_POOL, BY_SHARD, BY_STATUS
 from fleetkeeper.store.table import (
     BATCH_GET_SIZE,
     Page,
+    Refusal,
     current_status,
     refuse_missing,
     validated_copy,
@@ -85,7 +88,7 @@ class WorkerRepository(MachineKeyRepository):
             items = self._batch_get_items([keys.worker_key(i) for i in worker_ids], consistent=consistent)
         else:
             chunks = [worker_ids[n : n + BATCH_GET_SIZE] for n in range(0, len(worker_ids), BATCH_GET_SIZE)]
-            with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+            with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
                 parts = pool.map(
                     lambda ids: self._batch_get_items(
                         [keys.worker_key(i) for i in ids], consistent=consistent
@@ -180,9 +183,13 @@ class WorkerRepository(MachineKeyRepository):
                 return worker
         return None
 
-    def create_worker(self, worker: Worker, *, actor: str, reason: str | None = None) -> Worker:
+    def create_worker(
+        self, worker: Worker, *, actor: str, reason: str | None = None, active_pool: bool = False
+    ) -> Worker:
         """Store a new worker, counted in its cell; fails with Conflict if the id is taken (imports rely
-        on that)."""
+        on that). With `active_pool`, only into a pool that is active when it commits (PoolNotActive)."""
+        if counted(worker.owner):
+            raise ValueError("a new worker is never being disrupted: its owner can only hold it")
         now = utcnow()
         stored = worker.model_copy(update={"version": 1, "created_at": now, "updated_at": now})
         audit = AuditEvent(
@@ -199,16 +206,27 @@ class WorkerRepository(MachineKeyRepository):
             return Conflict("worker", worker.id, status, f"worker '{worker.id}' already exists")
 
         cell = keys.counted_cell(stored)
-        self._transact(
-            [
-                self._put({**self._worker_item(stored), COUNTED_AS: cell}, "attribute_not_exists(PK)"),
-                self._audit_put(audit),
-                *counter_updates(self.table_name, stored.id, {cell: 1}),
-                *self.machine_key_put(stored),
-            ],
-            {0: refuse},
-            written=stored,
-        )
+        items = [
+            self._put({**self._worker_item(stored), COUNTED_AS: cell}, "attribute_not_exists(PK)"),
+            self._audit_put(audit),
+            *counter_updates(self.table_name, stored.id, {cell: 1}),
+            *self.machine_key_put(stored),
+        ]
+        refusals: dict[int, Refusal] = {0: refuse}
+        if active_pool and worker.pool is not None:
+            pool = worker.pool
+
+            def closed(current: dict[str, Any] | None) -> Exception:
+                status = current_status(Pool, current) if current else None
+                return PoolNotActive(pool, status or "absent")
+
+            refusals[len(items)] = closed
+            items.append(
+                self._condition_check(
+                    keys.pool_key(pool), "#s = :active", {":active": str(PoolStatus.ACTIVE)}, {"#s": "status"}
+                )
+            )
+        self._transact(items, refusals, written=stored)
         return stored
 
     def _worker_update(self, current: Worker, updated: Worker, counted_as: str | None) -> dict[str, Any]:
@@ -253,7 +271,9 @@ class WorkerRepository(MachineKeyRepository):
             }
         }
 
-    def _save_worker(self, current: Worker, updated: Worker, audit: AuditEvent) -> Worker:
+    def _save_worker(
+        self, current: Worker, updated: Worker, audit: AuditEvent, claim: Claim | None = None
+    ) -> Worker:
         """Write `updated` over `current`, moving its count along (store/counters.py), and with a machine
         it now records, that machine's key item (store/machine_keys.py), so an event finds the worker the
         moment the worker holds the id.
@@ -276,20 +296,29 @@ class WorkerRepository(MachineKeyRepository):
             self.machine_key_put(updated) if updated.ec2_instance_id != current.ec2_instance_id else []
         )
         counted_as: str | None = keys.counted_cell(current)
+        delta = int(counted(updated.owner)) - int(counted(current.owner))
+        ownership = count_updates(self.table_name, current.pool, current.template, delta, claim)
+        if delta:
+            audit = audit.model_copy(
+                update={"details": {**audit.details, **_ownership_details(current, updated, delta, claim)}}
+            )
         for attempt in range(_COUNTING_ATTEMPTS):
-            try:
-                self._transact(
-                    [
-                        self._worker_update(current, updated, counted_as),
-                        self._audit_put(audit),
-                        *counter_updates(
-                            self.table_name, current.id, moves(counted_as, keys.counted_cell(updated))
-                        ),
-                        *machine_key,
-                    ],
-                    {0: stale},
-                    written=updated,
+            items = [
+                self._worker_update(current, updated, counted_as),
+                self._audit_put(audit),
+                *counter_updates(self.table_name, current.id, moves(counted_as, keys.counted_cell(updated))),
+                *machine_key,
+            ]
+            refusals = {0: stale} | {
+                len(items) + n: (
+                    (lambda _: PoolMoved(current.pool or "-"))
+                    if "ConditionCheck" in item
+                    else (lambda _: BudgetTaken(current.pool))
                 )
+                for n, item in enumerate(ownership)
+            }
+            try:
+                self._transact([*items, *ownership], refusals, written=updated)
             except _CountedElsewhere as elsewhere:
                 if attempt + 1 == _COUNTING_ATTEMPTS:
                     raise StaleWrite(
@@ -310,12 +339,24 @@ class WorkerRepository(MachineKeyRepository):
         reason: str | None = None,
         action: str | None = None,
         changes: Mapping[str, Any] | None = None,
+        claim: Claim | None = None,
     ) -> Worker:
-        """Move a worker read at `worker.version` to `target`, if the lifecycle table allows it."""
+        """Move a worker read at `worker.version` to `target`, if the lifecycle table allows it; its owner
+        follows the status (domain/admission.settled), and `claim` is what an admitting write must still
+        find (store/disruption.py)."""
         check_transition(worker.status, target, cause)
+        now = utcnow()
+        wanted = (changes or {}).get("owner", worker.owner)
+        owner = settled(worker, target, wanted, cause=cause, actor=actor, now=now)
         updated = validated_copy(
             worker,
-            {**(changes or {}), "status": target, "version": worker.version + 1, "updated_at": utcnow()},
+            {
+                **(changes or {}),
+                "owner": owner,
+                "status": target,
+                "version": worker.version + 1,
+                "updated_at": now,
+            },
         )
         audit = AuditEvent(
             entity="worker",
@@ -327,7 +368,7 @@ class WorkerRepository(MachineKeyRepository):
             reason=reason,
             details={"cause": str(cause)},
         )
-        return self._save_worker(worker, updated, audit)
+        return self._save_worker(worker, updated, audit, claim)
 
     def update_worker(
         self,
@@ -338,9 +379,10 @@ class WorkerRepository(MachineKeyRepository):
         action: str,
         reason: str | None = None,
         details: Mapping[str, str | int | None] | None = None,
+        claim: Claim | None = None,
     ) -> Worker:
         """Change fields other than status on a worker read at `worker.version`; `details` go into its
-        audit item."""
+        audit item, `claim` is what an admitting write must still find (store/disruption.py)."""
         if "status" in changes and changes["status"] != worker.status:
             raise InvalidInput("status", "use a transition to change a worker's status")
         updated = validated_copy(worker, {**changes, "version": worker.version + 1, "updated_at": utcnow()})
@@ -354,7 +396,7 @@ class WorkerRepository(MachineKeyRepository):
             reason=reason,
             details=dict(details or {}),
         )
-        return self._save_worker(worker, updated, audit)
+        return self._save_worker(worker, updated, audit, claim)
 
     def list_workers(
         self,
@@ -471,7 +513,7 @@ class WorkerRepository(MachineKeyRepository):
 
     def _query_each(self, queries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Every item of every query, the queries run READ_PARALLELISM at a time, in the queries' order."""
-        with ThreadPoolExecutor(max_workers=READ_PARALLELISM) as pool:
+        with ContextThreadPool(max_workers=READ_PARALLELISM) as pool:
             pages = pool.map(lambda query: list(self._query_all(**query)), queries)
             return [item for page in pages for item in page]
 
@@ -544,6 +586,19 @@ class WorkerRepository(MachineKeyRepository):
             query["FilterExpression"] = " AND ".join(filters)
             query["ExpressionAttributeNames"] = names
         return self._page(Worker, limit, next_token, **query)
+
+
+def _ownership_details(current: Worker, updated: Worker, delta: int, claim: Claim | None) -> dict[str, Any]:
+    """What the audit says of a place taken in (+1) or given back to (-1) the pool's budgets, so the
+    audit trail alone replays each pool's count: whose place it is, and for one taken, the instant it
+    was decided at and the version of the pool's budgets it was decided on."""
+    owner = updated.owner if delta > 0 else current.owner
+    details: dict[str, Any] = {"in_use": delta, "owner": owner.reason if owner else None}
+    if delta > 0 and owner is not None:
+        details["owner_since"] = owner.since.isoformat()
+        if claim is not None and claim.pool_version is not None:
+            details["pool_version"] = claim.pool_version
+    return details
 
 
 def _summary(entry: Mapping[str, Any]) -> WorkerSummary:

@@ -5,18 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import BaseModel, Field
 
 from fleetkeeper.api.errors import responses
 from fleetkeeper.api.params import PageToken, ResourceName, RolloutId, WorkerId
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.domain.models import AuditEvent
 from fleetkeeper.services import audit
 from fleetkeeper.services.context import default_context
 from fleetkeeper.store.audit import MAX_AUDIT_PAGE
 
-router = Router()  # type: ignore[no-untyped-call]  # Powertools leaves its __init__ unannotated
+router = ResourceRouter(
+    "audit",
+    "Who did what to a worker, pool or rollout, from which status to which, why and when.",
+)
 
 
 class AuditEventView(BaseModel):
@@ -48,6 +51,8 @@ def _page(entity: audit.AuditedEntity, entity_id: str, limit: int, next_token: s
 @router.get(
     "/api/v1/workers/<worker_id>/events",
     summary="The worker's audit trail, newest first",
+    description="One page of the worker's audit events; follow `next_token` until there is none. 404 if "
+    "there is no such worker.",
     responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
 )
 def worker_events(
@@ -61,6 +66,8 @@ def worker_events(
 @router.get(
     "/api/v1/pools/<name>/events",
     summary="The pool's audit trail, newest first",
+    description="One page of the pool's audit events; follow `next_token` until there is none. 404 if "
+    "there is no such pool.",
     responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
 )
 def pool_events(
@@ -74,6 +81,8 @@ def pool_events(
 @router.get(
     "/api/v1/rollouts/<rollout_id>/events",
     summary="The rollout's audit trail, newest first",
+    description="One page of the rollout's audit events; follow `next_token` until there is none. 404 if "
+    "there is no such rollout.",
     responses=responses({200: ("one page of the trail", AuditPage)}, 404, 422),
 )
 def rollout_events(

@@ -12,7 +12,8 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName, WorkerId
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
+from fleetkeeper.api.routes.pools import pool_view
 from fleetkeeper.api.schemas import (
     CancelDrainRequest,
     DrainDeadlineRequest,
@@ -26,11 +27,21 @@ from fleetkeeper.services import disruption, drains
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.drains import DrainStatus
 
-router = new_router()
+router = ResourceRouter(
+    "drains",
+    "Taking a worker or a whole pool out of service gracefully: start (or plan) a drain, read it, move its "
+    "deadline, force it, cancel it (docs/drains.md).",
+)
 
 
 @router.post(
     "/api/v1/workers/<worker_id>/drain",
+    summary="Drain a worker: no new instances, then stop or terminate it once empty or at its deadline",
+    description="202 with the drain started (RUNNING -> DRAINING); with `dry_run`, 200 with the drain "
+    "that would start and nothing written. A drain beyond a pool budget is never refused: "
+    "`budget_exceeded` names the budget. 404 if there is no such worker; 409 DRAIN_IN_PROGRESS if a "
+    "drain runs, or ILLEGAL_TRANSITION if the worker is not RUNNING; 503 if the drain workflow could "
+    "not start (nothing changed; retry).",
     responses=responses(
         {200: ("dry_run: the drain that would start", DrainStatus), 202: ("the drain started", DrainStatus)},
         404,
@@ -71,6 +82,9 @@ def drain_worker(
 
 @router.get(
     "/api/v1/workers/<worker_id>/drain",
+    summary="Read a worker's latest drain",
+    description="Where the worker's latest drain stands (NOT_RUN if it never drained): its deadline, what "
+    "still runs, what it moved, and how it ended. 404 if there is no such worker.",
     responses=responses({200: ("the worker's drain", DrainStatus)}, 404),
 )
 def get_drain(worker_id: WorkerId) -> DrainStatus:
@@ -94,6 +108,9 @@ FORCE_CONFLICT = f"{_NOT_OPEN}; REQUEST_IN_PROGRESS: a request with the same Ide
 @router.patch(
     "/api/v1/workers/<worker_id>/drain",
     summary="Move a running drain's deadline, earlier or later",
+    description="The drain's whole timeout becomes `timeout_seconds`, counted from its start; a deadline "
+    "already past forces it now. 404 if there is no such worker; 409 when the drain is not open, "
+    "finishing, past its deadline or moved too often (the 409 answer says which).",
     responses=responses(
         {200: ("the drain, with its new deadline", DrainStatus)}, 404, 409, conflict=MOVE_CONFLICT
     ),
@@ -112,6 +129,9 @@ def move_drain_deadline(worker_id: WorkerId, body: Annotated[DrainDeadlineReques
 @router.post(
     "/api/v1/workers/<worker_id>/drain/force",
     summary="Force a running drain now: what still runs ends with reason forced",
+    description="The drain's deadline becomes now: its force step ends the worker's instances and the "
+    "drain finishes. 404 if there is no such worker; 409 when the worker is not DRAINING, its drain "
+    "ended or is finishing, or `generation` names another drain.",
     responses=responses({202: ("the drain, being forced", DrainStatus)}, 404, 409, conflict=FORCE_CONFLICT),
 )
 def force_drain(
@@ -139,6 +159,9 @@ CANCEL_CONFLICT = (
 
 @router.post(
     "/api/v1/workers/<worker_id>/cancel-drain",
+    summary="Cancel a worker's drain: it is RUNNING again and takes instances",
+    description="DRAINING -> RUNNING, and the drain ends CANCELLED. 404 if there is no such worker; 409 "
+    "when it is not DRAINING, or its drain has begun to finish (before-stop operations, the stop).",
     responses=responses(
         {200: ("the worker, drain cancelled", WorkerView)}, 404, 409, conflict=CANCEL_CONFLICT
     ),
@@ -155,6 +178,10 @@ def cancel_drain(
 
 @router.post(
     "/api/v1/pools/<name>/drain",
+    summary="Drain a pool: it takes no instances until its own are done, then drains its workers if asked",
+    description="The pool is DRAINING until its active instances end or the timeout passes; `then` stop "
+    "or terminate drains each of its workers afterwards. 404 if there is no such pool; 409 if it is "
+    "draining already; 503 if the drain workflow could not start (nothing changed; retry).",
     responses=responses({202: ("the pool, draining", PoolView)}, 404, 409, 503),
 )
 def drain_pool(
@@ -170,12 +197,15 @@ def drain_pool(
     )
     exceeds = disruption.pool_drain_exceeds(default_context(), pool)
     return Response(
-        status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=PoolView.of(pool, budget_exceeded=exceeds)
+        status_code=HTTPStatus.ACCEPTED, content_type=JSON, body=pool_view(pool, budget_exceeded=exceeds)
     )
 
 
 @router.post(
     "/api/v1/pools/<name>/cancel-drain",
+    summary="Cancel a pool's drain: it is active again",
+    description="The pool takes instances again and its drain ends CANCELLED. 404 if there is no such "
+    "pool; 409 if it is not draining.",
     responses=responses({200: ("the pool, drain cancelled", PoolView)}, 404, 409),
 )
 def cancel_pool_drain(
@@ -185,4 +215,4 @@ def cancel_pool_drain(
     pool = drains.cancel_pool_drain(
         default_context(), name, actor=caller(router.current_event), reason=reason
     )
-    return PoolView.of(pool)
+    return pool_view(pool)

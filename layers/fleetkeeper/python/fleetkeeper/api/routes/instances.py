@@ -11,7 +11,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import InstanceId, PageToken
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import (
     MAX_ID_LENGTH,
     InstancePage,
@@ -23,11 +23,19 @@ from fleetkeeper.domain.lifecycle import InstanceState
 from fleetkeeper.services import instances, placement
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "instances",
+    "The sessions workers run: place one on a worker with room, read them, and report their states.",
+)
 
 
 @router.post(
     "/api/v1/instances",
+    summary="Place an instance on a RUNNING worker with a free slot",
+    description="Takes a slot on a worker of the template or pool (or on the worker named) in one "
+    "transaction, SCHEDULED. 409 NO_CAPACITY when no worker has room (or the pool takes no instances), "
+    "409 CONFLICT when the worker named cannot take it; 422 names an unknown template or pool, or a "
+    "template or pool that is not the named worker's own.",
     responses=responses({201: ("the instance, placed", InstanceView)}, 404, 409),
 )
 def place_instance(body: PlaceInstanceRequest) -> Response[InstanceView]:
@@ -46,6 +54,9 @@ def place_instance(body: PlaceInstanceRequest) -> Response[InstanceView]:
 
 @router.get(
     "/api/v1/instances",
+    summary="List instances, filtered and page by page",
+    description="One page of instances, by worker or by state; follow `next_token` until there is none. "
+    "422 names a filter of the wrong form or a `next_token` this query did not issue.",
     responses=responses({200: ("one page of instances", InstancePage)}),
 )
 def list_instances(
@@ -63,6 +74,8 @@ def list_instances(
 
 @router.get(
     "/api/v1/instances/<instance_id>",
+    summary="Read an instance",
+    description="The instance as stored. 404 if there is no such instance.",
     responses=responses({200: ("the instance", InstanceView)}, 404),
 )
 def get_instance(instance_id: InstanceId) -> InstanceView:
@@ -71,6 +84,10 @@ def get_instance(instance_id: InstanceId) -> InstanceView:
 
 @router.post(
     "/api/v1/instances/<instance_id>/state",
+    summary="Report an instance's state, as its workload sees it",
+    description="Moves the instance to INSTANTIATING, RUNNING or an end (COMPLETED, FAILED, TERMINATED); "
+    "an end frees its slot and may finish a drain waiting for it. 404 if there is no such instance; 409 "
+    "if its state does not allow the move (it ended already); 422 for SCHEDULED or an unknown state.",
     responses=responses({200: ("the instance", InstanceView)}, 404, 409),
 )
 def set_instance_state(instance_id: InstanceId, body: InstanceStateRequest) -> InstanceView:

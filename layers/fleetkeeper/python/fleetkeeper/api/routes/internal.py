@@ -11,12 +11,15 @@ from __future__ import annotations
 from fleetkeeper.api.errors import Forbidden, responses
 from fleetkeeper.api.params import WorkerId
 from fleetkeeper.api.principal import caller, is_one_of
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import InternalStatusRequest, WorkerView
 from fleetkeeper.services import workers
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "internal",
+    "Tooling only (the stage's tooling principals): apply what EC2 observed about a worker.",
+)
 
 
 def tooling_caller() -> str:
@@ -32,6 +35,11 @@ def tooling_caller() -> str:
 
 @router.post(
     "/api/internal/workers/<worker_id>/status",
+    summary="Apply a status EC2 observed to a worker (tooling only)",
+    description="Moves the worker to the observed status; TERMINATED keeps the record, names the signing "
+    "principal as `terminated_by`, and ends its active instances. 403 unless the caller is one of the "
+    "stage's tooling principals; 404 if there is no such worker; 409 if the worker's status does not "
+    "allow the move.",
     responses=responses({200: ("the worker", WorkerView)}, 403, 404, 409),
 )
 def set_observed_status(worker_id: WorkerId, body: InternalStatusRequest) -> WorkerView:

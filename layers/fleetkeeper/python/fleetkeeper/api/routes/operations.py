@@ -11,12 +11,15 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from fleetkeeper.api.errors import JSON, RETRY_AFTER_SECONDS, responses
 from fleetkeeper.api.params import PageToken, WorkerId
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import OperationPage, OperationRequest, OperationView
 from fleetkeeper.services import operations
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "operations",
+    "Commands run on a worker's machine through SSM Run Command (the stage's catalogue), and their results.",
+)
 
 _REQUEST_RESPONSES = responses(
     {202: ("the operation, PENDING: the reconciler sends it to the machine", OperationView)},
@@ -30,7 +33,15 @@ _REQUEST_RESPONSES[503] = {
 }
 
 
-@router.post("/api/v1/workers/<worker_id>/operations", responses=_REQUEST_RESPONSES)
+@router.post(
+    "/api/v1/workers/<worker_id>/operations",
+    summary="Request an operation on a worker's machine",
+    description="Stores the operation PENDING; the reconciler sends it through SSM and records its output. "
+    "404 if there is no such worker; 409 OPERATION_IN_FLIGHT while another one runs on it, or CONFLICT "
+    "if the worker cannot run one; 422 names an unknown operation or a parameter the catalogue refuses; "
+    "503 when the table stayed throttled (nothing was stored).",
+    responses=_REQUEST_RESPONSES,
+)
 def request_operation(worker_id: WorkerId, body: OperationRequest) -> Response[OperationView]:
     op = operations.request(
         default_context(), worker_id, body.name, body.parameters, actor=caller(router.current_event)
@@ -40,6 +51,9 @@ def request_operation(worker_id: WorkerId, body: OperationRequest) -> Response[O
 
 @router.get(
     "/api/v1/workers/<worker_id>/operations",
+    summary="List a worker's operations, newest first",
+    description="One page of the worker's operations with their status and output; follow `next_token` "
+    "until there is none. 404 if there is no such worker.",
     responses=responses({200: ("one page of the worker's operations, newest first", OperationPage)}),
 )
 def list_operations(

@@ -10,20 +10,26 @@ from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from fleetkeeper.api.errors import responses
 from fleetkeeper.api.params import PageToken
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import ConfirmOrphansRequest, HeldBackPage, OrphanBreakerList, OrphanBreakerView
 from fleetkeeper.domain.models import REGION_PATTERN
 from fleetkeeper.domain.orphan_breaker import FINGERPRINT_PATTERN
 from fleetkeeper.services import orphan_gc
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "orphans",
+    "Orphan GC's circuit breaker: the workers it holds back per region, and an operator's confirmation.",
+)
 
 RegionPath = Annotated[str, Path(pattern=REGION_PATTERN, examples=["eu-west-1"])]
 
 
 @router.get(
     "/api/v1/reconcile/orphans",
+    summary="List each region's orphan GC breaker",
+    description="Per region: whether the breaker holds workers back, the first of them, and the "
+    "confirmation in force if any. No error but the common ones.",
     responses=responses({200: ("each region's orphan GC breaker", OrphanBreakerList)}),
 )
 def list_orphan_breakers() -> OrphanBreakerList:
@@ -32,6 +38,10 @@ def list_orphan_breakers() -> OrphanBreakerList:
 
 @router.get(
     "/api/v1/reconcile/orphans/<region>/held-back",
+    summary="Page through the workers a region's breaker holds back",
+    description="The held-back worker ids in order; pass the first page's `held_back_set` to make sure "
+    "the set does not change while paging. 409 if it changed; 422 names a region or token of the wrong "
+    "form; 404 only for a path no route takes.",
     responses=responses(
         {200: ("one page of the workers held back in the region, in order", HeldBackPage)}, 409
     ),
@@ -55,6 +65,10 @@ def held_back(
 
 @router.post(
     "/api/v1/reconcile/orphans/confirm",
+    summary="Confirm what a region's breaker holds back, so GC retires it",
+    description="The next discovery passes retire the confirmed workers. 409 if nothing is held back, or "
+    "if the set named (`worker_ids` or `held_back_set`) is no longer the one held back; 422 names a "
+    "field of the wrong form.",
     responses=responses(
         {200: ("the breaker, with the confirmation the next discovery passes use", OrphanBreakerView)},
         409,

@@ -9,17 +9,30 @@ from aws_lambda_powertools.event_handler import Response
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
+from fleetkeeper.domain.models import Pool
 from fleetkeeper.services import catalog, disruption
 from fleetkeeper.services.context import default_context
+from fleetkeeper.services.disruption import BudgetExceeded
 
-router = new_router()
+router = ResourceRouter(
+    "pools",
+    "Named groups of workers that placement targets and drains empty, with their disruption budgets.",
+)
+
+
+def pool_view(pool: Pool, budget_exceeded: BudgetExceeded | None = None) -> PoolView:
+    """One pool as every route that reads or writes one answers it: with its active instances counted."""
+    active = default_context().store.pool_active_instances(pool.name)
+    return PoolView.of(pool, active_instances=active, budget_exceeded=budget_exceeded)
 
 
 @router.get(
     "/api/v1/pools",
+    summary="List every pool",
+    description="Every pool, in one answer; `active_instances` is counted only when one pool is read.",
     responses=responses({200: ("every pool", PoolList)}),
 )
 def list_pools() -> PoolList:
@@ -28,16 +41,21 @@ def list_pools() -> PoolList:
 
 @router.get(
     "/api/v1/pools/<name>",
+    summary="Read a pool, with its active instances counted",
+    description="The pool as stored, its drain if any, and the instances active on its workers now. 404 "
+    "if there is no such pool.",
     responses=responses({200: ("the pool", PoolView)}, 404),
 )
 def get_pool(name: ResourceName) -> PoolView:
-    store = default_context().store
-    pool = store.get_pool(name)
-    return PoolView.of(pool, active_instances=store.pool_active_instances(name))
+    return pool_view(default_context().store.get_pool(name))
 
 
 @router.get(
     "/api/v1/pools/<name>/disruption",
+    summary="Read what a pool's disruption budgets allow now",
+    description="Each budget of the pool with whether its window applies now, what it allows and how "
+    "many workers are being disrupted, and what waits for it (docs/disruption.md). 404 if there is no "
+    "such pool.",
     responses=responses({200: ("the pool's disruption budgets now", disruption.PoolDisruptionView)}, 404),
 )
 def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
@@ -46,6 +64,11 @@ def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
 
 @router.put(
     "/api/v1/pools/<name>",
+    summary="Create a pool or update its description, status or budgets",
+    description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
+    "and `disruption` replaces the budgets whole. 409 if the pool is draining and the body changes its "
+    "status (cancel the drain first); 422 names a field of the wrong form, such as a budget's `max`, "
+    "`schedule`, `duration` or `timezone`.",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
 def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
@@ -58,4 +81,4 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         disruption=body.disruption,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
-    return Response(status_code=status, content_type=JSON, body=PoolView.of(pool))
+    return Response(status_code=status, content_type=JSON, body=pool_view(pool))

@@ -9,7 +9,7 @@ from aws_lambda_powertools.event_handler import Response
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import ResourceName
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import TemplateList, TemplateRequest, TemplateView
 from fleetkeeper.domain.errors import InvalidInput
 from fleetkeeper.domain.launch import refused_instance_type
@@ -17,11 +17,16 @@ from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.services import catalog
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "templates",
+    "What a worker runs on: instance type, image filter, capacity, drain timeout, tags, lifetime.",
+)
 
 
 @router.get(
     "/api/v1/templates",
+    summary="List every template",
+    description="Every template, in one answer (a stage has a handful).",
     responses=responses({200: ("every template", TemplateList)}),
 )
 def list_templates() -> TemplateList:
@@ -30,6 +35,8 @@ def list_templates() -> TemplateList:
 
 @router.get(
     "/api/v1/templates/<name>",
+    summary="Read a template",
+    description="The template as stored. 404 if there is no such template.",
     responses=responses({200: ("the template", TemplateView)}, 404),
 )
 def get_template(name: ResourceName) -> TemplateView:
@@ -38,6 +45,11 @@ def get_template(name: ResourceName) -> TemplateView:
 
 @router.put(
     "/api/v1/templates/<name>",
+    summary="Create or replace a template",
+    description="Writes the whole template: 201 when it is new, 200 when it replaced one. Workers launched "
+    "from now on follow it; running workers that differ from it are drifted. 422 names a field of the "
+    "wrong type or range, an `instance_type` the stage may not launch, a `before_stop` operation the "
+    "stage does not offer, or a tag EC2 would refuse; 409 if another write replaced it meanwhile.",
     responses=responses(
         {200: ("the template, replaced", TemplateView), 201: ("the template, created", TemplateView)},
         409,

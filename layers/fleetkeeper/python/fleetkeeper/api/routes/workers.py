@@ -11,7 +11,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from fleetkeeper.api.errors import JSON, responses
 from fleetkeeper.api.params import PageToken, WorkerId
 from fleetkeeper.api.principal import caller
-from fleetkeeper.api.routes import new_router
+from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
     DesiredStatusRequest,
@@ -23,11 +23,19 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.services import workers
 from fleetkeeper.services.context import default_context
 
-router = new_router()
+router = ResourceRouter(
+    "workers",
+    "The machines of the fleet: list, create, read, and what an operator wants of one (desired status, "
+    "protection from disruption). Drains, operations and audit trails have their own tags.",
+)
 
 
 @router.get(
     "/api/v1/workers",
+    summary="List workers, filtered and page by page",
+    description="One page of workers, filtered by status, region, pool, template and drift; follow "
+    "`next_token` until there is none. 422 names a filter of the wrong form or a `next_token` this "
+    "query did not issue.",
     responses=responses({200: ("one page of workers", WorkerPage)}),
 )
 def list_workers(
@@ -60,6 +68,10 @@ def list_workers(
 
 @router.post(
     "/api/v1/workers",
+    summary="Create a worker of a template, PENDING until the reconciler launches it",
+    description="Stores a PENDING worker with its template's capacity, in a pool if one is named; the "
+    "reconciler launches its machine within a cycle. 422 names an unknown `template` or `pool`, or a "
+    "`region` the stage does not manage; 409 if the worker's id is taken.",
     responses=responses({201: ("the new worker, PENDING", WorkerView)}, 409),
 )
 def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
@@ -77,6 +89,9 @@ def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
 
 @router.get(
     "/api/v1/workers/<worker_id>",
+    summary="Read a worker",
+    description="The worker as stored, with its latest drain and its drift from its template. 404 if "
+    "there is no such worker (a terminated worker is kept, TERMINATED).",
     responses=responses({200: ("the worker", WorkerView)}, 404),
 )
 def get_worker(worker_id: WorkerId) -> WorkerView:
@@ -85,6 +100,10 @@ def get_worker(worker_id: WorkerId) -> WorkerView:
 
 @router.put(
     "/api/v1/workers/<worker_id>/desired-status",
+    summary="Ask for a worker to be RUNNING, STOPPED or TERMINATED",
+    description="Records the status the operator wants; the reconciler moves the worker there, draining "
+    "it first when it runs instances. 404 if there is no such worker; 409 if it is TERMINATED; 422 for "
+    "any other status.",
     responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> WorkerView:
@@ -99,6 +118,10 @@ def put_desired_status(worker_id: WorkerId, body: DesiredStatusRequest) -> Worke
 
 @router.put(
     "/api/v1/workers/<worker_id>/do-not-disrupt",
+    summary="Protect a worker from voluntary disruption until a moment, or lift it",
+    description="Keeps scale-down, expiry and rollouts away from the worker until `do_not_disrupt_until` "
+    "(a timestamp or a duration from now, within 366 days); null lifts it. 404 if there is no such "
+    "worker; 409 if it is TERMINATED; 422 for a moment past or too far ahead.",
     responses=responses({200: ("the worker", WorkerView)}, 404, 409),
 )
 def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> WorkerView:

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.admission import Ask, Claim, Held, Imposed
 from fleetkeeper.domain.drain_policy import (
     MAX_DEADLINE_MOVES,
     deadline_passed,
@@ -18,6 +19,7 @@ from fleetkeeper.domain.drain_policy import (
 from fleetkeeper.domain.errors import (
     Conflict,
     DeadlinePassed,
+    DisruptionHeld,
     DrainFinishing,
     DrainInProgress,
     TooManyDeadlineMoves,
@@ -28,10 +30,12 @@ from fleetkeeper.domain.models import (
     DrainOutcome,
     DrainRecord,
     DrainThen,
+    Owner,
     Worker,
     utcnow,
 )
 from fleetkeeper.observability import logger, metrics
+from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains._shared import drain_of, emit, worker_detail
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, DrainStatus, execution_name
@@ -151,8 +155,13 @@ def start_worker_drain(
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
     reschedule: bool = True,
+    ask: Ask | None = None,
 ) -> DrainStatus:
     """Take the worker out of placement now (RUNNING → DRAINING) and start its drain workflow.
+
+    The drain passes the door for disruption (services/admission.py) as `ask` says, by default an
+    operator's command: it takes the worker over from any voluntary owner. A voluntary ask the door
+    holds back raises DisruptionHeld (409, saying why).
 
     With `reschedule` (the default) the workflow's begin step moves the worker's SCHEDULED instances
     to other workers with room (services/drains/reschedule.py).
@@ -161,10 +170,42 @@ def start_worker_drain(
     once the caller has its 202. The workflow's begin step accepts a worker that is already DRAINING
     for the same generation.
     """
+    with admission.door(ctx) as door:
+        opened = open_drain(
+            ctx,
+            door,
+            worker_id,
+            ask or Ask(Imposed.OPERATOR, actor),
+            actor=actor,
+            reason=reason,
+            timeout_seconds=timeout_seconds,
+            then=then,
+            reschedule=reschedule,
+        )
+    if isinstance(opened, Held):
+        raise DisruptionHeld(worker_id, str(opened.why), opened.detail)
+    return status_of(ctx, opened)
+
+
+def open_drain(
+    ctx: Context,
+    door: admission.Door,
+    worker_id: str,
+    ask: Ask,
+    *,
+    actor: str,
+    reason: str | None = None,
+    timeout_seconds: int | None = None,
+    then: DrainThen = DrainThen.STOP,
+    reschedule: bool = True,
+) -> Worker | Held:
+    """The drain of one worker through `door`: the worker as its drain started, or what holds it back.
+
+    The write that admits the disruption is the one that starts the drain (RUNNING → DRAINING with its
+    record and its owner), so no one else can take the worker in between."""
     now = utcnow()
 
-    def mark_draining() -> Worker:
-        worker = ctx.store.get_worker(worker_id)
+    def mark_draining(worker: Worker, owner: Owner, claim: Claim | None) -> Worker:
         refusal = _refusal(worker)
         if refusal is not None:
             raise refusal
@@ -181,6 +222,7 @@ def start_worker_drain(
             reschedule=reschedule,
             execution_arn=ctx.workflows.execution_arn(execution_name("drain", worker.id, generation)),
         )
+        changes = {"drain": record, "owner": owner}
         if worker.status == WorkerStatus.RUNNING:
             return ctx.store.transition_worker(
                 worker,
@@ -189,13 +231,16 @@ def start_worker_drain(
                 actor=actor,
                 reason=reason,
                 action="WorkerDrainStarted",
-                changes={"drain": record},
+                changes=changes,
+                claim=claim,
             )
         return ctx.store.update_worker(
-            worker, {"drain": record}, actor=actor, action="WorkerDrainRestarted", reason=reason
+            worker, changes, actor=actor, action="WorkerDrainRestarted", reason=reason, claim=claim
         )
 
-    worker = retry_conflicts(mark_draining)
+    worker = door.admit(worker_id, ask, mark_draining)
+    if isinstance(worker, Held):
+        return worker
     record = drain_of(worker)
     # A crash right here leaves a DRAINING worker without an execution: the watchdog starts it.
     try:
@@ -212,7 +257,7 @@ def start_worker_drain(
         "DrainStarted",
     )
     logger.info("drain started", extra={"worker_id": worker.id, "generation": record.generation})
-    return status_of(ctx, worker, now)
+    return worker
 
 
 def launch_worker_drain(ctx: Context, worker_id: str, record: DrainRecord) -> str:

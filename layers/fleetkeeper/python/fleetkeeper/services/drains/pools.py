@@ -30,6 +30,9 @@ from fleetkeeper.services.drains._shared import emit
 from fleetkeeper.services.drains.commands import launch_worker_drain, start_worker_drain
 from fleetkeeper.services.drains.contract import WORKFLOW_ACTOR, DrainInput, execution_name, pool_wait_plan
 
+# A pool's workers still coming up when its drain ends.
+_LAUNCHING = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+
 
 def start_pool_drain(
     ctx: Context,
@@ -283,6 +286,21 @@ def _drain_workers(ctx: Context, pool: Pool, drain: DrainInput) -> list[str]:
         ):
             launch_worker_drain(ctx, worker.id, record)  # the same execution name: at most one runs
             drained.append(worker.id)
+            continue
+        if worker.status in _LAUNCHING:
+            # Coming up as the pool closes: stopped (or terminated) once it runs, like the others.
+            desired = (
+                WorkerStatus.STOPPED if drain.then == PoolDrainThen.STOP.value else WorkerStatus.TERMINATED
+            )
+            if worker.desired_status != desired:
+                # On the version read: a worker that moved meanwhile is read again when the step retries.
+                ctx.store.update_worker(
+                    worker,
+                    {"desired_status": desired},
+                    actor=WORKFLOW_ACTOR,
+                    action="WorkerDesiredStatusSet",
+                    reason=f"{reason}: desired {desired} once it runs",
+                )
             continue
         if worker.status != WorkerStatus.RUNNING:
             continue

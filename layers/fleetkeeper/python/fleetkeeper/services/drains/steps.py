@@ -19,7 +19,7 @@ from fleetkeeper.domain.errors import (
     DrainNotStartable,
     StaleWrite,
 )
-from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, ForceReason, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import (
     DrainOutcome,
     DrainRecord,
@@ -127,9 +127,6 @@ def recheck(ctx: Context, drain: DrainInput) -> dict[str, Any]:
     }
 
 
-# The reasons force writes on the instances it ends: the deadline passed, or an operator forced the drain.
-TIMEOUT_REASON = "drain_timeout"
-FORCED_REASON = "forced"
 # Rounds of "read what is active, end it" before force gives up and lets Step Functions retry the step.
 # Each round ends every instance it read; only an instance that changed under it (a state report) is
 # left for the next round, so a few rounds settle any realistic race.
@@ -159,7 +156,10 @@ def force(ctx: Context, drain: DrainInput) -> dict[str, Any]:
             f"the deadline of drain {drain.generation} of worker {drain.target} is "
             f"{record.deadline.isoformat()}, not passed; waiting again"
         )
-    reason = FORCED_REASON if record.forced_at else TIMEOUT_REASON
+    reason = ForceReason.OPERATOR if record.forced_at else ForceReason.DEADLINE
+    # The deadline takes the drain over before it ends anything: a cancel that committed first is seen
+    # here (DrainCancelled, nothing forced); one that comes after the mark is refused (DrainFinishing).
+    take_over(ctx, drain, "the deadline passed: the drain is forced and can no longer be cancelled")
     for _ in range(FORCE_ROUNDS):
         worker = ctx.store.get_worker(drain.target)
         current_drain(worker, drain.generation, drain.restart)
@@ -218,8 +218,8 @@ def _record_forced(ctx: Context, drain: DrainInput, forced: list[str]) -> Worker
     def mark_timed_out() -> Worker:
         current = ctx.store.get_worker(drain.target)
         record = current.drain
-        if record is None or record.generation != drain.generation:
-            return current
+        if record is None or record.generation != drain.generation or record.outcome != DrainOutcome.RUNNING:
+            return current  # ended meanwhile (a close): what ended it stands
         if not forced and record.timed_out_at is not None:
             return current  # an earlier attempt recorded it; nothing new to add
         update = {
@@ -236,6 +236,28 @@ def _record_forced(ctx: Context, drain: DrainInput, forced: list[str]) -> Worker
         )
 
     return retry_conflicts(mark_timed_out)
+
+
+def take_over(ctx: Context, drain: DrainInput, why: str) -> None:
+    """Mark the drain as finishing, in one conditional write, before anything irreversible (a force, the
+    before-stop operations, the stop). A cancel is a conditional write on the same item: if it committed
+    first, this read sees it (DrainCancelled, nothing done); if this one did, the cancel's read sees the
+    mark and refuses (DrainFinishing). A retry or a restarted execution finds the mark and goes on."""
+
+    def mark() -> None:
+        worker = ctx.store.get_worker(drain.target)
+        record = current_drain(worker, drain.generation, drain.restart)
+        if record.finishing_at is not None:
+            return
+        ctx.store.update_worker(
+            worker,
+            {"drain": record.model_copy(update={"finishing_at": utcnow()})},
+            actor=WORKFLOW_ACTOR,
+            action="WorkerDrainFinishing",
+            reason=why,
+        )
+
+    retry_conflicts(mark)
 
 
 def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
@@ -270,20 +292,11 @@ def finish(ctx: Context, drain: DrainInput) -> dict[str, Any]:
         return worker, record
 
     def mark_finishing() -> None:
-        # Before anything irreversible is sent, one conditional write marks the drain as finishing. A
-        # cancel is a conditional write on the same item: if it committed first, this read sees it
-        # (DrainCancelled, nothing sent); if this one did, the cancel's read sees the mark and refuses
-        # (DrainFinishing). A retry or a restarted execution finds the mark and goes on.
-        worker, record = finishable()
-        if record is None or record.finishing_at is not None:
-            return
-        ctx.store.update_worker(
-            worker,
-            {"drain": record.model_copy(update={"finishing_at": utcnow()})},
-            actor=WORKFLOW_ACTOR,
-            action="WorkerDrainFinishing",
-            reason="before-stop operations and the stop follow; the drain can no longer be cancelled",
-        )
+        _, record = finishable()
+        if record is not None and record.finishing_at is None:
+            take_over(
+                ctx, drain, "before-stop operations and the stop follow; the drain can no longer be cancelled"
+            )
 
     def complete() -> Worker:
         worker, record = finishable()

@@ -19,11 +19,9 @@ first next cycle. One drain that fails is logged and counted (`errors`); the oth
 
 from __future__ import annotations
 
-import contextvars
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -42,6 +40,7 @@ from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainRecord, Pool, Worker, utcnow
 from fleetkeeper.domain.sharding import WHOLE_FLEET, Shard
 from fleetkeeper.observability import logger
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.drains.watchdog import (
     START_GRACE,
@@ -243,8 +242,8 @@ def _in_threads(call: Callable[[T], R], items: Iterable[T]) -> list[R]:
     pending = list(items)
     if len(pending) <= 1:
         return [call(item) for item in pending]
-    with ThreadPoolExecutor(max_workers=SWEEP_PARALLELISM) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, call, item) for item in pending]
+    with ContextThreadPool(max_workers=SWEEP_PARALLELISM) as pool:
+        futures = [pool.submit(call, item) for item in pending]
         return [future.result() for future in futures]
 
 

@@ -22,7 +22,6 @@ from fleetkeeper.services.reconcile.cycle import (
     STATS_SCOPE,
     CycleReport,
     act,
-    emit_counters,
     reconcile_fleet,
     workers_metric,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "Work",
     "act",
     "describe_instances",
-    "emit_counters",
     "launch_tags",
     "metrics_due",
     "reconcile_fleet",

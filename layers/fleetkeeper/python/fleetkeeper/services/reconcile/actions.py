@@ -9,7 +9,7 @@ from typing import Any
 
 from fleetkeeper.domain.errors import Conflict, NotFound
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Worker
+from fleetkeeper.domain.models import DrainThen, Drift, Worker
 from fleetkeeper.domain.reconcile import (
     BACKOFF_MAX_SECONDS,
     Ec2Call,
@@ -35,10 +35,24 @@ class Work:
     step: Step
     obs: Observation | None
     scale_down: Verdict | None = None
+    # The worker as the door's admitting write left it, once its scale-down started (planning).
+    admitted: Worker | None = None
     # Planning this worker failed (a bad record, a read that failed): it is backed off, nothing else.
     error: BaseException | None = None
     # The error is its region's failed EC2 read (counted once for the region), not the worker's own.
     region_unreadable: bool = False
+
+    @property
+    def planned(self) -> Worker:
+        """The worker as its step leaves it: the status it moves to and the drift it writes."""
+        step = self.step
+        update: dict[str, Any] = {"status": step.target or self.worker.status}
+        if "drift" in step.changes:
+            drift = step.changes["drift"]
+            update["drift"] = (
+                drift if drift is None or isinstance(drift, Drift) else Drift.model_validate(drift)
+            )
+        return self.worker.model_copy(update=update)
 
     def needs_io(self) -> bool:
         step = self.step

@@ -40,20 +40,20 @@ from fleetkeeper.domain.reconcile import (
     is_due,
 )
 from fleetkeeper.domain.sharding import Shard, split_mismatch
-from fleetkeeper.observability import logger, metrics
-from fleetkeeper.services import drains, operations
+from fleetkeeper.observability import emit_counters, logger, metrics
+from fleetkeeper.pool import ContextThreadPool
+from fleetkeeper.services import admission, drains, operations
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
-from fleetkeeper.services.reconcile.auto_rollout import start_auto_rollouts
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.images import NewestImages
-from fleetkeeper.services.reconcile.scale_down import FleetView, plan_steady_running, scale_down
-from fleetkeeper.services.rollout_engine import advance_rollouts
-from fleetkeeper.services.rollout_rollback import advance_rollbacks
+from fleetkeeper.services.reconcile.scale_down import plan_steady_running, scale_down
+from fleetkeeper.services.rollouts.auto import start_auto_rollouts
+from fleetkeeper.services.rollouts.engine import advance_rollouts
+from fleetkeeper.services.rollouts.rollbacks import advance_rollbacks
 
 LEASE_NAME = "reconcile"
 STATS_SCOPE = "reconcile"
@@ -208,10 +208,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     # A shard reads its own buckets of the status index, and the fleet-wide counts the scale-down
     # guards need from the exact counters (store/counters.py); while the table is being migrated to
     # that layout, every shard reads the whole index instead, as before (store/layout.py).
-    # Wall-clock times (whatever `now` the cycle decides with) for the scale-down ledger: when this
-    # view was read, and by when this invocation is gone.
     read = ctx.store.reconcile_read(RECONCILE_STATUSES, shard)
-    deadline = read.read_at + timedelta(seconds=max(remaining(), 0.0))
     workers = read.workers
     report.workers = len(workers)
     report.by_status = read.counts.by_status
@@ -225,15 +222,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     # Drift and launches ask the same question of each template's filter: answered once this cycle.
     images = NewestImages(ctx)
     try:
-        plan_steady_running(
-            ctx,
-            work,
-            readings,
-            now,
-            report.counters,
-            view=FleetView(read.counts, read.read_at, read.statuses),
-            deadline=deadline,
-        )
+        plan_steady_running(ctx, work, readings, now, report.counters)
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1
@@ -262,30 +251,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
-    try:
-        # After the workers' own steps: a replacement never delays them (services/reconcile/expiry.py).
-        replace_expired(
-            ctx, work, now, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
-        )
-    except Exception:  # the replacements wait a cycle; the worker steps above already ran
-        logger.exception("replacing expired workers failed")
-        report.counters["expiry_errors"] += 1
-
-    try:
-        # After the workers' own steps, so an operation never delays them (services/operations.py).
-        operations.reconcile_operations(
-            ctx,
-            workers,
-            now,
-            report.counters,
-            time_left=remaining,
-            margin_seconds=SAFETY_MARGIN_SECONDS,
-            owns=shard.owns,
-        )
-    except Exception:  # the operations wait a cycle; the worker steps above already ran
-        logger.exception("worker operations failed")
-        report.counters["operation_errors"] += 1
-
+    _after_steps(ctx, work, workers, report, now=now, remaining=remaining)
     if shard.leads:
         _lead_steps(ctx, work, report, remaining)
 
@@ -293,13 +259,66 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
     report.completed = True
 
 
+def _after_steps(
+    ctx: Context,
+    work: list[Work],
+    workers: list[Worker],
+    report: CycleReport,
+    *,
+    now: datetime,
+    remaining: Callable[[], float],
+) -> None:
+    """What follows the workers' own steps, so it never delays them, each on its own: a failure waits a
+    cycle and holds none of the others back."""
+    counters = report.counters
+    steps: list[tuple[str, str, Callable[[], None]]] = [
+        # On fresh reads: owners left by disruptions that never started, and disruptions no owner counts
+        # (services/admission.py).
+        (
+            "settling owners",
+            "owner_errors",
+            lambda: admission.settle_owners(ctx, [i.worker for i in work if not i.needs_io()], counters, now),
+        ),
+        (
+            "replacing expired workers",
+            "expiry_errors",
+            lambda: replace_expired(
+                ctx, work, now, counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ),
+        ),
+        (
+            "worker operations",
+            "operation_errors",
+            lambda: operations.reconcile_operations(
+                ctx,
+                workers,
+                now,
+                counters,
+                time_left=remaining,
+                margin_seconds=SAFETY_MARGIN_SECONDS,
+                owns=report.shard.owns,
+            ),
+        ),
+    ]
+    for what, counter, step in steps:
+        try:
+            step()
+        except Exception:
+            logger.exception(f"{what} failed")
+            counters[counter] += 1
+
+
 def _lead_steps(ctx: Context, work: list[Work], report: CycleReport, remaining: Callable[[], float]) -> None:
     """What the leading shard alone does, after the workers' steps: start auto rollouts (they span
     shards), then keep the table's layout."""
     try:
-        # After the workers' steps wrote their drift (services/reconcile/auto_rollout.py).
+        # After the workers' steps wrote their drift (services/rollouts/auto.py).
         start_auto_rollouts(
-            ctx, work, report.counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ctx,
+            [item.planned for item in work],
+            report.counters,
+            time_left=remaining,
+            margin_seconds=SAFETY_MARGIN_SECONDS,
         )
     except Exception:  # the start waits a cycle; the worker steps above already ran
         logger.exception("auto rollouts failed")
@@ -430,8 +449,8 @@ def _dispatch(
         return provisioning.launch(ctx, worker, now, counters, images)
     if step.call is Ec2Call.RETIRE_LAUNCHED:
         return provisioning.retire_launched(ctx, worker, step, counters)
-    if item.scale_down is not None:
-        return scale_down(ctx, worker, item.scale_down, step, counters)
+    if item.scale_down is not None and item.admitted is not None:
+        return scale_down(ctx, worker, item.scale_down, item.admitted, counters)
     if step.drain_then is not None:
         return start_desired_drain(ctx, worker, step, step.drain_then, counters)
     if step.outcome == Outcome.RETRY:
@@ -531,10 +550,3 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
                 )
         # One per shard and cycle: the alarm wants as many per period as there are shards.
         metrics.add_metric(name=METRIC_HEARTBEAT, unit=MetricUnit.Count, value=1)
-
-
-def emit_counters(prefix: str, counters: Mapping[str, int]) -> None:
-    """Each non-zero counter as an EMF metric named <prefix>.<counter>."""
-    for name, value in counters.items():
-        if value:
-            metrics.add_metric(name=f"{prefix}.{name}", unit=MetricUnit.Count, value=value)

@@ -19,8 +19,8 @@ from typing import Final
 from fleetkeeper.domain.drift import DRIFT_STATUSES, drift_of
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome
 from fleetkeeper.observability import logger
+from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.pool import ContextThreadPool
 from fleetkeeper.services.reconcile.actions import Work
 from fleetkeeper.services.reconcile.images import ImageKey, NewestImages
 

@@ -1,14 +1,16 @@
 """Replacing expired workers: a RUNNING worker older than its template's `max_lifetime_hours` gets a new
 worker of the same template, pool and region, and is drained with `then=terminate` (docs/rollouts.md).
 
-Each replacement is a voluntary disruption of reason `expired`, admitted through the pool's disruption
-budgets (services/disruption.py `admit`) before anything is written; a refused one waits for a later
-cycle. The new worker's id is derived from the expired worker's, so an attempt repeated after a crash
-or a refused drain finds the replacement it already made (Conflict) instead of making a second: each
-expired worker has at most one live replacement, whatever happens between the two writes. A replacement
-that has ended meanwhile (its launch failed, it was terminated) does not count: the next id of the
-sequence is tried, at most MAX_REPLACEMENT_ATTEMPTS of them, and the worker is never drained without a
-live one. A worker an active rollout covers is left to that rollout.
+Each replacement is a voluntary disruption of reason `expired`, admitted by the door for disruption
+(services/admission.py) before anything is made: the admission owns the worker (nobody else replaces
+or drains it meanwhile) and counts it in its pool's budgets; one held back waits for a later cycle, and
+one someone else holds (an active rollout's) is left to them.
+
+The new worker's id is derived from the expired worker's, so an attempt repeated after a crash or a
+refused drain finds the replacement it already made (Conflict) instead of making a second: each expired
+worker has at most one live replacement, whatever happens between the two writes. A replacement that
+has ended meanwhile (its launch failed, it was terminated) does not count: the next id of the sequence
+is tried, at most MAX_REPLACEMENT_ATTEMPTS of them, and the worker is never drained without a live one.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
+from fleetkeeper.domain.admission import Ask, Held
 from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import Conflict
-from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Drift, DriftReason, Worker
-from fleetkeeper.domain.scale_down import protected_from_disruption
 from fleetkeeper.observability import logger
-from fleetkeeper.services import disruption, drain_hooks, workers
+from fleetkeeper.services import admission, drains, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.actions import ACTOR, Work
 
@@ -33,6 +35,7 @@ from fleetkeeper.services.reconcile.actions import ACTOR, Work
 # first. Each costs a read of its pool for the admission, a worker and a drain.
 MAX_REPLACEMENTS_PER_CYCLE: Final = 10
 EXPIRED_REASON: Final = "expired: older than its template's max_lifetime_hours"
+EXPIRY_ACTOR: Final = ACTOR
 # Replacements of one expired worker that may end before it is drained; then it waits for an operator.
 MAX_REPLACEMENT_ATTEMPTS: Final = 3
 # A replacement in one of these can no longer take the expired worker's place.
@@ -60,19 +63,19 @@ def expired_workers(work: Sequence[Work], now: datetime) -> list[Worker]:
             and item.step.target is None
             and drift is not None
             and DriftReason.EXPIRED in drift.reasons
-            and _may_replace(worker, now)
+            and _may_replace(worker)
         ):
             found.append((drift.since, worker))
     return [worker for _, worker in sorted(found, key=lambda pair: (pair[0], pair[1].id))]
 
 
-def _may_replace(worker: Worker, now: datetime) -> bool:
-    """RUNNING, no drain running, no other status asked for, and not protected from disruption."""
+def _may_replace(worker: Worker) -> bool:
+    """RUNNING, no drain running and no other status asked for: what expiry proposes; whether it may go
+    is the door's to say."""
     return (
         worker.status == WorkerStatus.RUNNING
         and (worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING)
         and worker.desired_status in {None, WorkerStatus.RUNNING}
-        and not protected_from_disruption(worker, now)
     )
 
 
@@ -89,54 +92,39 @@ def replace_expired(
     expired = expired_workers(work, now)
     if len(expired) > MAX_REPLACEMENTS_PER_CYCLE:
         counters["expiry_deferred"] += len(expired) - MAX_REPLACEMENTS_PER_CYCLE
-    for worker in expired[:MAX_REPLACEMENTS_PER_CYCLE]:
-        if time_left() < margin_seconds:
-            counters["expiry_deferred"] += 1
-            continue
-        try:
-            _replace(ctx, worker, now, counters)
-        except Exception:  # one worker's replacement, never the cycle
-            logger.exception("replacing an expired worker failed", worker_id=worker.id)
-            counters["expiry_errors"] += 1
+    with admission.door(ctx, now) as door:
+        for worker in expired[:MAX_REPLACEMENTS_PER_CYCLE]:
+            if time_left() < margin_seconds:
+                counters["expiry_deferred"] += 1
+                continue
+            try:
+                _replace(ctx, door, worker, counters)
+            except Exception:  # one worker's replacement, never the cycle
+                logger.exception("replacing an expired worker failed", worker_id=worker.id)
+                counters["expiry_errors"] += 1
 
 
-def _replace(ctx: Context, seen: Worker, now: datetime, counters: Counter[str]) -> None:
-    # The cycle read the worker before its steps ran: an operator may have protected it, drained it or
-    # asked for another status since. Read afresh, so nothing is made or drained against that.
-    worker = ctx.store.get_worker(seen.id)
-    if not _may_replace(worker, now):
+def _replace(ctx: Context, door: admission.Door, seen: Worker, counters: Counter[str]) -> None:
+    # The cycle read the worker before its steps ran: an operator may have drained it or asked for
+    # another status since. The door reads it afresh; its admission holds it while the replacement is made.
+    ask = Ask(DisruptionReason.EXPIRED, EXPIRY_ACTOR, ahead=True)
+    admitted = admission.hold_ahead(ctx, door, seen.id, ask)
+    if isinstance(admitted, Held):
+        counters[f"expiry_held_{admitted.why}"] += 1
+        return
+    if not _may_replace(admitted):
         counters["expiry_changed"] += 1
+        door.release(admitted, ask)
         return
-    if _in_active_rollout(ctx, worker.id):
-        # The rollout replaces it: a second replacement here would be one too many.
-        counters["expiry_in_rollout"] += 1
-        return
-    if worker.pool is not None:
-        pool = ctx.store.find_pool(worker.pool)
-        if pool is not None and pool.status != PoolStatus.ACTIVE:
-            # A pool being drained or put out of service takes no new worker; its drain ends this one.
-            counters["expiry_pool_inactive"] += 1
-            return
-    refusal = disruption.admit(ctx, worker.id, DisruptionReason.EXPIRED, now=now)
-    if refusal is not None:
-        counters["expiry_waiting"] += 1
-        logger.info("expired worker waits for its budget", worker_id=worker.id, guard=str(refusal.guard))
-        return
-    if not _ensure_replacement(ctx, worker, counters):
+    if not _ensure_replacement(ctx, admitted, counters):
         counters["expiry_replacement_failed"] += 1
-        logger.error("every replacement of an expired worker ended; it is not drained", worker_id=worker.id)
+        logger.error("every replacement of an expired worker ended; it is not drained", worker_id=seen.id)
+        door.release(admitted, ask)
         return
-    started = drain_hooks.start_drain(
-        ctx, worker.id, actor=ACTOR, reason=EXPIRED_REASON, then=DrainThen.TERMINATE
+    started = drains.open_drain(
+        ctx, door, seen.id, ask, actor=EXPIRY_ACTOR, reason=EXPIRED_REASON, then=DrainThen.TERMINATE
     )
-    counters["expiry_drains" if started else "expiry_drain_refused"] += 1
-
-
-def _in_active_rollout(ctx: Context, worker_id: str) -> bool:
-    """Whether a RUNNING, PAUSED or ROLLING_BACK rollout covers the worker, or one is taking its lock
-    right now, read from its lock item (the base table): the same rule that keeps two rollouts off one
-    worker."""
-    return ctx.rollouts.covers(worker_id)
+    counters["expiry_drain_refused" if isinstance(started, Held) else "expiry_drains"] += 1
 
 
 def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) -> bool:
@@ -150,7 +138,7 @@ def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) ->
                 template=worker.template,
                 region=worker.region,
                 pool=worker.pool,
-                actor=ACTOR,
+                actor=EXPIRY_ACTOR,
                 worker_id=new_id,
                 # A worker a rollback pinned to an older launch keeps that launch: its expiry must not
                 # bring back the image the rollback took out.

@@ -12,10 +12,17 @@ from typing import Any
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.launch import refused_instance_type
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.domain.tags import (
+    MANAGED_BY_TAG,
+    MANAGED_BY_VALUE,
+    POOL_TAG,
+    TEMPLATE_TAG,
+    WORKER_ID_TAG,
+    tag_problem,
+)
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.actions import (
@@ -72,6 +79,13 @@ def launch(
     region = configs.get(worker.region)
     if configs and region is None:
         return fail(ctx, worker, f"no region config for {worker.region}", counters)
+    # A tag EC2 refuses (a template stored before the API checked tags, or a region's default tags)
+    # fails this worker alone, before any call: never a launch that poisons what EC2 answers later.
+    tags = launch_tags(ctx, worker, template.tags)
+    problem = tag_problem(tags)
+    if problem:
+        reason = f"template '{template.name}' launches with tags EC2 refuses: {problem}"
+        return fail(ctx, worker, reason, counters)
     gateway = ctx.ec2(worker.region)
 
     if worker.launch_claimed_at is not None and now - worker.launch_claimed_at < LAUNCH_CLAIM_TTL:
@@ -82,6 +96,22 @@ def launch(
         adopted = next(iter(machines_of(gateway, worker)), None)
         if adopted is not None:
             return _provisioned(ctx, worker, adopted, now, counters, adopted=True)
+
+    closed = _pool_closed(ctx, worker)
+    if closed is not None:
+        # Never launched: a pool being drained takes no new machine (it waits), an inactive one never.
+        if closed == PoolStatus.DRAINING:
+            return Outcome.SKIP
+        ctx.store.transition_worker(
+            worker,
+            WorkerStatus.TERMINATED,
+            cause=Cause.CONTROL,
+            actor=ACTOR,
+            reason=f"pool {worker.pool} is {closed}: never launched",
+            changes={"status_reason": f"pool {worker.pool} is {closed}", **LAUNCH_FORGOTTEN},
+        )
+        counters["launches_abandoned"] += 1
+        return Outcome.SUCCESS
 
     # An earlier launch whose answer may be lost is repeated as it was sent: same token, same image.
     image_id = worker.launch_image_id if worker.launch_token else None
@@ -106,7 +136,7 @@ def launch(
     instance = gateway.run_instance(
         image_id=image_id,
         instance_type=instance_type,
-        tags=launch_tags(ctx, worker, template.tags),
+        tags=tags,
         # The same token returns the machine an earlier attempt started instead of starting another.
         client_token=token,
         subnet_id=region.subnet_id if region else None,
@@ -115,6 +145,16 @@ def launch(
         instance_profile=ctx.settings.worker_instance_profile,
     )
     return _provisioned(ctx, claimed, instance, now, counters, image_id=image_id, instance_type=instance_type)
+
+
+def _pool_closed(ctx: Context, worker: Worker) -> PoolStatus | None:
+    """The worker's pool's status when it is not active (None: active, or no pool)."""
+    if worker.pool is None:
+        return None
+    pool = ctx.store.find_pool(worker.pool)
+    if pool is None or pool.status == PoolStatus.ACTIVE:
+        return None
+    return pool.status
 
 
 def retire_launched(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Outcome:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Final
 
-from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.disruption import (
-    BudgetBlock,
-    DisruptionPolicy,
-    DisruptionReason,
-    Waiting,
-    assess,
-    pool_loads,
-)
-from fleetkeeper.domain.errors import StaleWrite
-from fleetkeeper.domain.fleet_counts import FleetCounts
+from fleetkeeper.domain.admission import Ask, Claim, Held, WaitReason, judge
+from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Worker, WorkerMetrics, utcnow
+from fleetkeeper.domain.models import DrainThen, Owner, Worker, WorkerMetrics
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
 from fleetkeeper.domain.scale_down import (
     Action,
@@ -33,17 +24,10 @@ from fleetkeeper.domain.scale_down import (
     next_idle_since,
     scope_of,
 )
-from fleetkeeper.domain.scale_down_ledger import (
-    InFlight,
-    Limits,
-    Refusal,
-    admit_scale_down,
-    still_needed,
-)
 from fleetkeeper.observability import logger
-from fleetkeeper.services import disruption, drain_hooks
+from fleetkeeper.services import admission, drains
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile.actions import ACTOR, Work, call_ec2
+from fleetkeeper.services.reconcile.actions import Work, call_ec2
 from fleetkeeper.services.reconcile.provisioning import scaling_audit
 from fleetkeeper.settings import Settings
 
@@ -63,46 +47,23 @@ def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
     )
 
 
-@dataclass(frozen=True)
-class FleetView:
-    """What a cycle read of the fleet for the guards: its counts, when, and (when the read saw every
-    worker) every worker's status; without them, each entry into the ledger reads what it needs."""
-
-    counts: FleetCounts
-    read_at: datetime
-    statuses: Mapping[str, WorkerStatus] | None = None
-
-    @classmethod
-    def of(cls, workers: Sequence[Worker], read_at: datetime) -> FleetView:
-        return cls(FleetCounts.of(workers), read_at, {w.id: w.status for w in workers})
-
-
 def plan_steady_running(
     ctx: Context,
     work: list[Work],
     readings: Mapping[str, Mapping[str, float]],
     now: datetime,
     counters: Counter[str],
-    *,
-    view: FleetView | None = None,
-    deadline: datetime | None = None,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
 
-    Decisions are taken in one thread so the minimum per scope and the disruption budget account for
-    the scale-downs already chosen in this cycle. A worker whose evaluation raises (a bad record, a
-    failed read) gets the error on its work item and no scale-down; the others are decided as usual.
-
-    `work` is this shard's workers and `view` what the cycle read of the whole fleet (by default, the
-    workers of `work` as the whole fleet); the cycle's invocation ends by `deadline`. The guards count
-    the whole fleet, and each chosen scale-down must then be admitted by the ledger
-    (domain/scale_down_ledger.py), within the budgets (the pool's, else the stage default), which also
-    counts what other cycles chose that this view cannot show yet, and win its scope's cooldown, so the
-    limits hold exactly however many cycles decide at once.
+    Scale-down only proposes: each idle worker its guards let go (domain/scale_down.evaluate) passes the
+    door for disruption (services/admission.py) with reason `scale_down` and the scope's minimum as its
+    floor, and the door's admitting write starts it (the stop's STOPPING, or the drain), so the budgets
+    and the minimum hold exactly however many cycles decide at once. Decisions are taken in one thread so
+    each sees the ones before it. A worker whose evaluation raises (a bad record, a failed read) gets the
+    error on its work item and no scale-down; the others are decided as usual.
     """
     policy = scale_down_policy(ctx.settings)
-    wall = utcnow()
-    view = view or FleetView.of([item.worker for item in work], wall)
     steady = [
         item
         for item in work
@@ -112,192 +73,111 @@ def plan_steady_running(
         and item.step.call is None
         and item.step.drain_then is None
     ]
-    counts = view.counts
-    tally = _Tally(policy, Counter(counts.running_in_scope), counts.draining, counts.fleet_size)
-    limits = Limits(
-        at=now,
-        default=policy.budget,
-        fleet_size=counts.fleet_size,
-        draining=counts.draining,
-        policies=_policies(ctx, steady) if policy.enabled else {},
-        loads=pool_loads(counts.cells),
-    )
-    claims = _Claims(
-        ctx,
-        policy,
-        now=now,
-        view=view,
-        statuses=view.statuses or {},
-        running_in_scope=counts.running_in_scope,
-        limits=limits,
-        deadline=deadline or wall + DEFAULT_INVOCATION,
-    )
+    tally = _Tally(policy)
     if policy.enabled:
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
             tally.last_by_scope[name] = datetime.fromisoformat(stamp)
-
-    for item in steady:
-        try:
-            _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters, claims=claims)
+    with admission.door(ctx, now) as door:
+        for item in steady:
+            try:
+                _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
+                if item.scale_down is not None:
+                    refused_by = _admit(ctx, door, item, item.scale_down, policy=policy, now=now)
+                    if refused_by is not None:
+                        counters[f"scale_down_refused_{refused_by}"] += 1
+                        item.scale_down = None
+            except Exception as error:  # one worker's failure is its own (see cycle.py)
+                item.error = error
+                item.scale_down = None
+                continue
             if item.scale_down is not None:
-                refused_by = claims.take(item.worker, item.scale_down.action)
-                if refused_by is not None:
-                    counters[f"scale_down_refused_{refused_by}"] += 1
-                    item.scale_down = None
-        except Exception as error:  # one worker's failure is its own (see cycle.py)
-            item.error = error
-            item.scale_down = None
-            continue
-        if item.scale_down is not None:
-            scope = scope_of(item.worker)
-            tally.running_in_scope[scope] -= 1
-            tally.last_by_scope[scope] = now
-            if item.scale_down.action is Action.DRAIN:
-                tally.draining += 1
-    if claims.waiting:
-        counters["disruption_waiting_unrecorded"] += disruption.record_waiting(ctx, claims.waiting, now)
+                tally.last_by_scope[scope_of(item.worker)] = now
 
 
-def _policies(ctx: Context, steady: Sequence[Work]) -> dict[str, DisruptionPolicy]:
-    """The budgets of the candidates' pools, read from the pool items (not an index) once a cycle."""
-    names = sorted({item.worker.pool for item in steady if item.worker.pool})
-    pools = (ctx.store.find_pool(name) for name in names)
-    return {pool.name: pool.disruption for pool in pools if pool is not None and pool.disruption.budgets}
+# The door's reasons, as scale-down counts its refusals (`scale_down_refused_<guard>`).
+_GUARDS: Final = {
+    WaitReason.MIN_WORKERS: Guard.MIN_WORKERS,
+    WaitReason.PROTECTED: Guard.DO_NOT_DISRUPT,
+    WaitReason.OWNED: Guard.IN_FLIGHT,
+    WaitReason.NOT_RUNNING: Guard.IN_FLIGHT,
+    WaitReason.POOL_NOT_ACTIVE: Guard.POOL_NOT_ACTIVE,
+}
 
 
-# Without a deadline from the caller (a test, a by-hand run), a cycle is taken to end within this.
-DEFAULT_INVOCATION = timedelta(minutes=15)
-LEDGER_ATTEMPTS = disruption.LEDGER_ATTEMPTS
+def _guard(held: Held) -> Guard:
+    if held.why in (WaitReason.BUDGET, WaitReason.WINDOW):
+        return Guard.POOL_BUDGET if held.budget is not None else Guard.DISRUPTION_BUDGET
+    return _GUARDS[held.why]
 
 
-@dataclass
-class _Claims:
-    """What a chosen scale-down must win before it is acted on: a place in the ledger, within the
-    budgets (the pool's, else the stage default), then (with a cooldown) its scope's cooldown, a
-    conditional write on the `scale-down` stats item.
+def _admit(
+    ctx: Context,
+    door: admission.Door,
+    item: Work,
+    verdict: Verdict,
+    *,
+    policy: ScaleDownPolicy,
+    now: datetime,
+) -> Guard | None:
+    """Pass the idle worker's scale-down through the door, started by the admitting write; None when it
+    is under way, else the guard that refused it.
 
-    A decision is taken with the cycle's view when it saw every worker; with the counters as the view,
-    each entry into the ledger reads the statuses it needs and the counts afresh (`_look`), and they
-    replace `statuses`, `running_in_scope` and the counts in `limits`.
+    The cooldown is the scope's own (a conditional write on the `scale-down` stats item), claimed once the
+    door would let the worker go: a cooldown never spent on a disruption the budgets hold back."""
+    worker = item.worker
+    ask = Ask(DisruptionReason.SCALE_DOWN, SCALE_DOWN_ACTOR, floor=policy.min_workers)
+    if policy.enabled:
+        looked = judge(ask, worker, door.state(worker.pool), now, active=door.active)
+        if isinstance(looked, Held):
+            # The door's own state already holds it back: recorded as waiting, with no read or write.
+            door.record_held(worker, ask, looked, str(verdict.action))
+            return _guard(looked)
+    if policy.cooldown > timedelta(0) and not ctx.stats.claim_timestamp(
+        SCALE_DOWN_SCOPE, scope_of(worker), now=now, free_before=now - policy.cooldown
+    ):
+        return Guard.COOLDOWN
+    reason = f"scale-down: {verdict.reason}"
+    if verdict.action is Action.STOP:
 
-    The ledger comes first; a place won for a scale-down that then loses its cooldown is given back,
-    so it does not hold the budget or the scope for nothing. A budget's refusals are kept as what
-    waits on it (`waiting`, by pool), for GET /api/v1/pools/{name}/disruption.
-    """
-
-    ctx: Context
-    policy: ScaleDownPolicy
-    now: datetime
-    view: FleetView
-    statuses: Mapping[str, WorkerStatus]
-    running_in_scope: Mapping[str, int]
-    limits: Limits
-    deadline: datetime
-    # Once the ledger refused for a budget, no later disruption of this cycle that the same budget
-    # counts can fit (a cycle only adds to what is in use): the stage default's drains (key None) or a
-    # pool's scale-downs (key: the pool).
-    spent: dict[str | None, BudgetBlock] = field(default_factory=dict)
-    waiting: dict[str, list[Waiting]] = field(default_factory=dict)
-
-    def take(self, worker: Worker, action: Action) -> Guard | None:
-        """None when this scale-down may go ahead; else the guard that refused it."""
-        refusal = self._spent(worker, action) or self._enter(worker, action)
-        if refusal is not None:
-            if refusal.block is not None:
-                self.spent[None if refusal.guard is Guard.DISRUPTION_BUDGET else worker.pool] = refusal.block
-                self.wait(worker, action, refusal.block)
-            return refusal.guard
-        if self.policy.cooldown > timedelta(0) and not self.ctx.stats.claim_timestamp(
-            SCALE_DOWN_SCOPE, scope_of(worker), now=self.now, free_before=self.now - self.policy.cooldown
-        ):
-            self._leave(worker)
-            return Guard.COOLDOWN
-        return None
-
-    def governed_by_pool(self, worker: Worker) -> bool:
-        """Whether a budget of the worker's pool applies to scale-down now (the stage default does not)."""
-        policy = self.limits.policies.get(worker.pool or "")
-        if policy is None:
-            return False
-        return assess(policy, DisruptionReason.SCALE_DOWN, self.now, members=0, in_use=0).allowed is not None
-
-    def wait(self, worker: Worker, action: Action, block: BudgetBlock) -> None:
-        if worker.pool is not None:
-            self.waiting.setdefault(worker.pool, []).append(
-                Waiting.of(worker.id, str(action), block, self.now)
+        def stop(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
+            # The door read the worker afresh: an instance placed since the cycle read it means it is no
+            # longer idle and empty, and scale-down takes its proposal back (the write's version condition
+            # covers a placement that lands after this read).
+            if current.active_instances:
+                raise _NoLongerIdle(current.id)
+            return ctx.store.transition_worker(
+                current,
+                WorkerStatus.STOPPING,
+                cause=Cause.CONTROL,
+                actor=SCALE_DOWN_ACTOR,
+                reason=reason,
+                changes={**item.step.changes, "owner": owner},
+                claim=claim,
             )
 
-    def _spent(self, worker: Worker, action: Action) -> Refusal | None:
-        if self.governed_by_pool(worker):
-            block = self.spent.get(worker.pool)
-            return Refusal(Guard.POOL_BUDGET, block) if block else None
-        block = self.spent.get(None)
-        return Refusal(Guard.DISRUPTION_BUDGET, block) if block and action is Action.DRAIN else None
-
-    def _mine(self, entry: InFlight, worker: Worker) -> bool:
-        return entry.worker_id == worker.id and entry.until == self.deadline
-
-    def _enter(self, worker: Worker, action: Action) -> Refusal | None:
-        def decide(entries: list[InFlight]) -> Refusal | None:
-            return admit_scale_down(
-                worker,
-                action,
-                entries=entries,
-                statuses=self.statuses,
-                running_in_scope=self.running_in_scope,
-                policy=self.policy,
-                limits=self.limits,
-            )
-
-        return disruption.enter_ledger(
-            self.ctx,
-            worker,
-            action,
-            DisruptionReason.SCALE_DOWN,
-            until=self.deadline,
-            view_read_at=self.view.read_at,
-            decide=decide,
-            look=self._look if self.view.statuses is None else None,
+        try:
+            started = door.admit(worker.id, ask, stop, action=str(verdict.action))
+        except _NoLongerIdle:
+            return Guard.IN_FLIGHT
+    else:
+        started = drains.open_drain(
+            ctx, door, worker.id, ask, actor=SCALE_DOWN_ACTOR, reason=reason, then=DrainThen.STOP
         )
+    if isinstance(started, Held):
+        return _guard(started)
+    item.admitted = started
+    return None
 
-    def _look(self, worker_ids: set[str]) -> datetime:
-        """Read these workers' statuses, then the counters (in that order: domain/scale_down_ledger.admit),
-        as the view the next decision is taken with; when they were read."""
-        read_at = utcnow()
-        store = self.ctx.store
-        self.statuses = store.worker_statuses(worker_ids)
-        counts = store.fleet_counts()
-        self.running_in_scope = counts.running_in_scope
-        self.limits = replace(
-            self.limits,
-            fleet_size=counts.fleet_size,
-            draining=counts.draining,
-            loads=pool_loads(counts.cells),
-        )
-        return read_at
 
-    def _leave(self, worker: Worker) -> None:
-        """Give this cycle's place back; if the ledger stays busy, the place lapses at its deadline."""
-        ledger = self.ctx.ledger
-
-        def attempt() -> None:
-            current = ledger.read()
-            kept = [e for e in still_needed(current, utcnow()) if not self._mine(e, worker)]
-            if len(kept) != len(current.entries):
-                ledger.save(current, kept)
-
-        with contextlib.suppress(StaleWrite):
-            retry_conflicts(attempt, LEDGER_ATTEMPTS)
+class _NoLongerIdle(Exception):
+    """A worker scale-down chose took an instance before the door's write."""
 
 
 @dataclass
 class _Tally:
-    """What the guards count across one cycle's decisions."""
+    """What the guards count across one cycle's decisions: a first look, before the door's exact one."""
 
     policy: ScaleDownPolicy
-    running_in_scope: Counter[str]
-    draining: int
-    fleet: int
     last_by_scope: dict[str, datetime] = field(default_factory=dict)
 
 
@@ -309,7 +189,6 @@ def _plan_one(
     now: datetime,
     tally: _Tally,
     counters: Counter[str],
-    claims: _Claims,
 ) -> None:
     policy = tally.policy
     worker = item.worker
@@ -336,18 +215,9 @@ def _plan_one(
         worker,
         now=now,
         policy=policy,
-        running_in_scope=tally.running_in_scope[scope],
         last_scale_down_at=tally.last_by_scope.get(scope),
-        draining_now=tally.draining,
-        fleet_size=tally.fleet,
         timeslot_starts=partial(timeslot_starts, ctx, worker),
-        # The pool's budgets, when one applies, are checked exactly at the ledger instead.
-        stage_budget=not claims.governed_by_pool(worker),
     )
-    if verdict.refused_by is Guard.DISRUPTION_BUDGET:
-        allowed = policy.budget.allowed(tally.fleet)
-        block = BudgetBlock(worker.pool, DisruptionReason.SCALE_DOWN, None, allowed, tally.draining)
-        claims.wait(worker, Action.DRAIN, block)
     if verdict.refused_by is not None:
         counters[f"scale_down_refused_{verdict.refused_by}"] += 1
         logger.debug("scale-down refused", worker_id=worker.id, guard=str(verdict.refused_by))
@@ -361,31 +231,15 @@ def timeslot_starts(ctx: Context, worker: Worker) -> list[datetime]:
     return [i.timeslot_start for i in ctx.store.active_instances_of(worker.id) if i.timeslot_start]
 
 
-def scale_down(ctx: Context, worker: Worker, verdict: Verdict, step: Step, counters: Counter[str]) -> Outcome:
-    current = worker
-    if step.changes:
-        current = ctx.store.update_worker(worker, step.changes, actor=ACTOR, action="IdleTracked")
+def scale_down(
+    ctx: Context, worker: Worker, verdict: Verdict, admitted: Worker, counters: Counter[str]
+) -> Outcome:
+    """What follows a scale-down the door admitted in planning: a stop's EC2 call (its drain's workflow
+    already started), counted and audited."""
     if verdict.action is Action.STOP:
-        # Conditional on the version just read: an instance placed meanwhile bumps it and wins.
-        stopped = ctx.store.transition_worker(
-            current,
-            WorkerStatus.STOPPING,
-            cause=Cause.CONTROL,
-            actor=SCALE_DOWN_ACTOR,
-            reason=f"scale-down: {verdict.reason}",
-        )
-        call_ec2(ctx, stopped, Ec2Call.STOP)
+        call_ec2(ctx, admitted, Ec2Call.STOP)
         counters["scale_down_stop_count"] += 1
     else:
-        if not drain_hooks.start_drain(
-            ctx,
-            worker.id,
-            actor=SCALE_DOWN_ACTOR,
-            reason=f"scale-down: {verdict.reason}",
-            then=DrainThen.STOP,
-        ):
-            counters["scale_down_drain_unavailable"] += 1
-            return Outcome.REQUEUE
         counters["scale_down_drain_count"] += 1
     scaling_audit(
         ctx,

@@ -10,7 +10,7 @@ from fleetkeeper.domain.models import utcnow
 from fleetkeeper.domain.rollouts import Blocked, Rollout, RolloutStatus
 from fleetkeeper.observability import logger
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.rollouts import begin_rollback
+from fleetkeeper.services.rollouts.commands import begin_rollback
 
 
 def held_by_alarms(ctx: Context, rollout: Rollout, counters: Counter[str]) -> bool:
@@ -35,7 +35,7 @@ def held_by_alarms(ctx: Context, rollout: Rollout, counters: Counter[str]) -> bo
         counters["rollout_step_conflicts"] += 1
         return True
     except Conflict:
-        # Another active rollout took one of its replacements meanwhile: the operator decides.
+        # The rollback cannot start from here: the operator decides.
         logger.exception("rollback on alarm refused", rollout_id=rollout.id, alarm=name)
         counters["rollout_alarm_rollbacks_refused"] += 1
         _show_held(

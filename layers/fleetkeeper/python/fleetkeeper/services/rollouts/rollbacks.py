@@ -21,12 +21,11 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
-    MAX_REASON_LENGTH,
     MAX_RESTORATION_ATTEMPTS,
     RollbackAction,
     Rollout,
@@ -36,20 +35,21 @@ from fleetkeeper.domain.rollouts import (
     restoration_id,
     rollback_action,
 )
+from fleetkeeper.domain.values import MAX_REASON_LENGTH
+from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.rollout_engine import (
-    _DISRUPTED,
-    _FAILED,
-    _GONE,
-    _drained_by,
-    _Step,
+from fleetkeeper.services.rollouts.commands import emit
+from fleetkeeper.services.rollouts.step import (
+    DISRUPTED,
+    FAILED,
+    GONE,
+    LAUNCHING,
+    LEAVING,
+    Step,
+    Turn,
+    drained_by,
     serve_in_turn,
 )
-from fleetkeeper.services.rollouts import emit
-
-_LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
-# Out of placement and not gone yet: what counts against max_unavailable.
-_LEAVING: Final = frozenset({WorkerStatus.DRAINING, WorkerStatus.STOPPING, WorkerStatus.TERMINATING})
 
 
 def advance_rollbacks(
@@ -90,16 +90,23 @@ def _reason(rollout: Rollout) -> str:
 def _taken_out(rollout: Rollout, old: Worker | None) -> bool:
     """Whether the rollout's own drain took the old worker out of service (one whose drain an operator
     cancelled serves again)."""
-    return old is not None and old.status in (_DISRUPTED | _GONE) and _drained_by(rollout, old)
+    return old is not None and old.status in (DISRUPTED | GONE) and drained_by(rollout, old)
 
 
 def _live(worker: Worker | None) -> bool:
-    return worker is not None and worker.status not in _FAILED
+    return worker is not None and worker.status not in FAILED
 
 
 def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     """Advance one ROLLING_BACK rollout by what is due now, and write it back (StaleWrite if it moved)."""
-    work = _Step(ctx, rollout, now, progress=rollout.rollback_progress, drain_reason=_reason(rollout))
+    with admission.door(ctx, now) as door:
+        work = Step(
+            ctx, rollout, now, door, progress=rollout.rollback_progress, drain_reason=_reason(rollout)
+        )
+        return _step_rollback_with(ctx, rollout, work)
+
+
+def _step_rollback_with(ctx: Context, rollout: Rollout, work: Step) -> Rollout:
     if rollout.rollback_wave < rollout.rollback_wave_count and not rollout.rollback_progress:
         # The rollback's waves are the rollout's waves 0..through, recut the same (rollback_scope).
         for worker_id in ctx.rollouts.wave_ids(rollout, rollout.rollback_wave):
@@ -120,7 +127,7 @@ def step_rollback(ctx: Context, rollout: Rollout, now: datetime) -> Rollout:
     forward_out = sum(
         1
         for w in forward
-        if (old := found.get(w)) is not None and old.status in _LEAVING and _drained_by(rollout, old)
+        if (old := found.get(w)) is not None and old.status in LEAVING and drained_by(rollout, old)
     )
     rollback_out = sum(1 for p in work.progress.values() if p.phase == WorkerPhase.DRAINING)
     work.room = rollout.max_unavailable - forward_out - rollback_out
@@ -138,19 +145,19 @@ def _restoring(
     for attempt in range(MAX_RESTORATION_ATTEMPTS):
         new_id = restoration_id(rollout.id, worker_id, attempt)
         worker = found.get(new_id)
-        if worker is None or worker.status not in _FAILED:
+        if worker is None or worker.status not in FAILED:
             return new_id, worker
     return None, None
 
 
-def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
+def _advance(work: Step, worker_id: str, found: dict[str, Worker]) -> None:
     rollout = work.rollout
     old = found.get(worker_id)
     replacement = found.get(replacement_id(rollout.id, worker_id))
     restoring_id, restored = _restoring(rollout, worker_id, found)
     phase = work.progress[worker_id].phase
     if phase == WorkerPhase.WAITING:
-        if replacement is not None and replacement.status in _DISRUPTED and _drained_by(rollout, replacement):
+        if replacement is not None and replacement.status in DISRUPTED and drained_by(rollout, replacement):
             # Its drain was started by a step whose write was lost.
             work.set(worker_id, WorkerPhase.DRAINING)
             return
@@ -158,12 +165,15 @@ def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
             old_drained_by_rollout=_taken_out(rollout, old),
             replacement_serving=_live(replacement)
             and replacement is not None
-            and replacement.status not in _DISRUPTED,
+            and replacement.status not in DISRUPTED,
             # Drained by an operator or its expiry: not this rollback's to undo.
             replacement_taken_elsewhere=replacement is not None
             and replacement.drain is not None
-            and not _drained_by(rollout, replacement),
+            and not drained_by(rollout, replacement),
         )
+        if old is not None:
+            # The old worker stays: an admission the forward wave made for its drain is given back.
+            work.release(old)
         if action == RollbackAction.NOTHING:
             work.set(worker_id, WorkerPhase.SKIPPED)
             return
@@ -181,54 +191,70 @@ def _advance(work: _Step, worker_id: str, found: dict[str, Worker]) -> None:
             if not work.may_start():
                 return  # the next cycle launches it
             new_id = work.create_replacement(old, new_id=restoring_id, pinned=True)
-            work.set(worker_id, WorkerPhase.REPLACING, new_id)
+            if new_id is not None:
+                work.set(worker_id, WorkerPhase.REPLACING, new_id)
             return
         else:
             work.set(worker_id, WorkerPhase.REPLACING, restored.id)
             phase = WorkerPhase.REPLACING
     if phase == WorkerPhase.REPLACING:
-        if _taken_out(rollout, old):
-            if restoring_id is None:
-                _fail_restoration(work, worker_id)
-                return
-            if restored is None:
-                # The one launched failed: the next attempt is launched from the waiting phase.
-                work.set(worker_id, WorkerPhase.WAITING)
-                return
-            if restored.status != WorkerStatus.RUNNING:
-                work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
-                return
-        if not _live(replacement) or replacement is None:
-            work.set(worker_id, WorkerPhase.DONE)
+        _undo(work, worker_id, old, replacement, (restoring_id, restored))
+    elif phase == WorkerPhase.DRAINING:
+        _undone(work, worker_id, replacement)
+
+
+def _undo(
+    work: Step,
+    worker_id: str,
+    old: Worker | None,
+    replacement: Worker | None,
+    restoring: tuple[str | None, Worker | None],
+) -> None:
+    """The worker restoring the old one runs (when one was needed): its replacement drains."""
+    rollout = work.rollout
+    restoring_id, restored = restoring
+    if _taken_out(rollout, old):
+        if restoring_id is None:
+            _fail_restoration(work, worker_id)
             return
-        if replacement.status in _LAUNCHING:
-            work.block("capacity", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+        if restored is None:
+            # The one launched failed: the next attempt is launched from the waiting phase.
+            work.set(worker_id, WorkerPhase.WAITING)
             return
-        if replacement.status != WorkerStatus.RUNNING and not _drained_by(rollout, replacement):
-            # Leaving for another reason (an operator's drain, its expiry): not this rollback's to drain.
-            work.set(worker_id, WorkerPhase.SKIPPED)
+        if restored.status != WorkerStatus.RUNNING:
+            work.block("capacity", f"worker {restored.id} restoring {worker_id} is {restored.status}")
             return
-        if work.admit_and_drain(replacement):
-            work.set(worker_id, WorkerPhase.DRAINING)
+    if not _live(replacement) or replacement is None:
+        work.set(worker_id, WorkerPhase.DONE)
         return
-    if phase == WorkerPhase.DRAINING:
-        if replacement is None or replacement.status == WorkerStatus.RUNNING:
-            # An operator cancelled the replacement's drain: the rollback leaves it.
-            work.set(worker_id, WorkerPhase.SKIPPED)
-        elif replacement.status not in _GONE:
-            work.block(
-                "drain_waiting", f"replacement {replacement.id} of {worker_id} is {replacement.status}"
-            )
-        else:
-            work.set(worker_id, WorkerPhase.DONE)
+    if replacement.status in LAUNCHING:
+        work.block("capacity", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+        return
+    if replacement.status != WorkerStatus.RUNNING and not drained_by(rollout, replacement):
+        # Leaving for another reason (an operator's drain, its expiry): not this rollback's to drain.
+        work.set(worker_id, WorkerPhase.SKIPPED)
+        return
+    turn = work.drain(replacement)
+    if turn != Turn.WAITING:
+        # Someone else holds it (an operator's drain): not this rollback's to drain.
+        work.set(worker_id, WorkerPhase.DRAINING if turn == Turn.STARTED else WorkerPhase.SKIPPED)
 
 
-def _fail_restoration(work: _Step, worker_id: str) -> None:
-    work.failed = f"every worker restoring {worker_id} failed to launch ({MAX_RESTORATION_ATTEMPTS} tried)"
-    work.block("launch_failed", work.failed)
+def _undone(work: Step, worker_id: str, replacement: Worker | None) -> None:
+    if replacement is None or replacement.status == WorkerStatus.RUNNING:
+        # An operator cancelled the replacement's drain: the rollback leaves it.
+        work.set(worker_id, WorkerPhase.SKIPPED)
+    elif replacement.status not in GONE:
+        work.block("drain_waiting", f"replacement {replacement.id} of {worker_id} is {replacement.status}")
+    else:
+        work.set(worker_id, WorkerPhase.DONE)
 
 
-def _finish(ctx: Context, rollout: Rollout, work: _Step) -> Rollout:
+def _fail_restoration(work: Step, worker_id: str) -> None:
+    work.fail(f"every worker restoring {worker_id} failed to launch ({MAX_RESTORATION_ATTEMPTS} tried)")
+
+
+def _finish(ctx: Context, rollout: Rollout, work: Step) -> Rollout:
     now = work.now
     progress = work.progress
     done = sum(1 for p in progress.values() if p.phase == WorkerPhase.DONE)

@@ -1,9 +1,10 @@
 """Rollouts: start one (or plan it with dry_run), read them, pause, resume, cancel and roll them back
-(docs/rollouts.md). The reconcile cycle advances the running ones (services/rollout_engine.py) and the
-rollbacks (services/rollout_rollback.py)."""
+(docs/rollouts.md). The reconcile cycle advances the running ones (services/rollouts/engine.py) and the
+rollbacks (services/rollouts/rollbacks.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -12,13 +13,14 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel, Field
 
 from fleetkeeper.cloud.retry import retry_conflicts
-from fleetkeeper.domain.errors import InvalidInput
-from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import new_id, utcnow
+from fleetkeeper.domain.errors import InvalidInput, PoolNotActive, StaleWrite, listed
+from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
+from fleetkeeper.domain.models import Worker, new_id, utcnow
 from fleetkeeper.domain.rollouts import (
     MAX_ROLLOUT_WORKERS,
     Blocked,
     Rollout,
+    RolloutCovered,
     RolloutRequest,
     RolloutStatus,
     RolloutStrategy,
@@ -27,11 +29,12 @@ from fleetkeeper.domain.rollouts import (
     event_detail,
     percent_done,
     plan_waves,
-    replacement_id,
     resolve_max_unavailable,
 )
 from fleetkeeper.observability import metrics
+from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.rollouts.step import CLAIMS_PER_STEP, Step
 from fleetkeeper.store.rollouts import RolloutStore
 from fleetkeeper.store.table import Page
 
@@ -172,6 +175,12 @@ class RolloutPlan(BaseModel):
 
 def _scope(ctx: Context, request: RolloutRequest) -> list[str]:
     """The RUNNING workers the request covers, sorted; InvalidInput naming the field that is wrong."""
+    return _read_scope(ctx, request)[0]
+
+
+def _read_scope(ctx: Context, request: RolloutRequest) -> tuple[list[str], list[Worker]]:
+    """The scope's ids, sorted, and the workers read for it (those named by `worker_ids`; none for a
+    template's, which the index lists)."""
     if request.worker_ids is not None:
         if request.template is not None or request.pool is not None:
             field = "template" if request.template is not None else "pool"
@@ -179,14 +188,14 @@ def _scope(ctx: Context, request: RolloutRequest) -> list[str]:
         found = {w.id: w for w in ctx.store.get_workers(request.worker_ids)}
         unknown = [w for w in request.worker_ids if w not in found]
         if unknown:
-            raise InvalidInput("worker_ids", f"unknown workers: {', '.join(unknown[:10])}")
+            raise InvalidInput("worker_ids", f"unknown workers: {listed(unknown, 10)}")
         not_running = [w for w in request.worker_ids if found[w].status != WorkerStatus.RUNNING]
         if not_running:
             first = found[not_running[0]]
             raise InvalidInput(
                 "worker_ids", f"worker {first.id} is {first.status}; a rollout replaces RUNNING workers"
             )
-        return sorted(request.worker_ids)
+        return sorted(request.worker_ids), list(found.values())
     if request.template is None:
         raise InvalidInput("template", "required unless worker_ids names the workers")
     if ctx.store.find_template(request.template) is None:
@@ -205,7 +214,35 @@ def _scope(ctx: Context, request: RolloutRequest) -> list[str]:
             f"{len(found_ids)} workers in scope; a rollout covers at most {MAX_ROLLOUT_WORKERS}: narrow it "
             "with pool or worker_ids",
         )
-    return found_ids
+    return found_ids, []
+
+
+def _refuse_covered(ctx: Context, request: RolloutRequest, read: list[Worker]) -> None:
+    """409 for a start that an active rollout covers: its pool is not active, an active rollout of the
+    same template covers the same pool, or one already holds a worker named. A first look: the engine
+    claims each worker through the door, which holds the rule (a worker two rollouts reach is the one's
+    that claims it first)."""
+    door = admission.Door(ctx)
+    pools = {request.pool} if request.pool is not None else {w.pool for w in read}
+    for name in sorted(p for p in pools if p is not None):
+        pool = ctx.store.find_pool(name)
+        if pool is not None and pool.status != PoolStatus.ACTIVE:
+            raise PoolNotActive(name, str(pool.status))
+    for worker in read:
+        holder = door.holder(worker)
+        if holder is not None and holder.rollout_id is not None:
+            found = store_of(ctx).find(holder.rollout_id)
+            raise RolloutCovered(
+                holder.rollout_id, str(found.status) if found else None, f"worker {worker.id}", worker.id
+            )
+    if request.template is None:
+        return
+    for other in store_of(ctx).active():
+        if other.template == request.template and (
+            other.pool is None or request.pool is None or other.pool == request.pool
+        ):
+            where = f" in pool {request.pool}" if request.pool else ""
+            raise RolloutCovered(other.id, str(other.status), f"template {request.template}{where}")
 
 
 def plan(ctx: Context, request: RolloutRequest) -> RolloutPlan:
@@ -229,9 +266,12 @@ def plan(ctx: Context, request: RolloutRequest) -> RolloutPlan:
     )
 
 
-def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
-    """Store a RUNNING rollout over the request's scope; 409 when an active rollout covers one of them."""
-    workers = _scope(ctx, request)
+def start(ctx: Context, request: RolloutRequest, *, actor: str, claim: int = CLAIMS_PER_STEP) -> Rollout:
+    """Store a RUNNING rollout over the request's scope and claim its first `claim` workers as its own
+    (the engine claims the rest, a step's worth a cycle: services/rollouts/step.py); 409 when its pool is
+    not active or an active rollout covers it."""
+    workers, read = _read_scope(ctx, request)
+    _refuse_covered(ctx, request, read)
     now = utcnow()
     rollout = Rollout(
         id=new_id("ro"),
@@ -254,6 +294,13 @@ def start(ctx: Context, request: RolloutRequest, *, actor: str) -> Rollout:
     )
     stored = store_of(ctx).start(rollout, workers, actor=actor)
     emit(ctx, "RolloutStarted", stored, actor=actor)
+    with admission.door(ctx, now) as door:
+        first = Step(ctx, stored, now, door)
+        first.claim_ahead(stop=claim)
+    # What is claimed is recorded for the engine; a start that loses this write to a fast operator
+    # (a pause, a cancel) leaves the claims to be found again by its steps.
+    with contextlib.suppress(StaleWrite):
+        stored = store_of(ctx).save(stored, {"claimed": first.claimed}, actor=actor)
     return stored
 
 
@@ -290,7 +337,7 @@ def _move(
         if target == RolloutStatus.PAUSED:
             update |= {"paused_at": now}
             if current.paused_at_checkpoint is None:
-                update["blocked"] = Blocked(reason="checkpoint", detail="paused by an operator", since=now)
+                update["blocked"] = Blocked(reason="paused", detail=f"paused by {actor}", since=now)
         elif target == RolloutStatus.RUNNING:
             # A resume passes the checkpoint it waited at.
             passed = current.checkpoints_passed
@@ -332,9 +379,6 @@ def begin_rollback(ctx: Context, current: Rollout, *, actor: str, reason: str | 
     check_move(current.id, current.status, RolloutStatus.ROLLING_BACK)
     now = utcnow()
     through = min(current.wave, current.wave_count - 1)
-    # The workers of waves 0..through: the sorted scope's first ones, read page by page.
-    reached = store_of(ctx).members(current, 0, current.wave_bounds(through)[1])
-    replacements = [replacement_id(current.id, w) for w in reached]
     changes: dict[str, Any] = {
         "status": RolloutStatus.ROLLING_BACK,
         "rollback_through_wave": through,
@@ -352,7 +396,7 @@ def begin_rollback(ctx: Context, current: Rollout, *, actor: str, reason: str | 
         "finished_at": None,
         "blocked": None,
     }
-    saved = store_of(ctx).begin_rollback(current, changes, replacements, actor=actor, reason=reason)
+    saved = store_of(ctx).save(current, changes, actor=actor, action="RolloutRollbackStarted", reason=reason)
     emit(ctx, "RolloutRollbackStarted", saved, actor=actor, reason=reason)
     return saved
 

@@ -3,38 +3,39 @@ workers drift by `image` or `instance_type` (docs/rollouts.md, "Drift").
 
 The leading shard alone starts them, once its workers' steps have written their drift. A template is
 looked at only when one of the cycle's workers of it is RUNNING and drifted that way (so a steady fleet
-reads nothing more); then its RUNNING workers are read fleet-wide, those an active rollout covers or a
-start or a rollback is taking right now (their lock items), those a rollback pinned and those of an
-auto rollout that failed, was cancelled or was rolled back are left out, and one rollout is started
-over the first AUTO_ROLLOUT_MAX_WORKERS of the others by id, with the default settings, through
-services/rollouts.start. A start refused because an active rollout took one of them meanwhile (409)
-means they are covered.
+reads nothing more); then its RUNNING workers are read fleet-wide, those someone holds (an active
+rollout, a disruption under way: their owner), those a rollback pinned and those of an auto rollout that
+failed, was cancelled or was rolled back are left out, and one rollout is started over the first
+AUTO_ROLLOUT_MAX_WORKERS of the others by id, with the default settings, through
+services/rollouts.start. A start refused because an active rollout covers one of them (409) means they
+are covered.
 
 A start runs inside the reconcile cycle, so it is bounded twice: one covers at most
-AUTO_ROLLOUT_MAX_WORKERS workers (the next cycles start others over the rest, which the earlier ones
-now cover), and it begins only while the cycle has START_ALLOWANCE_SECONDS left beyond its margin.
+AUTO_ROLLOUT_MAX_WORKERS workers (the next cycles start others over the rest), and it begins only while
+the cycle has START_ALLOWANCE_SECONDS left beyond its margin.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Drift, DriftReason, Worker, WorkerTemplate
 from fleetkeeper.domain.rollouts import MAX_ROLLOUT_WORKERS, RolloutRequest, RolloutStatus
 from fleetkeeper.observability import logger
-from fleetkeeper.services import rollouts
+from fleetkeeper.services import admission, rollouts
 from fleetkeeper.services.context import Context
-from fleetkeeper.services.reconcile.actions import ACTOR, Work
 
 AUTO_REASON: Final = "auto: drift"
+# Who starts them: the reconcile cycle.
+ACTOR: Final = "reconciler"
 # The drift a rollout fixes; `expired` has its own replacement (services/reconcile/expiry.py).
 ROLLED_REASONS: Final = frozenset({DriftReason.IMAGE, DriftReason.INSTANCE_TYPE})
-# The workers one auto rollout covers: its start takes a lock per worker (transactions of 99, eight at
-# once) inside the reconcile cycle, and 2,000 take a few seconds where 10,000 would take most of a cycle.
+# The workers one auto rollout covers: the engine takes them wave by wave, and a start reads them all
+# inside the reconcile cycle.
 AUTO_ROLLOUT_MAX_WORKERS: Final = min(2_000, MAX_ROLLOUT_WORKERS)
 # What a start of AUTO_ROLLOUT_MAX_WORKERS may take, with room: none begins with less left in the cycle.
 START_ALLOWANCE_SECONDS: Final = 15.0
@@ -42,25 +43,8 @@ START_ALLOWANCE_SECONDS: Final = 15.0
 HELD: Final = frozenset({RolloutStatus.FAILED, RolloutStatus.CANCELLED, RolloutStatus.ROLLED_BACK})
 
 
-def _drift_of(value: Any) -> Drift | None:
-    if value is None or isinstance(value, Drift):
-        return value
-    return Drift.model_validate(value)
-
-
 def _rolled(drift: Drift | None) -> bool:
     return drift is not None and bool(ROLLED_REASONS.intersection(drift.reasons))
-
-
-def _drifted_now(item: Work) -> bool:
-    """The worker is RUNNING after its step and drifted by image or instance type, as this cycle wrote
-    it (or as it was, when the step did not change it)."""
-    status = item.step.target or item.worker.status
-    if status != WorkerStatus.RUNNING:
-        return False
-    changes = item.step.changes
-    drift = _drift_of(changes["drift"]) if "drift" in changes else item.worker.drift
-    return _rolled(drift)
 
 
 def _candidate(worker: Worker) -> bool:
@@ -74,41 +58,35 @@ def _candidate(worker: Worker) -> bool:
     )
 
 
-def _uncovered(ctx: Context, worker_ids: Sequence[str], counters: Counter[str]) -> list[str]:
-    """The workers no RUNNING, PAUSED or ROLLING_BACK rollout covers and no start or rollback is taking
-    right now, by their lock items (RolloutStore.keeps); and not those of an auto rollout that failed,
-    was cancelled or rolled back (an operator decides what next: starting another each cycle would
-    fail again, or undo what the operator did)."""
-    locks = ctx.rollouts.locks_taken(worker_ids)
-    read = {holder: ctx.rollouts.find(holder) for holder in sorted({h for h, _ in locks.values()})}
+def _uncovered(ctx: Context, workers: Sequence[Worker], counters: Counter[str]) -> list[str]:
+    """The workers nobody holds (their owner, domain/admission.holds: no active rollout, no disruption
+    under way), and not those of an auto rollout that failed, was cancelled or rolled back (an operator
+    decides what next: starting another each cycle would fail again, or undo what the operator did)."""
+    door = admission.Door(ctx)
     free = []
-    for worker_id in worker_ids:
-        if worker_id not in locks:
-            free.append(worker_id)
+    for worker in workers:
+        if door.holder(worker) is not None:
             continue
-        holder, taken_at_ms = locks[worker_id]
-        rollout = read[holder]
-        if ctx.rollouts.keeps(rollout, taken_at_ms):
-            # An active rollout covers it, or a start or a rollback is taking its lock right now: a
-            # start over it would be refused (409 STARTING) and hold back the template's other workers.
-            continue
+        last = worker.owner.rollout_id if worker.owner is not None else None
+        rollout = ctx.rollouts.find(last) if last is not None else None
         if rollout is not None and rollout.started_by == ACTOR and rollout.status in HELD:
             counters["auto_rollout_held"] += 1
         else:
-            free.append(worker_id)
+            free.append(worker.id)
     return free
 
 
 def start_auto_rollouts(
     ctx: Context,
-    work: Sequence[Work],
+    planned: Sequence[Worker],
     counters: Counter[str],
     *,
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> None:
-    """At most one rollout start per `auto_rollout` template whose workers drifted by image or type."""
-    names = sorted({item.worker.template for item in work if _drifted_now(item)})
+    """At most one rollout start per `auto_rollout` template whose workers drifted by image or type, as
+    the cycle's steps leave its workers (`planned`)."""
+    names = sorted({w.template for w in planned if w.status == WorkerStatus.RUNNING and _rolled(w.drift)})
     if not names:
         return
     catalogue: dict[str, WorkerTemplate] = {t.name: t for t in ctx.store.list_templates()}
@@ -128,7 +106,7 @@ def start_auto_rollouts(
 
 def _start_one(ctx: Context, template: str, counters: Counter[str]) -> None:
     running = sorted({w.id for w in ctx.store.placement_candidates(template=template, pool=None)})
-    drifted = [w.id for w in ctx.store.get_workers(running) if _candidate(w)]
+    drifted = [w for w in ctx.store.get_workers(running) if _candidate(w)]
     scope = _uncovered(ctx, drifted, counters) if drifted else []
     if not scope:
         counters["auto_rollout_covered"] += 1
@@ -138,7 +116,8 @@ def _start_one(ctx: Context, template: str, counters: Counter[str]) -> None:
         counters["auto_rollout_workers_waiting"] += len(scope) - AUTO_ROLLOUT_MAX_WORKERS
     request = RolloutRequest(worker_ids=scope[:AUTO_ROLLOUT_MAX_WORKERS], reason=AUTO_REASON)
     try:
-        started = rollouts.start(ctx, request, actor=ACTOR)
+        # Its whole scope claimed now: the next cycle's start must find these workers held.
+        started = rollouts.start(ctx, request, actor=ACTOR, claim=AUTO_ROLLOUT_MAX_WORKERS)
     except Conflict:
         # An active rollout took one of them since they were read: they are covered.
         counters["auto_rollout_covered"] += 1
