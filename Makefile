@@ -172,11 +172,13 @@ clean: ## remove .venv, node_modules and every cache
 	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
-# then the rollout budget property and the cron windows' oracle at 60 examples (`make test` runs 6 and 12).
+# then the rollout budget property and the cron windows' oracle at 60 examples (`make test` runs 4 and 12),
+# and the tests marked `scale` (the full sizes of which `make test` runs a slice).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
 PROPERTY_EXAMPLES ?= 60
-stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, and the property tests at 60 examples
+stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, the property tests at 60 examples, the scale tests
 	$(PY) -m bench.stress $(STRESS_ARGS)
-	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly \
+	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly --durations=15 \
 		tests/integration/reconciler/test_rollout_budget_property.py tests/unit/test_windows_property.py
+	$(VENV)/bin/pytest -q -p no:randomly --durations=15 -m scale tests
