@@ -142,7 +142,7 @@ synth: install ## synthesize the CDK app into cdk.out/ (STAGE=dev|prod, default 
 # tests leave CPU free while they wait on timers. Its report follows pytest's; either failing fails.
 test: lint install $(BROWSER_STAMP) ## ruff, mypy and every test: unit, integration, infra, e2e (and /docs in Chromium)
 	@mkdir -p build; $(VENV)/bin/mypy > build/mypy.log 2>&1 & typecheck=$$!; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); tests=$$?; \
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS); tests=$$?; \
 	wait $$typecheck; types=$$?; \
 	echo "--- mypy"; cat build/mypy.log; \
 	exit $$(( tests != 0 ? tests : types ))
