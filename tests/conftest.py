@@ -13,6 +13,7 @@ from _pytest.nodeid import NodeId
 
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.settings import get_settings
+from fleetkeeper.store import machine_keys
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.aws_rules import AwsRules
 from fleetkeeper_local.iam import session as iam_session
@@ -117,6 +118,10 @@ class ProcessTable:
         if not self._stack.empty_table(self.name, most=self.EMPTY_AT_MOST):
             self._stack.delete_table(self.name)
             self.name = self._next()
+        # The store remembers per table name what only ever stays true on AWS (a region's machine keys
+        # backfilled); an emptied table has lost it.
+        with machine_keys._MIGRATED_LOCK:
+            machine_keys._MIGRATED.clear()
 
 
 @pytest.fixture(scope="session")
