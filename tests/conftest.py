@@ -8,16 +8,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
+from _pytest.nodeid import NodeId
 
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.settings import get_settings
+from fleetkeeper.store import machine_keys
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.aws_rules import AwsRules
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.stack import LocalStack, free_port
+from tests.clients import forget_shared_clients, shared_client
 from tests.iam_plugin import (
     pytest_addoption,
     pytest_collection_finish,
@@ -35,6 +36,23 @@ __all__ = [
     "pytest_terminal_summary",
     "pytest_testnodedown",
 ]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Name each test's xdist_group in its node id, as `--dist loadgroup` schedules by: xdist 3.8 sets
+    an attribute pytest 9.2 no longer reads node ids from, so every group was split across workers (two
+    CDK syntheses, two e2e control planes). Last, after the suites' conftests have marked their tests."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under loadgroup only
+        return
+    for item in items:
+        groups = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+        if groups and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(groups))}")
+
 
 # The AWS rules of the test process (None with FLEETKEEPER_AWS_RULES=off), once the local stack is up.
 _session_rules: list[AwsRules] = []
@@ -72,23 +90,60 @@ def local_stack() -> Iterator[LocalStack]:
         reset_clients()
 
 
+class ProcessTable:
+    """The test process's one table, emptied after each test rather than dropped and created again.
+
+    A test that leaves more than EMPTY_AT_MOST items behind gets the next table (a new name): emptying
+    it would cost more than a new table, and whatever of that test still writes late writes to the old
+    one. Whatever a test starts in the background (drain executions, API instances, threads) is
+    stopped by the fixture or test that started it before this table is emptied.
+    """
+
+    EMPTY_AT_MOST = 500
+
+    def __init__(self, stack: LocalStack) -> None:
+        self._stack = stack
+        self._prefix = f"fk-test-{uuid.uuid4().hex[:6]}"
+        self._generation = 0
+        self.name = self._next()
+
+    def _next(self) -> str:
+        self._generation += 1
+        name = f"{self._prefix}-{self._generation}"
+        self._stack.create_table(name)
+        return name
+
+    def reset(self) -> None:
+        """As new for the next test: emptied, or replaced by a new table."""
+        if not self._stack.empty_table(self.name, most=self.EMPTY_AT_MOST):
+            self._stack.delete_table(self.name)
+            self.name = self._next()
+        # The store remembers per table name what only ever stays true on AWS (a region's machine keys
+        # backfilled); an emptied table has lost it.
+        with machine_keys._MIGRATED_LOCK:
+            machine_keys._MIGRATED.clear()
+
+
+@pytest.fixture(scope="session")
+def process_table(local_stack: LocalStack) -> ProcessTable:
+    return ProcessTable(local_stack)
+
+
 @pytest.fixture
-def table_name(local_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh table per test, built from the shared definition, dropped afterwards."""
-    name = f"fk-test-{uuid.uuid4().hex[:10]}"
-    local_stack.create_table(name)
-    monkeypatch.setenv("TABLE_NAME", name)
+def table_name(process_table: ProcessTable, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty table for the test (the process's one), built from the shared definition."""
+    monkeypatch.setenv("TABLE_NAME", process_table.name)
     get_settings.cache_clear()
     try:
-        yield name
+        yield process_table.name
     finally:
-        local_stack.delete_table(name)
+        process_table.reset()
         get_settings.cache_clear()
 
 
 @pytest.fixture
 def dynamodb(local_stack: LocalStack) -> Any:
-    return boto3.client("dynamodb")
+    return shared_client("dynamodb")
 
 
 @pytest.fixture
@@ -101,8 +156,12 @@ def ec2(local_stack: LocalStack) -> Iterator[Any]:
     """The tests' own EC2 client. Their set-ups launch machines in bursts beyond RunInstances' request
     bucket (AWS's limits hold on this client too), so it waits the bucket out as a careful caller would:
     adaptive retries, which pace the client to the refill rate."""
-    yield boto3.client("ec2", config=Config(retries={"mode": "adaptive", "max_attempts": 10}))
+    yield shared_client("ec2", adaptive=True)
     local_stack.reset_moto()
+    rules = _session_rules[0] if _session_rules else None
+    if rules is not None and any(reason.startswith("ec2:") for reason in rules.summary()):
+        # Throttled, the client keeps pacing itself slower; the next test starts with full buckets.
+        forget_shared_clients()
 
 
 @pytest.fixture(autouse=True)

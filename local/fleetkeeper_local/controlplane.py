@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import boto3
+from botocore import handlers as botocore_handlers
 
 from fleetkeeper.cloud.clients import reset_clients
 from fleetkeeper.services.context import default_context
@@ -46,6 +47,7 @@ from fleetkeeper_local.stack import (
     _wait_for_http,
     binding,
     free_port,
+    moto_generation,
     project_root,
     remember_provisioned,
 )
@@ -120,13 +122,19 @@ def local_instance_types() -> list[str]:
 # launches with it, as do the seed and a restart, and the emulated SSM agent registers only a machine
 # that has one (machines.py). One per moto server, shared by every control plane on it.
 LOCAL_WORKER_PROFILE = "fleetkeeper-local-worker"
+# (moto endpoint, moto generation) where the profile is known to exist: until moto is reset it stays.
+_profiles_made: set[tuple[str | None, int]] = set()
 
 
 def ensure_worker_profile() -> str:
     """The workers' instance profile and its role on the emulated IAM (created if missing); its name."""
+    key = (os.environ.get("AWS_ENDPOINT_URL"), moto_generation())
+    if key in _profiles_made:
+        return LOCAL_WORKER_PROFILE
     iam = _setup("iam")
     try:
         iam.get_instance_profile(InstanceProfileName=LOCAL_WORKER_PROFILE)
+        _profiles_made.add(key)
         return LOCAL_WORKER_PROFILE
     except iam.exceptions.NoSuchEntityException:
         pass
@@ -143,6 +151,7 @@ def ensure_worker_profile() -> str:
         iam.add_role_to_instance_profile(
             InstanceProfileName=LOCAL_WORKER_PROFILE, RoleName=LOCAL_WORKER_PROFILE
         )
+    _profiles_made.add(key)
     return LOCAL_WORKER_PROFILE
 
 
@@ -166,27 +175,52 @@ def _trust(*services: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _SharedParts:
+    role_arn: str
+    function_arn: str
+
+
+# The drain_tasks function and its role, per (moto endpoint, moto generation): every control plane on one
+# emulator shares them, as a test observes neither, until a reset forgets them.
+_shared_parts: dict[tuple[str | None, int], _SharedParts] = {}
+_shared_lock = threading.Lock()
+
+
+def _drain_function(suffix: str) -> _SharedParts:
+    key = (os.environ.get("AWS_ENDPOINT_URL"), moto_generation())
+    with _shared_lock:
+        if key not in _shared_parts:
+            iam = _setup("iam")
+            trust = json.dumps(_trust("lambda.amazonaws.com", "states.amazonaws.com"))
+            role_arn = iam.create_role(
+                RoleName=f"fleetkeeper-local-{suffix}", AssumeRolePolicyDocument=trust
+            )["Role"]["Arn"]
+            function_arn = _setup("lambda").create_function(
+                FunctionName=f"fleetkeeper-drain-tasks-{suffix}",
+                Runtime="python3.12",
+                Role=role_arn,
+                Handler="handler.handler",
+                Code={"ZipFile": _placeholder_zip()},
+            )["FunctionArn"]
+            _shared_parts[key] = _SharedParts(role_arn, function_arn)
+        return _shared_parts[key]
+
+
 def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) -> LocalResources:
-    """Create the table, the drain_tasks function, the state machine, the audit bus, the topic and the
-    workers' instance profile."""
+    """Create the table, the state machine, the audit bus and the topic, on the drain_tasks function and
+    the workers' instance profile (created once per emulator and shared).
+
+    The parts a test observes (the state machine's executions, the bus's rules, the topic's
+    subscriptions) are new for every call; moto validates each definition text once (stack.py)."""
     suffix = suffix or uuid.uuid4().hex[:8]
     profile = ensure_worker_profile()
-    lambdas.install().register(f"fleetkeeper-drain-tasks-{suffix}", drain_tasks_handler)
-    iam = _setup("iam")
-    role_name = f"fleetkeeper-local-{suffix}"
-    trust = json.dumps(_trust("lambda.amazonaws.com", "states.amazonaws.com"))
-    role_arn = iam.create_role(RoleName=role_name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
-    function_arn = _setup("lambda").create_function(
-        FunctionName=f"fleetkeeper-drain-tasks-{suffix}",
-        Runtime="python3.12",
-        Role=role_arn,
-        Handler="handler.handler",
-        Code={"ZipFile": _placeholder_zip()},
-    )["FunctionArn"]
+    shared = _drain_function(suffix)
+    lambdas.install().register(shared.function_arn.split(":")[-1], drain_tasks_handler)
     state_machine_arn = _setup("stepfunctions").create_state_machine(
         name=f"fleetkeeper-drain-{suffix}",
-        definition=drain_definition(function_arn),
-        roleArn=role_arn,
+        definition=drain_definition(shared.function_arn),
+        roleArn=shared.role_arn,
         type="STANDARD",
     )["stateMachineArn"]
     bus_name = f"fleetkeeper-audit-{suffix}"
@@ -197,7 +231,7 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     remember_provisioned("topic", topic_arn)
     # Last: the moto resources above are made while a JVM just launched still boots.
     stack.create_table(table_name)
-    return LocalResources(table_name, state_machine_arn, function_arn, bus_name, topic_arn, profile)
+    return LocalResources(table_name, state_machine_arn, shared.function_arn, bus_name, topic_arn, profile)
 
 
 def activate(resources: LocalResources, heartbeat_seconds: int = 300) -> None:
@@ -206,10 +240,26 @@ def activate(resources: LocalResources, heartbeat_seconds: int = 300) -> None:
     refresh_process_caches()
 
 
+# What the process's cached clients were made under: the AWS variables (endpoints, credentials, region)
+# and botocore's built-in handlers, where the local layers hook in (faults.installed_hooks).
+_clients_made_under: tuple[Any, ...] | None = None
+
+
+def _client_inputs() -> tuple[Any, ...]:
+    variables = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    return variables, tuple(botocore_handlers.BUILTIN_HANDLERS)
+
+
 def refresh_process_caches() -> None:
+    """Settings and the service context read afresh from the environment. The clients are made again
+    only when what they were made under changed: six new clients cost more CPU than most tests' calls."""
+    global _clients_made_under  # noqa: PLW0603 - one record per process, as the clients are
     get_settings.cache_clear()
     default_context.cache_clear()
-    reset_clients()
+    inputs = _client_inputs()
+    if inputs != _clients_made_under:
+        reset_clients()
+        _clients_made_under = inputs
 
 
 # ---- API Gateway proxy events ---------------------------------------------------------------------

@@ -451,15 +451,15 @@ def installed_hooks(specs: list[HookSpec]) -> Iterator[None]:
         _forget_clients()
 
 
-def unhooked_client(service: str, region: str | None = None) -> Any:
+def unhooked_client(service: str, region: str | None = None, **options: Any) -> Any:
     """A client that none of the installed layers sees: what the local machinery itself reads from the
     emulators (table definitions, an item's current keys, EC2 states for the event pump) must not be
-    faulted, throttled or counted."""
+    faulted, throttled or counted. `options` go to botocore's create_client (an endpoint, keys)."""
     with _installed_lock:
         session = botocore.session.get_session()
         for spec in _installed:
             session.unregister(spec[0], spec[1])
-    return session.create_client(service, region_name=region)
+    return session.create_client(service, region_name=region, **options)
 
 
 def _forget_clients() -> None:

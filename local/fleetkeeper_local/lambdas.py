@@ -164,6 +164,14 @@ class LambdaDispatcher:
         with self._idle:
             return self._idle.wait_for(lambda: self._running == 0, timeout)
 
+    def forget(self) -> None:
+        """Drop the record of invocations and crashes, so the next test counts only its own."""
+        with self._lock:
+            self.invocations.clear()
+            self.calls.clear()
+            self.returned.clear()
+            self.crashes.clear()
+
     def invoke(self, function_name: str, body: Any, response_headers: dict[str, Any]) -> bytes:
         with self._idle:
             self._running += 1

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import subprocess
@@ -63,6 +65,35 @@ def provisioned() -> dict[str, frozenset[str]]:
     """The stage resources provisioned so far in this process, by kind."""
     with _provisioned_lock:
         return {kind: frozenset(names) for kind, names in _provisioned.items()}
+
+
+@functools.lru_cache(maxsize=32)
+def _parsed_program(definition: str) -> bytes:
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser  # noqa: PLC0415
+
+    program = AmazonStateLanguageParser.parse(definition)[0]
+    return pickle.dumps(program)
+
+
+def _parse_each_definition_once() -> None:
+    """moto parses a state machine's whole definition in pure Python to validate it at every create and
+    again at every execution's start: about 0.1 s of CPU for the drain workflow each time, which nearly
+    every test pays. Each text is parsed once per process instead; a create reuses its verdict (a failing
+    text still raises every time) and an execution runs on its own unpickled copy of the parsed program
+    (a millisecond), so no two executions share a part."""
+    from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker  # noqa: PLC0415
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend  # noqa: PLC0415
+
+    check = StepFunctionsParserBackend._validate_definition
+    if hasattr(check, "cache_info"):
+        return
+    StepFunctionsParserBackend._validate_definition = staticmethod(functools.lru_cache(maxsize=32)(check))  # type: ignore[method-assign]
+
+    def entrypoint(worker: ExecutionWorker) -> Any:
+        definition = worker._evaluation_details.state_machine_details.definition
+        return pickle.loads(_parsed_program(definition))  # noqa: S301 - bytes this process pickled
+
+    ExecutionWorker._get_evaluation_entrypoint = entrypoint  # type: ignore[method-assign,assignment]
 
 
 class LocalStackError(RuntimeError):
@@ -162,6 +193,7 @@ class LocalStack:
     _dynamodb_admin: Any = field(default=None, init=False, repr=False)
     _dynamodb_ready: bool = field(default=False, init=False, repr=False)
     _jvm: dynamodb_jvm.Launch | None = field(default=None, init=False, repr=False)
+    _tables: set[str] = field(default_factory=set, init=False, repr=False)  # created here, not dropped
 
     @classmethod
     def from_environ(cls) -> LocalStack:
@@ -274,6 +306,7 @@ class LocalStack:
             self._moto.start()
         # The emulated machines answer Run Command as registered workers would (machines.py).
         machines.install()
+        _parse_each_definition_once()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(
             {
@@ -321,15 +354,16 @@ class LocalStack:
             self._dynamodb_ready = False
 
     def dynamodb_client(self) -> Any:
-        """One client per stack: tables are made and dropped for every test."""
+        """One client per stack for its tables, outside the local layers (faults, AWS rules, IAM
+        recording): making, emptying and dropping tables is the stack's housekeeping, not a caller's."""
         self.wait_for_dynamodb()
         if self._dynamodb_admin is None:
-            import boto3  # noqa: PLC0415 - see the module's docstring
+            from fleetkeeper_local.faults import unhooked_client  # noqa: PLC0415 - see the module's docstring
 
-            self._dynamodb_admin = boto3.client(
+            self._dynamodb_admin = unhooked_client(
                 "dynamodb",
+                LOCAL_REGION,
                 endpoint_url=self.dynamodb_endpoint,
-                region_name=LOCAL_REGION,
                 aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
                 aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             )
@@ -341,19 +375,57 @@ class LocalStack:
         from fleetkeeper.store.schema import create_table_request  # noqa: PLC0415
 
         remember_provisioned("table", table_name)
+        if table_name in self._tables:
+            return
         dynamodb = self.dynamodb_client()
         try:
             dynamodb.create_table(**create_table_request(table_name))
         except dynamodb.exceptions.ResourceInUseException:
+            self._tables.add(table_name)
             return
         dynamodb.get_waiter("table_exists").wait(TableName=table_name, WaiterConfig={"Delay": 1})
         # A table this release created holds nothing an earlier one wrote: no migration to run.
         initialise_new_table(dynamodb, table_name)
+        self._tables.add(table_name)
 
     def delete_table(self, table_name: str) -> None:
+        self._tables.discard(table_name)
         dynamodb = self.dynamodb_client()
         with contextlib.suppress(dynamodb.exceptions.ResourceNotFoundException):
             dynamodb.delete_table(TableName=table_name)
+
+    def empty_table(self, table_name: str, *, most: int) -> bool:
+        """Delete every item of a table as a new one holds them (none but the layout marker), when it
+        holds at most `most` items; False, with nothing deleted, when it holds more.
+
+        Reusing a table this way costs a few calls where dropping and creating one costs DynamoDB Local
+        far more; past `most` items the deletes cost more than that."""
+        from fleetkeeper.store.layout import initialise_new_table  # noqa: PLC0415 - see the docstring
+        from fleetkeeper.store.schema import PARTITION_KEY, SORT_KEY  # noqa: PLC0415
+
+        dynamodb = self.dynamodb_client()
+        keys: list[dict[str, Any]] = []
+        request: dict[str, Any] = {
+            "TableName": table_name,
+            "ProjectionExpression": "#pk, #sk",
+            "ExpressionAttributeNames": {"#pk": PARTITION_KEY, "#sk": SORT_KEY},
+            "ConsistentRead": True,
+        }
+        while True:
+            page = dynamodb.scan(**request)
+            keys += page["Items"]
+            if len(keys) > most:
+                return False
+            if "LastEvaluatedKey" not in page:
+                break
+            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        pending = [{"DeleteRequest": {"Key": key}} for key in keys]
+        while pending:
+            batch, pending = pending[:25], pending[25:]
+            unprocessed = dynamodb.batch_write_item(RequestItems={table_name: batch})["UnprocessedItems"]
+            pending += unprocessed.get(table_name, [])
+        initialise_new_table(dynamodb, table_name)
+        return True
 
 
 @contextlib.contextmanager

@@ -70,38 +70,42 @@ def partition_items(ctx: Context, region: str) -> list[dict[str, Any]]:
         request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
+# The full size is a scale figure (`make stress`); `make test` holds ten pages of the longest ids.
 @pytest.mark.slow
+@pytest.mark.parametrize("count", [pytest.param(50_000, marks=pytest.mark.scale), 2_500])
 def test_given_50000_held_back_workers_with_the_longest_ids_then_every_item_stays_small_and_the_set_is_exact(
-    control_plane: ControlPlane,
+    control_plane: ControlPlane, count: int
 ) -> None:
     ctx = control_plane.ctx
-    held = long_ids(50_000)
+    held = long_ids(count)
     now = utcnow()
 
-    first = orphan_gc.gate(ctx, REGION, held, live=60_000, now=now)
+    first = orphan_gc.gate(ctx, REGION, held, live=count * 6 // 5, now=now)
     status, listed = control_plane.api("GET", "/api/v1/reconcile/orphans")
     confirmed = control_plane.api(
         "POST",
         "/api/v1/reconcile/orphans/confirm",
         {"region": REGION, "held_back_set": listed["items"][0]["held_back_set"]},
     )
-    covered = orphan_gc.gate(ctx, REGION, held[:40_000], live=55_000, now=now, retire_per_pass=1000)
+    covered = orphan_gc.gate(
+        ctx, REGION, held[: count * 4 // 5], live=count * 11 // 10, now=now, retire_per_pass=1000
+    )
     one_more = orphan_gc.gate(ctx, REGION, [*held[:100], "w-never-seen"], live=200, now=now)
 
     assert first is BreakerDecision.HOLD
     assert status == 200
     [view] = listed["items"]
-    assert (view["held_back_count"], view["held_back"]) == (50_000, held[:100])
+    assert (view["held_back_count"], view["held_back"]) == (count, held[:100])
     assert view["held_back_set"] == fingerprint(held)
     assert confirmed[0] == 200, confirmed
-    assert confirmed[1]["confirmed_count"] == 50_000
+    assert confirmed[1]["confirmed_count"] == count
     assert covered is BreakerDecision.CONFIRMED  # a subset of the confirmed set, read from its pages
     assert one_more is BreakerDecision.HOLD  # a suspect the operator never saw
     items = partition_items(ctx, REGION)
     sizes = sorted(item_size(i) for i in items)
     pages = [i for i in items if i["SK"]["S"] != "BREAKER"]
     # Two held-back sets were written (the last one holds 101 workers); the first is still confirmed.
-    assert sum(len(p["ids"]["L"]) for p in pages) == 50_000 + 101
+    assert sum(len(p["ids"]["L"]) for p in pages) == count + 101
     assert sizes[-1] <= PAGE_BUDGET_BYTES
     head = next(i for i in items if i["SK"]["S"] == "BREAKER")
     assert item_size(head) < 1024
@@ -138,9 +142,15 @@ def test_given_the_held_back_set_then_the_api_pages_through_it_and_refuses_to_mi
     assert not_a_region[0] == 422
 
 
+# At 1,500 a scale figure (`make stress`); `make test` runs the fewest that still fill two pages.
 @pytest.mark.slow
+@pytest.mark.parametrize("count", [pytest.param(VANISHED, marks=pytest.mark.scale), PAGE_MAX_IDS + 1])
 def test_given_1500_vanished_workers_then_discovery_holds_them_and_once_confirmed_retires_them_run_by_run(
-    control_plane: ControlPlane, make_ctx: ContextFactory, store: FleetStore, live_worker: LiveWorkerFactory
+    control_plane: ControlPlane,
+    make_ctx: ContextFactory,
+    store: FleetStore,
+    live_worker: LiveWorkerFactory,
+    count: int,
 ) -> None:
     ctx = make_ctx(ORPHAN_GC_MAX_SHARE_PERCENT="20", ORPHAN_GC_MAX_RETIRE_PER_RUN="40")
     alive = [live_worker() for _ in range(3)]
@@ -155,7 +165,7 @@ def test_given_1500_vanished_workers_then_discovery_holds_them_and_once_confirme
             capacity=4,
             version=1,
         )
-        for n in itertools.islice(ids, VANISHED)
+        for n in itertools.islice(ids, count)
     ]
     seed_workers(store, vanished)
     held = sorted(w.id for w in vanished)
@@ -172,19 +182,19 @@ def test_given_1500_vanished_workers_then_discovery_holds_them_and_once_confirme
     passes = [discover_and_collect(ctx, now=utcnow() + timedelta(minutes=5 * n)) for n in (1, 2)]
     after = ctx.breakers.read(REGION)
 
-    assert (holding.counters["orphans_held_back"], holding.counters["orphans_terminated"]) == (VANISHED, 0)
+    assert (holding.counters["orphans_held_back"], holding.counters["orphans_terminated"]) == (count, 0)
     # The run's answer names 100 of them, the counters count them all.
     assert (len(region["orphans"]), len(region["orphans_held_back"])) == (100, 100)
-    assert view["items"][0]["held_back_count"] == VANISHED
+    assert view["items"][0]["held_back_count"] == count
     assert view["items"][0]["held_back_set"] == fingerprint(held)
     assert confirmed[0] == 200, confirmed
     assert [(p.counters["orphans_terminated"], p.counters["orphans_deferred"]) for p in passes] == [
-        (40, VANISHED - 40),
-        (40, VANISHED - 80),
+        (40, count - 40),
+        (40, count - 80),
     ]
     assert Counter(store.get_worker(w.id).status for w in alive) == {WorkerStatus.RUNNING: 3}
     statuses = Counter(w.status for w in store.get_workers([w.id for w in vanished]))
-    assert statuses == {WorkerStatus.TERMINATED: 80, WorkerStatus.RUNNING: VANISHED - 80}
+    assert statuses == {WorkerStatus.TERMINATED: 80, WorkerStatus.RUNNING: count - 80}
     # The confirmation is in use, not spent, and lives on while its workers are being retired.
     assert before is not None
     assert after is not None
