@@ -4,16 +4,18 @@ What it does, in order:
 
 1. starts DynamoDB Local and moto, provisions the table, the drain state machine and the rest
    (`fleetkeeper_local.controlplane.provision`), seeds templates, pools and RUNNING workers backed by
-   emulated EC2 machines, and serves the API from several instance processes (`ApiServer`), each with
-   the same fault plan (`FLEETKEEPER_LOCAL_FAULTS`) and AWS's limits (`FLEETKEEPER_AWS_RULES`,
-   `--aws-rules`); this process installs both too, for the drain tasks moto runs here and the reconcile
-   and discovery ticks (the harness's own clients, made before, see neither);
+   emulated EC2 machines (`--expiring` of them launched long enough ago that expiry replaces them), and
+   serves the API from several instance processes (`ApiServer`), each with the same fault plan
+   (`FLEETKEEPER_LOCAL_FAULTS`) and AWS's limits (`FLEETKEEPER_AWS_RULES`, `--aws-rules`); this process
+   installs both too, for the drain tasks moto runs here and the reconcile and discovery ticks (the
+   harness's own clients, made before, see neither);
 2. runs `--threads` clients doing `--ops` random operations in total, each client drawing from its own
    `random.Random(seed, client)`: placements (by pool and by worker), instance state reports, drains
-   with short and long deadlines, double drains, cancels, pool drains and cancels, desired statuses,
-   new workers, rollouts (started, paused, resumed, cancelled, rolled back), EC2 stops and
-   terminations from outside (boto3 against moto), reconcile and discovery ticks, and reads that
-   sample worker versions; meanwhile the RUNNING rollouts and their workers are sampled from the table;
+   with short and long deadlines, double drains, cancels, pool drains and cancels, changes of pools'
+   disruption budgets, desired statuses, new workers, rollouts (started, paused, resumed, cancelled,
+   rolled back), EC2 stops and terminations from outside (boto3 against moto), reconcile and discovery
+   ticks, and reads that sample worker versions; meanwhile the RUNNING rollouts and their workers are
+   sampled from the table;
 3. quiesces: faults off, reconcile ticks until the fleet settles or `--quiesce-seconds` pass;
 4. checks every invariant (bench/stress_check.py), prints the summary and, unless `--no-report`,
    writes its section of bench/results.md. Exit status 1 on any violation.
@@ -1227,8 +1229,9 @@ def section(runs: list[dict[str, Any]]) -> str:
         "## Torture run (bench/stress.py, `make stress`)",
         "",
         "`python -m bench.stress --seed S --ops N --threads T`: API on instance processes, 12 seeded",
-        "workers in 3 pools, each fault class at the rate shown in every process that runs our handlers,",
-        "an index lag of 0.2 s; then faults off, the fleet settles, and every invariant is checked",
+        "workers in 3 pools (and, in the runs that count expiry drains, 6 past their lifetime), each fault",
+        "class at the rate shown in every process that runs our handlers, an index lag of 0.2 s; then",
+        "faults off, the fleet settles, and every invariant is checked",
         "(bench/stress_check.py). 409 NO_CAPACITY is the contract's answer for a full fleet, counted apart.",
         "",
         "| seed | ops | threads | API instances | fault rate | workload | settle | 5xx | 409 NO_CAPACITY "
