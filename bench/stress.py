@@ -4,16 +4,18 @@ What it does, in order:
 
 1. starts DynamoDB Local and moto, provisions the table, the drain state machine and the rest
    (`fleetkeeper_local.controlplane.provision`), seeds templates, pools and RUNNING workers backed by
-   emulated EC2 machines, and serves the API from several instance processes (`ApiServer`), each with
-   the same fault plan (`FLEETKEEPER_LOCAL_FAULTS`) and AWS's limits (`FLEETKEEPER_AWS_RULES`,
-   `--aws-rules`); this process installs both too, for the drain tasks moto runs here and the reconcile
-   and discovery ticks (the harness's own clients, made before, see neither);
+   emulated EC2 machines (`--expiring` of them launched long enough ago that expiry replaces them), and
+   serves the API from several instance processes (`ApiServer`), each with the same fault plan
+   (`FLEETKEEPER_LOCAL_FAULTS`) and AWS's limits (`FLEETKEEPER_AWS_RULES`, `--aws-rules`); this process
+   installs both too, for the drain tasks moto runs here and the reconcile and discovery ticks (the
+   harness's own clients, made before, see neither);
 2. runs `--threads` clients doing `--ops` random operations in total, each client drawing from its own
    `random.Random(seed, client)`: placements (by pool and by worker), instance state reports, drains
-   with short and long deadlines, double drains, cancels, pool drains and cancels, desired statuses,
-   new workers, rollouts (started, paused, resumed, cancelled, rolled back), EC2 stops and
-   terminations from outside (boto3 against moto), reconcile and discovery ticks, and reads that
-   sample worker versions; meanwhile the RUNNING rollouts and their workers are sampled from the table;
+   with short and long deadlines, double drains, cancels, pool drains and cancels, changes of pools'
+   disruption budgets, desired statuses, new workers, rollouts (started, paused, resumed, cancelled,
+   rolled back), EC2 stops and terminations from outside (boto3 against moto), reconcile and discovery
+   ticks, and reads that sample worker versions; meanwhile the RUNNING rollouts and their workers are
+   sampled from the table;
 3. quiesces: faults off, reconcile ticks until the fleet settles or `--quiesce-seconds` pass;
 4. checks every invariant (bench/stress_check.py), prints the summary and, unless `--no-report`,
    writes its section of bench/results.md. Exit status 1 on any violation.
@@ -49,7 +51,7 @@ import boto3
 import requests
 from botocore.exceptions import ClientError
 
-from bench.stress_check import Call, Observations, Report, check, sample_rollouts
+from bench.stress_check import Call, CommitSpans, Observations, Report, check, sample_rollouts
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import WorkerTemplate
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
@@ -94,6 +96,21 @@ TEMPLATES = [
     ),
 ]
 POOLS = ["alpha", "beta", "gamma"]
+# Workers that have outlived their template when the run starts (seeded as launched long ago): the
+# reconciler's expiry replaces them through the door while the clients go on. Not among the clients'
+# templates, so what they create does not add to it.
+AGING = WorkerTemplate(
+    name="stress-aging",
+    instance_type="m5.large",
+    ami_name_filter="stress-aging-*",
+    capacity=3,
+    max_lifetime_hours=1,
+)
+# Budgets the clients set on a pool (`change_budgets`): counts, percentages, reasons, and windows of a few
+# minutes on the local clocks of zones whose offsets differ by whole and half hours, so that windows open
+# and close during a run of minutes.
+BUDGET_ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata"]
+BUDGET_REASONS: list[list[str] | None] = [None, None, ["rollout"], ["scale_down", "expired"], ["expired"]]
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,8 @@ class Options:
     # Reconcile shards, every one's cycle started at once on each tick (their doors meet on each pool's
     # disruption count).
     shards: int = 3
+    # Seeded workers of AGING, past their lifetime from the start.
+    expiring: int = 6
 
 
 # Scale-down on, with windows a run of minutes goes through: a worker whose machine reports idle CPU for
@@ -121,6 +140,8 @@ class Options:
 # across every shard, never below one RUNNING worker of its scope.
 SCALE_DOWN_COOLDOWN_SECONDS = 30
 IDLE_WINDOW_SECONDS = 10
+# The stage default: what bounds the voluntary disruptions of a pool none of whose budgets applies.
+MAX_CONCURRENT_DRAINS = "10%"
 
 
 def system_settings(options: Options) -> dict[str, str]:
@@ -133,6 +154,7 @@ def system_settings(options: Options) -> dict[str, str]:
         # Every worker's CPU read on every cycle (0 would turn the readings, and so scale-down, off).
         "METRICS_INTERVAL_SECONDS": "60",
         "MIN_WORKERS": "1",
+        "MAX_CONCURRENT_DRAINS": MAX_CONCURRENT_DRAINS,
     }
 
 
@@ -357,6 +379,7 @@ class Client:
             (self.desired_status, 3),
             (self.create_worker, 3),
             (self.reopen_pool, 1.5),
+            (self.change_budgets, 1),
             (self.ec2_stop, 1),
             (self.ec2_terminate, 0.6),
             (self.reconcile, 2.5),
@@ -632,6 +655,32 @@ class Client:
         """A pool whose drain finished is inactive and takes no work until an operator reopens it."""
         self.call("reopen_pool", "PUT", f"/api/v1/pools/{self.random.choice(POOLS)}", {"status": "active"})
 
+    def change_budgets(self) -> None:
+        """An operator sets a pool's disruption budgets (replacing them whole), or takes them all away."""
+        budgets = [self._budget() for _ in range(self.random.choices([0, 1, 2], [1, 3, 2])[0])]
+        self.call(
+            "change_budgets",
+            "PUT",
+            f"/api/v1/pools/{self.random.choice(POOLS)}",
+            {"disruption": {"budgets": budgets}},
+        )
+
+    def _budget(self) -> dict[str, Any]:
+        budget: dict[str, Any] = {
+            "max": self.random.randint(0, 3)
+            if self.random.random() < 0.7
+            else self.random.choice(["0%", "20%", "34%", "50%"])
+        }
+        reasons = self.random.choice(BUDGET_REASONS)
+        if reasons is not None:
+            budget["reasons"] = reasons
+        if self.random.random() < 0.4:
+            every = self.random.choice([2, 3, 5])
+            budget["schedule"] = f"*/{every} * * * *"
+            budget["duration"] = f"{self.random.randint(1, every)}m"
+            budget["timezone"] = self.random.choice(BUDGET_ZONES)
+        return budget
+
     def desired_status(self) -> None:
         # Mostly RUNNING, so that stopped workers come back and the fleet keeps room for work.
         desired = self.random.choices(["RUNNING", "STOPPED", "TERMINATED"], [8, 2, 0.3])[0]
@@ -831,15 +880,18 @@ class Client:
 
 
 def seed_fleet(options: Options, ec2: Any, fleet: Fleet) -> None:
-    """Templates, pools, and `options.workers` RUNNING workers, each on a tagged emulated machine."""
+    """Templates, pools, `options.workers` RUNNING workers and `options.expiring` of AGING launched two
+    hours ago, each on a tagged emulated machine."""
     store = default_context().store
-    images = register_template_images(ec2, TEMPLATES)
-    for template in TEMPLATES:
+    images = register_template_images(ec2, [*TEMPLATES, AGING])
+    for template in [*TEMPLATES, AGING]:
         catalog.put_template(store, template, actor="stress-seed")
     for pool in POOLS:
         catalog.ensure_pool(store, pool, actor="stress-seed")
-    for n in range(options.workers):
-        template = TEMPLATES[n % len(TEMPLATES)]
+    launched_long_ago = now() - timedelta(hours=2)
+    for n in range(options.workers + options.expiring):
+        aging = n >= options.workers
+        template = AGING if aging else TEMPLATES[n % len(TEMPLATES)]
         pool = POOLS[n % len(POOLS)]
         worker = workers.create_worker(
             store, template=template.name, region=LOCAL_REGION, pool=pool, actor="stress-seed"
@@ -864,7 +916,8 @@ def seed_fleet(options: Options, ec2: Any, fleet: Fleet) -> None:
             WorkerStatus.PROVISIONING,
             cause=Cause.CONTROL,
             actor="stress-seed",
-            changes={"ec2_instance_id": machine["InstanceId"]},
+            changes={"ec2_instance_id": machine["InstanceId"]}
+            | ({"launched_at": launched_long_ago} if aging else {}),
         )
         store.transition_worker(worker, WorkerStatus.RUNNING, cause=Cause.EC2, actor="stress-seed")
         fleet.workers[worker.id] = KnownWorker(worker.id, pool, template.name)
@@ -1071,6 +1124,10 @@ def run(options: Options) -> Report:
         rules = aws_limits(options, cleanup)
         server = ApiServer(port=free_port(), instances=options.api_instances, log_path=log_path).start()
         cleanup.callback(server.stop)
+        # When this process's writes committed (the reconcile shards' admissions among them), installed
+        # before the fault plan so that a lost answer does not hide a write that landed.
+        spans = CommitSpans()
+        cleanup.enter_context(faults.installed_hooks(spans.hooks()))
         plan = local_fault_plan(options)
         cleanup.enter_context(plan.installed())
         functions = Functions(options.shards)
@@ -1105,7 +1162,16 @@ def run(options: Options) -> Report:
         settle_seconds = quiesce(functions, pump, dynamodb, table, options.quiesce_seconds)
         print(f"settled: {fleet_line(dynamodb, table)}", flush=True)
         cooldown = timedelta(seconds=SCALE_DOWN_COOLDOWN_SECONDS)
-        report = check(seen, dynamodb, table, ec2, now(), cooldown=cooldown)
+        report = check(
+            seen,
+            dynamodb,
+            table,
+            ec2,
+            now(),
+            cooldown=cooldown,
+            default=MAX_CONCURRENT_DRAINS,
+            spans=spans.spans,
+        )
         report.options = options.__dict__ | {"table": table}
         report.startup_seconds = startup_seconds
         report.workload_seconds = workload_seconds
@@ -1163,8 +1229,9 @@ def section(runs: list[dict[str, Any]]) -> str:
         "## Torture run (bench/stress.py, `make stress`)",
         "",
         "`python -m bench.stress --seed S --ops N --threads T`: API on instance processes, 12 seeded",
-        "workers in 3 pools, each fault class at the rate shown in every process that runs our handlers,",
-        "an index lag of 0.2 s; then faults off, the fleet settles, and every invariant is checked",
+        "workers in 3 pools (and, in the runs that count expiry drains, 6 past their lifetime), each fault",
+        "class at the rate shown in every process that runs our handlers, an index lag of 0.2 s; then",
+        "faults off, the fleet settles, and every invariant is checked",
         "(bench/stress_check.py). 409 NO_CAPACITY is the contract's answer for a full fleet, counted apart.",
         "",
         "| seed | ops | threads | API instances | fault rate | workload | settle | 5xx | 409 NO_CAPACITY "
@@ -1213,6 +1280,9 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--threads", type=int, default=default.threads)
     parser.add_argument("--api-instances", type=int, default=default.api_instances)
     parser.add_argument("--workers", type=int, default=default.workers)
+    parser.add_argument(
+        "--expiring", type=int, default=default.expiring, help="seeded workers past their lifetime"
+    )
     parser.add_argument("--fault-rate", type=float, default=default.fault_rate)
     parser.add_argument("--index-lag", type=float, default=default.index_lag_seconds)
     parser.add_argument("--shards", type=int, default=default.shards)
@@ -1229,6 +1299,7 @@ def parse(argv: list[str]) -> Options:
         threads=args.threads,
         api_instances=args.api_instances,
         workers=args.workers,
+        expiring=args.expiring,
         fault_rate=args.fault_rate,
         index_lag_seconds=args.index_lag,
         quiesce_seconds=args.quiesce_seconds,

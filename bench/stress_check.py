@@ -803,6 +803,8 @@ def _placements_kept(seen: Observations, shot: Snapshot, found: dict[str, list[s
 # little closer than the cooldown; never by more than this.
 COOLDOWN_SLACK = timedelta(seconds=10)
 SCALE_DOWN_ACTOR = "scale-down"
+# The reason expiry gives its drains (services/reconcile/expiry.py).
+EXPIRED = "expired"
 
 
 def _scale_downs(shot: Snapshot, cooldown: timedelta | None, found: dict[str, list[str]]) -> None:
@@ -1459,12 +1461,26 @@ def covered(shot: Snapshot) -> dict[str, int]:
     """What the run went through, from the table: a run without scale-downs or operations checked
     nothing about them."""
     moves = [e for (entity, _), events in shot.audit.items() if entity == "worker" for e in events]
+    pool_writes = [e for (entity, _), events in shot.audit.items() if entity == "pool" for e in events]
     operations = [op for ops in shot.operations.values() for op in ops]
     return {
         "scale-downs": sum(
             1
             for e in moves
             if e.get("actor") == SCALE_DOWN_ACTOR and e.get("from_status") == WorkerStatus.RUNNING
+        ),
+        "expiry drains": sum(
+            1
+            for e in moves
+            if e.get("action") == "WorkerDrainStarted" and str(e.get("reason") or "").startswith(EXPIRED)
+        ),
+        "budget changes": sum(
+            1
+            for e in pool_writes
+            if e.get("action") != "PoolCreated" and "disruption" in (e.get("details") or {})
+        ),
+        "pool drains": sum(
+            1 for e in pool_writes if e.get("to_status") == "draining" and e.get("from_status") != "draining"
         ),
         "drains completed": sum(1 for e in moves if e.get("action") == "WorkerDrainCompleted"),
         "operations": len(operations),

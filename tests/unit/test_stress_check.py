@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -368,3 +369,54 @@ def test_given_a_rollout_whose_scope_is_in_member_pages_then_the_checks_read_it_
     sc._rollouts_at_end(snap, at(10), result)
     # Each replacement is derived from a worker of the paged scope: none is a second one.
     assert result["worker with two replacements from one rollout"] == []
+
+
+def pool_write(
+    seconds: float, budgets: list[dict[str, Any]] | None, action: str = "PoolUpdated"
+) -> dict[str, Any]:
+    details = {} if budgets is None else {"disruption": json.dumps({"budgets": budgets})}
+    return {**event(seconds, "active", "active", action), "SK": f"{seconds:08.1f}", "details": details}
+
+
+def taken(seconds: float, version: int, reason: str = "expired") -> dict[str, Any]:
+    details = {"in_use": 1, "owner": reason, "owner_since": at(seconds).isoformat(), "pool_version": version}
+    return {
+        **event(seconds, "RUNNING", "DRAINING", "WorkerDrainStarted"),
+        "SK": f"{seconds:08.1f}",
+        "details": details,
+    }
+
+
+def test_given_budgets_changed_after_two_admissions_then_each_is_judged_on_the_version_it_read() -> None:
+    # Version 2 allows two at once and both admissions read it; version 3, written later, is a freeze
+    # that only the third admission read.
+    audit = {
+        ("pool", "p"): [
+            pool_write(0, None, "PoolCreated"),
+            pool_write(10, [{"max": 2}]),
+            pool_write(100, [{"max": 0}, {"max": 5, "reasons": ["rollout"]}]),
+        ],
+        ("worker", "w1"): [taken(30, version=2)],
+        ("worker", "w2"): [taken(50, version=2)],
+        ("worker", "w3"): [taken(130, version=3)],
+    }
+    workers = {wid: {"id": wid, "pool": "p", "status": "DRAINING"} for wid in ("w1", "w2", "w3")}
+    pools = {"p": {"name": "p", "version": 3}}
+
+    judged, problems = sc.judge_budgets(sc.Trail(shot(audit, workers=workers, pools=pools)), default="10%")
+
+    assert problems == []
+    verdicts = {j.place.worker_id: (j.in_use, j.allowed, j.beyond) for j in judged}
+    assert verdicts == {"w1": (1, 2, False), "w2": (2, 2, False), "w3": (3, 0, True)}
+
+
+def test_given_an_admission_decided_on_a_version_the_trail_lacks_then_it_is_not_judged_but_reported() -> None:
+    audit = {("pool", "p"): [pool_write(0, None, "PoolCreated")], ("worker", "w1"): [taken(30, version=2)]}
+    workers = {"w1": {"id": "w1", "pool": "p", "status": "DRAINING"}}
+
+    judged, problems = sc.judge_budgets(
+        sc.Trail(shot(audit, workers=workers, pools={"p": {"name": "p", "version": 1}})), default="10%"
+    )
+
+    assert judged == []
+    assert problems == ["w1: decided on version 2 of p"]
