@@ -1343,7 +1343,8 @@ def judge_budgets(
     Sound, not exact: a place counts as held when it certainly was, as the commit spans order them, and
     a percentage takes the most members the pool may have had between the decision and the commit (the
     door reads them in between). `simulated_clock`: the decisions' instants are not the wall clock (a
-    test's), so the members are taken at the commit (the test changes no member while deciders run)."""
+    test's), so the door's read is bounded by the commit less COMMIT_SLACK (a decider running beside it,
+    such as scale-down's stops, may change the members in between)."""
     judged: list[Judged] = []
     problems = list(trail.problems)
     for place in trail.places:
@@ -1352,7 +1353,7 @@ def judge_budgets(
         if place.since is None:
             problems.append(f"{place.worker_id}: a {place.reason} place without its instant")
             continue
-        read_from = place.taken.lo if simulated_clock else min(place.since, place.taken.lo)
+        read_from = place.taken.lo - COMMIT_SLACK if simulated_clock else min(place.since, place.taken.lo)
         budgets: list[tuple[int, int]] = []  # (allowed, index) of each budget that applies
         if place.pool is not None:
             versions = trail.pools.get(place.pool, [])
