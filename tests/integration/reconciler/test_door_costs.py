@@ -82,6 +82,7 @@ def one_step(
             template="lab", pool=pool, max_unavailable=DRAINS, strategy=RolloutStrategy.DRAIN_FIRST
         ),
         actor="test",
+        claim=size,  # the whole scope at the start: what the step reads is its wave's alone
     )
     seen = Requests()
     with faults.installed_hooks(seen.hooks()):
