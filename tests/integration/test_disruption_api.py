@@ -192,6 +192,10 @@ def test_given_a_pool_drain_that_drains_its_workers_then_its_answer_names_the_bu
     assert (status, pool["status"]) == (202, "draining")
     assert pool["budget_exceeded"]["budget"] == 0
     assert pool["budget_exceeded"]["in_use"] == 2
+    # Workers with no instances drain at once: the pool drain may have ended before the cancel.
     control_plane.api("POST", "/api/v1/pools/labs/cancel-drain", {})
-    _, quiet = control_plane.api("POST", "/api/v1/pools/labs/drain", {"then": "none"})
+    if control_plane.api("GET", "/api/v1/pools/labs")[1]["status"] == "inactive":
+        assert control_plane.api("PUT", "/api/v1/pools/labs", {"status": "active"})[0] == 200
+    status, quiet = control_plane.api("POST", "/api/v1/pools/labs/drain", {"then": "none"})
+    assert status == 202, quiet
     assert quiet["budget_exceeded"] is None
