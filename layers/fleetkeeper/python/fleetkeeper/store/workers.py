@@ -492,7 +492,12 @@ class WorkerRepository(MachineKeyRepository):
         wanted = list(statuses)
         if self.layout().done:
             counts = read_counts(self._client, self.table_name)
-            return FleetRead(list(self.iter_workers_by_status(wanted, shard=shard)), counts, None, read_at)
+            # The exact counts, read first and strongly consistent, say which statuses hold no worker:
+            # their index partitions are not read. A worker entering one after the counts were read is
+            # found by the next cycle, as one the index has not shown yet would be.
+            held = counts.by_status
+            occupied = [status for status in wanted if held[status] > 0]
+            return FleetRead(list(self.iter_workers_by_status(occupied, shard=shard)), counts, None, read_at)
         # Until every worker is counted, the counts come from a read of the whole fleet, as before.
         fleet = newest_per_worker(self._legacy_by_status(wanted))
         return FleetRead(

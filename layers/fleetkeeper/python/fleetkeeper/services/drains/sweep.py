@@ -91,10 +91,13 @@ def sweep_waiting_drains(
     time_left: Callable[[], float] | None = None,
     now: datetime | None = None,
     grace: timedelta = START_GRACE,
+    draining: Iterable[Worker] | None = None,
 ) -> dict[str, int]:
     """Recover lost signals, keep waiting drains alive and run the watchdog, for what is due and fits
-    in `time_left()` (seconds left of the invocation; unbounded without it). Counts per SWEEP_COUNTS."""
-    return dict(_sweep(ctx, shard, now or utcnow(), grace, time_left, signals=True))
+    in `time_left()` (seconds left of the invocation; unbounded without it). Counts per SWEEP_COUNTS.
+    `draining`: the shard's DRAINING workers as the caller has just read them from the index; without
+    it the sweep reads them."""
+    return dict(_sweep(ctx, shard, now or utcnow(), grace, time_left, signals=True, draining=draining))
 
 
 def run_watchdog(
@@ -118,14 +121,17 @@ def _sweep(
     time_left: Callable[[], float] | None,
     *,
     signals: bool,
+    draining: Iterable[Worker] | None = None,
 ) -> Counter[str]:
     remaining = time_left or (lambda: math.inf)
     counts: Counter[str] = Counter(dict.fromkeys(SWEEP_COUNTS, 0))
     # The index lists the shard's open drains (it may lag by a cycle); each drain with a call due is read
     # again from its item, in its own task, before anything is decided.
+    if draining is None:
+        draining = ctx.store.iter_workers_by_status([WorkerStatus.DRAINING], shard=shard)
     workers = [
         (worker, worker.drain)
-        for worker in ctx.store.iter_workers_by_status([WorkerStatus.DRAINING], shard=shard)
+        for worker in draining
         if shard.owns(worker.id) and worker.drain is not None and worker.drain.outcome == DrainOutcome.RUNNING
     ]
     pools = _open_pool_drains(ctx) if shard.leads else []

@@ -154,14 +154,15 @@ def reconcile_fleet(
         _publish(ctx, report, now)
         return report
     try:
+        draining: list[Worker] | None = None
         try:
-            _run_cycle(ctx, report, now, remaining)
+            draining = _run_cycle(ctx, report, now, remaining)
             _advance_rollouts(ctx, report, remaining)
         except Exception:
             # Even a cycle that could not read its workers keeps the waiting drains alive.
-            _sweep_drains(ctx, report, remaining)
+            _sweep_drains(ctx, report, remaining, draining)
             raise
-        _sweep_drains(ctx, report, remaining)
+        _sweep_drains(ctx, report, remaining, draining)
     finally:
         stats.release_lease(lease, owner, now=utcnow())
         report.duration_seconds = time.monotonic() - started
@@ -169,11 +170,14 @@ def reconcile_fleet(
     return report
 
 
-def _sweep_drains(ctx: Context, report: CycleReport, remaining: Callable[[], float]) -> None:
+def _sweep_drains(
+    ctx: Context, report: CycleReport, remaining: Callable[[], float], draining: list[Worker] | None
+) -> None:
     """Keep waiting drains alive and complete those whose last signal was lost (see services/drains), in
-    what is left of the invocation after the cycle's own work."""
+    what is left of the invocation after the cycle's own work. `draining`: the cycle's own read of its
+    DRAINING workers, or None when it has none and the sweep reads them itself."""
     try:
-        swept = drains.sweep_waiting_drains(ctx, report.shard, time_left=remaining)
+        swept = drains.sweep_waiting_drains(ctx, report.shard, time_left=remaining, draining=draining)
     except Exception:  # the sweep runs again next cycle
         # The drains' own heartbeat re-check remains meanwhile.
         logger.exception("sweep of waiting drains failed")
@@ -203,7 +207,10 @@ def _advance_rollouts(ctx: Context, report: CycleReport, remaining: Callable[[],
             report.counters["rollout_errors"] += 1
 
 
-def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]) -> None:
+def _run_cycle(
+    ctx: Context, report: CycleReport, now: datetime, remaining: Callable[[], float]
+) -> list[Worker]:
+    """The cycle's work on its shard's workers; the DRAINING ones it read, for the drain sweep."""
     shard = report.shard
     # A shard reads its own buckets of the status index, and the fleet-wide counts the scale-down
     # guards need from the exact counters (store/counters.py); while the table is being migrated to
@@ -257,6 +264,7 @@ def _run_cycle(ctx: Context, report: CycleReport, now: datetime, remaining: Call
 
     report.counters["running_worker_count"] = report.by_status[WorkerStatus.RUNNING]
     report.completed = True
+    return [w for w in workers if w.status == WorkerStatus.DRAINING]
 
 
 def _after_steps(
