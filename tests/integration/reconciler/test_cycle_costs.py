@@ -1,0 +1,42 @@
+"""What a reconcile cycle reads: the status index only for the statuses its exact counts say hold a
+worker, each once (the drain sweep takes the DRAINING workers the cycle read). Every DynamoDB request of
+the cycle is counted by a botocore hook on the real client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fleetkeeper.services import drains
+from fleetkeeper.services.context import Context
+from fleetkeeper.store.keys import INDEX_PARTITIONS
+from fleetkeeper_local import faults
+from tests.integration.conftest import WorkerFactory
+from tests.integration.functions import reconcile_fleet
+from tests.integration.reconciler.test_door_costs import Requests
+
+pytestmark = pytest.mark.integration
+
+
+def status_index_queries(make_ctx: Callable[..., Context]) -> int:
+    seen = Requests()
+    with faults.installed_hooks(seen.hooks()):
+        report = reconcile_fleet(make_ctx())
+    assert report.completed, report
+    return sum(n for (index, _), n in seen.queries.items() if index == "by_shard")
+
+
+def test_given_a_fleet_in_one_status_and_then_two_then_a_cycle_queries_the_index_for_those_alone(
+    make_ctx: Callable[..., Context], ec2_worker: WorkerFactory, drains_started: list[dict[str, Any]]
+) -> None:
+    workers = [ec2_worker(pool="labs") for _ in range(3)]
+    reconcile_fleet(make_ctx())
+
+    assert status_index_queries(make_ctx) == INDEX_PARTITIONS
+
+    drains.start_worker_drain(make_ctx(), workers[0].id, actor="operator", reason="patch")
+    assert len(drains_started) == 1
+    # RUNNING and DRAINING, each read once: the sweep of waiting drains reads none of its own.
+    assert status_index_queries(make_ctx) == 2 * INDEX_PARTITIONS
