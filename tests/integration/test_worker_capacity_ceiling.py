@@ -64,11 +64,13 @@ def test_given_a_capacity_above_the_ceiling_then_422_names_it_and_the_ceiling_it
     assert (status, published["maximum"]) == (200, MAX_WORKER_CAPACITY)
 
 
+# At the ceiling the fill writes 20,000 items: a `scale` figure; `make test` fills a worker of 200.
 @pytest.mark.slow
-def test_given_a_full_worker_at_the_capacity_ceiling_with_its_largest_fields_then_no_item_reaches_100_kb(
-    store: FleetStore, running_worker: WorkerFactory, dynamodb: Any
+@pytest.mark.parametrize("capacity", [pytest.param(MAX_WORKER_CAPACITY, marks=pytest.mark.scale), 200])
+def test_given_a_full_worker_with_its_largest_fields_then_no_item_reaches_100_kb(
+    store: FleetStore, running_worker: WorkerFactory, dynamodb: Any, capacity: int
 ) -> None:
-    worker = running_worker(template="wide", pool="wide-pool", capacity=MAX_WORKER_CAPACITY)
+    worker = running_worker(template="wide", pool="wide-pool", capacity=capacity)
     worker = store.update_worker(worker, largest_worker_changes(utcnow()), actor="t", action="Enlarged")
     last = placement.place_instance(store, actor="t", worker_id=worker.id)
     fill_worker(store, store.get_worker(worker.id))
@@ -78,7 +80,7 @@ def test_given_a_full_worker_at_the_capacity_ceiling_with_its_largest_fields_the
     active = store.active_instances_of(worker.id)
     largest = largest_items(dynamodb, store.table_name)
 
-    assert len(active) == MAX_WORKER_CAPACITY
+    assert len(active) == capacity
     assert last.id in {i.id for i in active}
     size, pk, sk = largest[0]
     assert (pk, sk) == (f"WORKER#{worker.id}", "WORKER")  # the worker item is the largest...
