@@ -173,13 +173,12 @@ def _workload(args: argparse.Namespace) -> WorkloadSimulator | None:
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl-C or SIGTERM."""
+    """Until Ctrl-C or SIGTERM. Both handlers are set here: a process started in the background by a
+    script inherits SIGINT ignored, and would otherwise never see a Ctrl-C."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
+    for stopping in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stopping, lambda *_: stop.set())
+    while not stop.wait(0.5):
         pass
 
 
