@@ -50,6 +50,7 @@ from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, f
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.images import NewestImages
+from fleetkeeper.services.reconcile.repair import repair_workers
 from fleetkeeper.services.reconcile.scale_down import plan_steady_running, scale_down
 from fleetkeeper.services.rollouts.auto import start_auto_rollouts
 from fleetkeeper.services.rollouts.engine import advance_rollouts
@@ -291,6 +292,13 @@ def _after_steps(
             "expiry_errors",
             lambda: replace_expired(
                 ctx, work, now, counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+            ),
+        ),
+        (
+            "repairing sick workers",
+            "repair_errors",
+            lambda: repair_workers(
+                ctx, workers, now, counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
             ),
         ),
         (

@@ -1,0 +1,256 @@
+"""Repair: a worker whose machine is sick or retiring is replaced before it hurts a session
+(docs/repair.md).
+
+A worker's `health` is the latest signal that counts: an EC2 scheduled event (AWS's date), a failed
+status check, a machine that does not answer, or what its own agent reports. `observe` folds a new
+signal into it; a signal clears only what its own source said, and a scheduled event outranks the
+others, because its date is fixed. A repair is due once the signal has lasted its pool's toleration
+(a scheduled event at once). The brake stops a pool's repairs while more than `max_unhealthy_percent`
+of its members are unhealthy: that many at once is a systemic fault that replacement would only make
+worse. Scheduled events pass the brake: AWS retires the machine whatever we decide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from fleetkeeper.domain.durations import DURATION_PATTERN
+from fleetkeeper.domain.windows import check_duration
+
+# A drain for a scheduled event ends at least this long before the event's NotBefore.
+EVENT_MARGIN: Final = timedelta(minutes=30)
+# A machine that failed its checks or stopped answering is drained with at most this deadline: its
+# sessions are suffering already.
+SICK_DRAIN_TIMEOUT: Final = timedelta(minutes=30)
+# The shortest drain a repair starts: less lets nothing finish.
+MIN_REPAIR_DRAIN: Final = timedelta(minutes=1)
+MAX_REASON = 500
+# Scheduled event codes AWS uses (DescribeInstanceStatus `Code`, or a Health event type code).
+MAX_EVENT_CODE = 128
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+_When = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+
+class _Record(BaseModel):
+    # domain/models.Record's rules; models.Worker holds a Health, so this module cannot import it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class HealthStatus(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class HealthSource(StrEnum):
+    """Where a signal comes from."""
+
+    SCHEDULED_EVENT = "scheduled_event"
+    STATUS_CHECK = "status_check"
+    UNREACHABLE = "unreachable"
+    REPORTED = "reported"
+
+
+class ScheduledEvent(_Record):
+    """An EC2 scheduled event of the machine: its code, when AWS acts, and its id when known."""
+
+    code: str = Field(max_length=MAX_EVENT_CODE)
+    not_before: _When | None = None
+    event_id: str | None = Field(default=None, max_length=2048)
+
+
+class Health(_Record):
+    """A worker's health: the signal that counts now and since when."""
+
+    status: HealthStatus
+    source: HealthSource
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+    since: _When
+    event: ScheduledEvent | None = None
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.status == HealthStatus.UNHEALTHY
+
+    @property
+    def scheduled(self) -> bool:
+        return self.unhealthy and self.source == HealthSource.SCHEDULED_EVENT
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reading of one source: unhealthy with a reason (and the event), or healthy again."""
+
+    status: HealthStatus
+    source: HealthSource
+    reason: str | None = None
+    event: ScheduledEvent | None = None
+
+
+def _toleration(text: str) -> str:
+    check_duration(text)
+    return text.strip()
+
+
+Toleration = Annotated[
+    str, Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}), AfterValidator(_toleration)
+]
+
+
+class RepairPolicy(_Record):
+    """A pool's repair settings (`PUT /api/v1/pools/{name}`, field `repair`)."""
+
+    max_unhealthy_percent: int = Field(
+        default=20,
+        ge=0,
+        le=100,
+        description="repairs stop while more than this share of the pool's members is unhealthy",
+    )
+    status_check: Toleration = Field(
+        default="10m", description="how long a failed EC2 status check lasts before the worker is repaired"
+    )
+    unreachable: Toleration = Field(
+        default="15m", description="how long a machine may not answer at all before it is repaired"
+    )
+    reported: Toleration = Field(
+        default="5m", description="how long an unhealthy report may stand, not withdrawn, before a repair"
+    )
+
+    @field_validator("max_unhealthy_percent", mode="before")
+    @classmethod
+    def _whole(cls, value: object) -> object:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("a whole percentage from 0 to 100")
+        return value
+
+    def toleration(self, source: HealthSource) -> timedelta:
+        if source == HealthSource.SCHEDULED_EVENT:
+            return timedelta(0)
+        return check_duration(getattr(self, str(source)))
+
+
+def observe(current: Health | None, signal: Signal, now: datetime) -> Health | None:
+    """The worker's health after `signal`; `current` itself when nothing changes (no write needed).
+
+    An unhealthy signal keeps the `since` of the same source's standing one; it does not replace
+    another source's, but a scheduled event replaces any. A healthy signal clears only its own source's
+    unhealthy record (a scheduled event's, only the same event ending); nothing is recorded for a healthy
+    signal about a worker never found unhealthy."""
+    if signal.status == HealthStatus.HEALTHY:
+        if current is None or not current.unhealthy or current.source != signal.source:
+            return current
+        if _other_event(current.event, signal.event):
+            return current
+        return Health(
+            status=HealthStatus.HEALTHY, source=signal.source, reason=_cut(signal.reason), since=now
+        )
+    if current is not None and current.unhealthy:
+        if current.source == signal.source:
+            same = current.reason == _cut(signal.reason) and current.event == signal.event
+            return (
+                current
+                if same
+                else current.model_copy(update={"reason": _cut(signal.reason), "event": signal.event})
+            )
+        if signal.source != HealthSource.SCHEDULED_EVENT:
+            return current
+    return Health(
+        status=HealthStatus.UNHEALTHY,
+        source=signal.source,
+        reason=_cut(signal.reason),
+        since=now,
+        event=signal.event,
+    )
+
+
+def _other_event(standing: ScheduledEvent | None, ended: ScheduledEvent | None) -> bool:
+    """Whether an event that ended is another than the one standing (both named)."""
+    return (
+        standing is not None
+        and ended is not None
+        and standing.event_id is not None
+        and ended.event_id is not None
+        and standing.event_id != ended.event_id
+    )
+
+
+def _cut(reason: str | None) -> str | None:
+    return None if reason is None else reason[:MAX_REASON]
+
+
+def repair_due(health: Health | None, policy: RepairPolicy, now: datetime) -> bool:
+    """Whether the worker is to be repaired now: unhealthy for its source's toleration."""
+    return health is not None and health.unhealthy and now >= health.since + policy.toleration(health.source)
+
+
+@dataclass(frozen=True)
+class Brake:
+    """A pool's repair brake: its unhealthy members out of all, and whether repairs stop."""
+
+    unhealthy: int
+    members: int
+    max_percent: int
+
+    @property
+    def holds(self) -> bool:
+        return self.unhealthy * 100 > self.max_percent * self.members
+
+    @property
+    def detail(self) -> str:
+        return f"repair brake, {self.unhealthy} of {self.members} unhealthy"
+
+
+def brake(healths: Iterable[Health | None], policy: RepairPolicy) -> Brake:
+    """The brake over a pool's members' health records."""
+    members = unhealthy = 0
+    for health in healths:
+        members += 1
+        unhealthy += 1 if health is not None and health.unhealthy else 0
+    return Brake(unhealthy=unhealthy, members=members, max_percent=policy.max_unhealthy_percent)
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """When a repair's drain starts at the latest (None: when the replacement runs) and its deadline."""
+
+    start_by: datetime | None
+    timeout_seconds: int
+
+
+def drain_plan(health: Health, template_timeout_seconds: int, now: datetime) -> DrainPlan:
+    """A repair's drain: for a scheduled event, the template's drain ending EVENT_MARGIN before the
+    event's NotBefore, started by then at the latest and shortened when that moment has passed; for a
+    sick machine, a short one; for a reported one, the template's."""
+    template = timedelta(seconds=template_timeout_seconds)
+    event = health.event
+    if health.scheduled and event is not None and event.not_before is not None:
+        latest_end = event.not_before - EVENT_MARGIN
+        left = max(latest_end - now, MIN_REPAIR_DRAIN)
+        return DrainPlan(start_by=latest_end - template, timeout_seconds=_seconds(min(template, left)))
+    if health.source in (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE):
+        return DrainPlan(start_by=None, timeout_seconds=_seconds(min(template, SICK_DRAIN_TIMEOUT)))
+    return DrainPlan(start_by=None, timeout_seconds=_seconds(template))
+
+
+def _seconds(length: timedelta) -> int:
+    return max(math.ceil(length.total_seconds()), int(MIN_REPAIR_DRAIN.total_seconds()))
+
+
+# Words of DescribeInstanceStatus and Health that say an event is over.
+_ENDED_PREFIXES: Final = ("[Completed]", "[Canceled]", "[Cancelled]")
+
+
+def event_ended(description: str | None) -> bool:
+    """Whether a DescribeInstanceStatus event's description says AWS completed or cancelled it."""
+    return description is not None and description.strip().startswith(_ENDED_PREFIXES)

@@ -1,0 +1,240 @@
+"""Repair through the reconcile cycle: a sick worker past its toleration gets a replacement, which runs
+before the sick worker's drain starts; the brake holds a pool's repairs while too much of it is sick; a
+scheduled event is imposed (AWS's date); a report withdrawn or an event cancelled ends the repair
+before its drain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
+from fleetkeeper.services import catalog, repair, workers
+from fleetkeeper.services.reconcile.cycle import CycleReport
+from fleetkeeper.services.reconcile.replacement import replacement_id
+from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.images import publish_newer_image
+from tests.integration.conftest import ControlPlane
+from tests.integration.functions import reconcile_fleet
+from tests.integration.reconciler.conftest import ContextFactory
+from tests.integration.reconciler.support import launch
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+S = WorkerStatus
+SICK = HealthStatus.UNHEALTHY
+WELL = HealthStatus.HEALTHY
+IMPAIRED = Signal(SICK, HealthSource.STATUS_CHECK, "instance status impaired")
+
+
+def pool_of(store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: float = 4.0) -> list[Worker]:
+    """RUNNING workers of template `lab` in pool `labs`, each on a machine of the emulator."""
+    catalog.put_template(
+        store,
+        WorkerTemplate(
+            name="lab",
+            instance_type="m5.large",
+            ami_name_filter="lab-*",
+            capacity=4,
+            drain_timeout_hours=drain_timeout_hours,
+        ),
+        actor="test",
+    )
+    catalog.ensure_pool(store, "labs", actor="test")
+    image, _ = publish_newer_image(ec2, "lab-*")
+    fleet = []
+    for _ in range(size):
+        worker = workers.create_worker(store, template="lab", region="us-east-1", pool="labs", actor="test")
+        worker = store.transition_worker(
+            worker,
+            S.PROVISIONING,
+            cause=Cause.CONTROL,
+            actor="test",
+            changes={
+                "ec2_instance_id": launch(ec2, worker.id, image),
+                "image_id": image,
+                "instance_type": "m5.large",
+                "launched_at": utcnow(),
+            },
+        )
+        fleet.append(
+            store.transition_worker(
+                worker, S.RUNNING, cause=Cause.EC2, actor="test", changes={"private_ip": "10.0.0.9"}
+            )
+        )
+    return fleet
+
+
+def cycles(make_ctx: ContextFactory, at: datetime, count: int) -> list[CycleReport]:
+    """`count` reconcile cycles at `at`, a minute apart."""
+    return [reconcile_fleet(make_ctx(), now=at + timedelta(minutes=i)) for i in range(count)]
+
+
+def signal(
+    ctx_factory: ContextFactory, worker_id: str, *signals: Signal, at: datetime | None = None
+) -> Worker:
+    return repair.record_health(ctx_factory(), worker_id, list(signals), actor="test", now=at)
+
+
+def total(reports: Sequence[CycleReport], counter: str) -> int:
+    return sum(r.counters[counter] for r in reports)
+
+
+def test_given_an_impaired_worker_past_its_toleration_then_its_replacement_runs_before_its_drain(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    sick, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, sick.id, IMPAIRED, at=t0)
+
+    early = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=9))
+
+    assert early.counters["repair_replacements"] == 0
+    assert store.find_worker(replacement_id(sick.id, "repair")) is None
+
+    first = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=10))
+
+    made = store.get_worker(replacement_id(sick.id, "repair"))
+    assert (made.template, made.pool, made.status) == ("lab", "labs", S.PENDING)
+    held = store.get_worker(sick.id)
+    # Owned by the repair and counted, not drained while its replacement launches.
+    assert held.status == S.RUNNING, first.counters
+    assert held.owner is not None
+    assert (held.owner.reason, held.owner.actor) == ("repair", "reconciler")
+    assert drains_started == []
+
+    later = cycles(make_ctx, t0 + timedelta(minutes=11), 4)
+
+    assert store.get_worker(made.id).status == S.RUNNING
+    assert total(later, "repair_drains") == 1, [r.counters for r in later]
+    assert [d["worker_id"] for d in drains_started] == [sick.id]
+    (drain,) = drains_started
+    assert (drain["then"], drain["timeout_seconds"], drain["requested_by"]) == (
+        DrainThen.TERMINATE,
+        1800,
+        "reconciler",
+    )
+    assert drain["reason"] == "repair: failed status check: instance status impaired"
+
+
+def test_given_a_report_withdrawn_within_its_toleration_then_nothing_is_repaired(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    sick, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, sick.id, Signal(SICK, HealthSource.REPORTED, "disk full"), at=t0)
+    reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=4))
+
+    healed = signal(
+        make_ctx, sick.id, Signal(WELL, HealthSource.REPORTED, "disk cleaned"), at=t0 + timedelta(minutes=4)
+    )
+    report = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=30))
+
+    assert healed.health is not None
+    assert (healed.health.status, healed.health.reason) == (WELL, "disk cleaned")
+    assert report.counters["repair_replacements"] == 0
+    assert store.find_worker(replacement_id(sick.id, "repair")) is None
+    assert drains_started == []
+
+
+def test_given_a_report_withdrawn_after_its_replacement_was_made_then_the_admission_is_given_back(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    sick, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, sick.id, Signal(SICK, HealthSource.REPORTED, "disk full"), at=t0)
+    reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=6))
+    assert store.get_worker(sick.id).owner is not None
+
+    signal(make_ctx, sick.id, Signal(WELL, HealthSource.REPORTED), at=t0 + timedelta(minutes=7))
+    cycles(make_ctx, t0 + timedelta(minutes=8), 3)
+
+    left = store.get_worker(sick.id)
+    assert (left.status, left.owner) == (S.RUNNING, None)
+    assert drains_started == []
+
+
+def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_until_one_recovers(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    first, second, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, first.id, IMPAIRED, at=t0)
+    signal(make_ctx, second.id, IMPAIRED, at=t0)
+
+    braked = cycles(make_ctx, t0 + timedelta(minutes=11), 2)
+
+    assert total(braked, "repair_held_repair_brake") == 4
+    assert total(braked, "repair_replacements") == 0
+    assert all(store.get_worker(w.id).owner is None for w in (first, second))
+    waiting = make_ctx().waiting.read("labs").entries
+    assert {(w.worker_id, w.why, w.detail) for w in waiting} == {
+        (first.id, "repair_brake", "repair brake, 2 of 8 unhealthy"),
+        (second.id, "repair_brake", "repair brake, 2 of 8 unhealthy"),
+    }
+
+    signal(make_ctx, second.id, Signal(WELL, HealthSource.STATUS_CHECK, "ok"), at=t0 + timedelta(minutes=13))
+    released = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=14))
+
+    assert released.counters["repair_held_repair_brake"] == 0
+    assert released.counters["repair_replacements"] == 1
+    assert store.find_worker(replacement_id(first.id, "repair")) is not None
+    assert store.find_worker(replacement_id(second.id, "repair")) is None
+
+
+def retirement(not_before: datetime, event_id: str = "instance-event-0a1b2c") -> Signal:
+    event = ScheduledEvent(code="instance-retirement", not_before=not_before, event_id=event_id)
+    return Signal(SICK, HealthSource.SCHEDULED_EVENT, "instance-retirement: degraded hardware", event)
+
+
+def test_given_a_retirement_of_a_protected_worker_then_it_is_replaced_and_drained_before_not_before(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    (old,) = pool_of(store, ec2, 1, drain_timeout_hours=0.5)
+    workers.set_do_not_disrupt_until(store, old.id, utcnow() + timedelta(days=7), actor="op")
+    t0 = utcnow()
+    not_before = t0 + timedelta(hours=2)
+    signal(make_ctx, old.id, retirement(not_before), at=t0)
+
+    reports = cycles(make_ctx, t0, 4)
+
+    assert store.get_worker(replacement_id(old.id, "repair")).status == S.RUNNING
+    assert total(reports, "repair_drains") == 1, [r.counters for r in reports]
+    drained = store.get_worker(old.id)
+    assert drained.status == S.DRAINING
+    assert drained.drain is not None
+    assert drained.drain.deadline <= not_before - timedelta(minutes=30)
+    assert drained.owner is not None
+    assert drained.owner.reason == "scheduled_event"
+    assert drained.drain.reason is not None
+    assert "imposed by AWS's date; do_not_disrupt overridden" in drained.drain.reason
+
+
+def test_given_a_retirement_cancelled_before_the_drain_then_the_repair_ends(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    (old,) = pool_of(store, ec2, 1, drain_timeout_hours=0.5)
+    t0 = utcnow()
+    signal(make_ctx, old.id, retirement(t0 + timedelta(days=10)), at=t0)
+    reconcile_fleet(make_ctx(), now=t0)
+    assert store.get_worker(old.id).owner is not None
+
+    ended = ScheduledEvent(
+        code="instance-retirement", not_before=t0 + timedelta(days=10), event_id="instance-event-0a1b2c"
+    )
+    signal(
+        make_ctx,
+        old.id,
+        Signal(WELL, HealthSource.SCHEDULED_EVENT, "[Canceled]", ended),
+        at=t0 + timedelta(minutes=1),
+    )
+    cycles(make_ctx, t0 + timedelta(minutes=2), 3)
+
+    left = store.get_worker(old.id)
+    assert (left.status, left.owner) == (S.RUNNING, None)
+    assert drains_started == []
