@@ -14,7 +14,7 @@ import pytest
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
-from fleetkeeper.services import catalog, repair, workers
+from fleetkeeper.services import catalog, disruption, repair, workers
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store.repository import FleetStore
@@ -177,6 +177,8 @@ def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_un
         (first.id, "repair_brake", "repair brake, 2 of 8 unhealthy"),
         (second.id, "repair_brake", "repair brake, 2 of 8 unhealthy"),
     }
+
+    assert disruption.pool_view(make_ctx(), "labs").repair.blocked == "repair brake, 2 of 8 unhealthy"
 
     signal(make_ctx, second.id, Signal(WELL, HealthSource.STATUS_CHECK, "ok"), at=t0 + timedelta(minutes=13))
     released = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=14))

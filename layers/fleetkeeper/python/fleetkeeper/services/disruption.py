@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetkeeper.domain.admission import counted
+from fleetkeeper.domain.admission import WaitReason, counted
 from fleetkeeper.domain.disruption import (
     ALL_REASONS,
     DISRUPTING,
@@ -99,6 +99,17 @@ class PoolDisruptionView(BaseModel):
     waiting: list[Waiting] = Field(
         description="voluntary disruptions the door held back lately, whatever their reason, newest first"
     )
+    repair: RepairView
+
+
+class RepairView(BaseModel):
+    """The pool's repair brake as the reconciler last judged it (docs/repair.md)."""
+
+    max_unhealthy_percent: int
+    blocked: str | None = Field(
+        description="while the brake holds the pool's repairs: `repair brake, N of M unhealthy`; null: it "
+        "held none in the last 10 minutes"
+    )
 
 
 class BudgetExceeded(BaseModel):
@@ -177,6 +188,11 @@ def pool_view(ctx: Context, name: str, now: datetime | None = None) -> PoolDisru
         ),
         next_change=next_change(states),
         waiting=waiting,
+        repair=RepairView(
+            max_unhealthy_percent=pool.repair.max_unhealthy_percent,
+            # Newest first: the brake's latest word on the pool.
+            blocked=next((w.detail for w in waiting if w.why == WaitReason.REPAIR_BRAKE), None),
+        ),
     )
 
 
