@@ -119,7 +119,10 @@ class FleetkeeperStack(Stack):
         worker_operations.grant_run(roles["reconcile"])
 
         table.grant_data(roles["discover"], batch_write=True)  # the orphan breaker's pages of ids
-        ec2.grant_describe(roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
+        # DescribeInstanceStatus: the sweep of scheduled events and failed status checks (docs/repair.md).
+        ec2.grant_describe(
+            roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceStatus"]
+        )
         ec2.grant_import_tagging(roles["discover"])
         # A managed machine without a live worker (retired on purpose, a second launch of one worker, a
         # failed launch's late machine) is terminated by discovery: only machines tagged as fleetkeeper's.

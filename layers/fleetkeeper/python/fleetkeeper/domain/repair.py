@@ -175,14 +175,13 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
 
 
 def _other_event(standing: ScheduledEvent | None, ended: ScheduledEvent | None) -> bool:
-    """Whether an event that ended is another than the one standing (both named)."""
-    return (
-        standing is not None
-        and ended is not None
-        and standing.event_id is not None
-        and ended.event_id is not None
-        and standing.event_id != ended.event_id
-    )
+    """Whether an event that ended is another than the one standing. Only ids of one kind compare: AWS
+    Health names an event by its ARN, DescribeInstanceStatus by an `instance-event-` id, and the same
+    event reaches a worker both ways."""
+    if standing is None or ended is None or standing.event_id is None or ended.event_id is None:
+        return False
+    same_kind = standing.event_id.startswith("arn:") == ended.event_id.startswith("arn:")
+    return same_kind and standing.event_id != ended.event_id
 
 
 def _cut(reason: str | None) -> str | None:
@@ -245,6 +244,73 @@ def drain_plan(health: Health, template_timeout_seconds: int, now: datetime) -> 
 
 def _seconds(length: timedelta) -> int:
     return max(math.ceil(length.total_seconds()), int(MIN_REPAIR_DRAIN.total_seconds()))
+
+
+@dataclass(frozen=True)
+class EventReading:
+    """One scheduled event as DescribeInstanceStatus lists it."""
+
+    code: str
+    not_before: datetime | None
+    description: str | None
+    event_id: str | None
+
+
+@dataclass(frozen=True)
+class StatusReading:
+    """One machine's line of DescribeInstanceStatus: its state, its two checks, its scheduled events."""
+
+    instance_id: str
+    state: str
+    system_status: str | None
+    instance_status: str | None
+    events: tuple[EventReading, ...] = ()
+
+
+# Statuses that mean EC2 has heard nothing from the machine (an `initializing` machine is still booting).
+_SILENT: Final = frozenset({"insufficient-data"})
+
+
+def signals_of(reading: StatusReading) -> list[Signal]:
+    """What a running machine's status line says, healthy signals first so that a signal of the same
+    line that is still unhealthy stands: scheduled events (an ended one clears, the earliest live one
+    counts), failed checks (`impaired`), and no status at all (`insufficient-data`)."""
+    if reading.state != "running":
+        return []
+    healthy: list[Signal] = []
+    unhealthy: list[Signal] = []
+    live = []
+    for found in reading.events:
+        event = ScheduledEvent(
+            code=found.code[:MAX_EVENT_CODE], not_before=found.not_before, event_id=found.event_id
+        )
+        text = f"{found.code}: {found.description or '-'}"
+        if event_ended(found.description):
+            healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
+        else:
+            live.append((found.not_before or datetime.max.replace(tzinfo=UTC), text, event))
+    if live:
+        _, text, event = min(live, key=lambda entry: entry[0])
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
+    checks = f"system status {reading.system_status or '-'}, instance status {reading.instance_status or '-'}"
+    statuses = {reading.system_status, reading.instance_status}
+    if "impaired" in statuses:
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.STATUS_CHECK, checks))
+    elif statuses & _SILENT:
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.UNREACHABLE, checks))
+    if statuses == {"ok"}:
+        healthy += [
+            Signal(HealthStatus.HEALTHY, HealthSource.STATUS_CHECK, checks),
+            Signal(HealthStatus.HEALTHY, HealthSource.UNREACHABLE, checks),
+        ]
+    return healthy + unhealthy
+
+
+def observe_all(current: Health | None, signals: Iterable[Signal], now: datetime) -> Health | None:
+    """`observe` of each signal in turn."""
+    for signal in signals:
+        current = observe(current, signal, now)
+    return current
 
 
 # Words of DescribeInstanceStatus and Health that say an event is over.

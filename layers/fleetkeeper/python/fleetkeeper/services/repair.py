@@ -21,7 +21,7 @@ from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.repair import Health, Signal, observe
+from fleetkeeper.domain.repair import Health, Signal, observe_all
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
@@ -57,9 +57,7 @@ def record_health(
         worker = ctx.store.get_worker(worker_id)
         if worker.status == WorkerStatus.TERMINATED:
             raise Conflict("worker", worker.id, worker.status, f"worker {worker.id} is TERMINATED")
-        health = worker.health
-        for signal in signals:
-            health = observe(health, signal, now)
+        health = observe_all(worker.health, signals, now)
         if health == worker.health or health is None:
             return worker
         return ctx.store.update_worker(
