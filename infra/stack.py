@@ -72,6 +72,8 @@ class FleetkeeperStack(Stack):
                 "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
                 # The internal routes answer only these principals (the gateway's resource policy, too).
                 "TOOLING_PRINCIPALS": ",".join(config.api.tooling_principals),
+                # The health route answers these and the tooling principals only (docs/repair.md).
+                "WORKER_AGENT_PRINCIPALS": ",".join(config.api.worker_agent_principals),
                 # The API refuses templates of other types; the reconciler fails their workers.
                 "INSTANCE_TYPES": ",".join(config.instance_types),
                 # The API gives an operator's confirmation of held-back orphans its expiry.
