@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Worker, WorkerTemplate, utcnow
+from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
+from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
-from fleetkeeper.services import catalog, disruption, repair, workers
+from fleetkeeper.services import catalog, disruption, instances, repair, workers
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local.event_shapes import health_event
 from fleetkeeper_local.images import publish_newer_image
+from fleetkeeper_local.invocation import invoke
 from tests.integration.conftest import ControlPlane
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.conftest import ContextFactory
@@ -240,3 +242,50 @@ def test_given_a_retirement_cancelled_before_the_drain_then_the_repair_ends(
     left = store.get_worker(old.id)
     assert (left.status, left.owner) == (S.RUNNING, None)
     assert drains_started == []
+
+
+@pytest.mark.usefixtures("handler_context")
+def test_given_a_retirement_of_a_worker_running_a_session_then_it_is_replaced_first_and_drained_in_time(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2
+) -> None:
+    """Through the real handlers: AWS Health's event through ec2_events, the reconcile cycles, the drain
+    workflow on the emulator's Step Functions, and the session ending as its user ends it."""
+    (old,) = pool_of(store, ec2, 1, drain_timeout_hours=0.5)
+    store.place_instance(Instance(id="s-lab-1", worker_id=""), old, actor="test")
+    instances.change_instance_state(make_ctx(), "s-lab-1", InstanceState.RUNNING, actor="test")
+    t0 = utcnow()
+    not_before = (t0 + timedelta(hours=2)).replace(microsecond=0)
+    assert old.ec2_instance_id is not None
+    event = health_event(
+        old.ec2_instance_id,
+        code="instance-retirement",
+        not_before=not_before,
+        event_id="e-9",
+        region="us-east-1",
+    )
+    assert invoke("ec2_events", event)["outcome"] == "applied"
+
+    seen: list[tuple[S, S | None]] = []
+    for minute in range(5):
+        reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=minute))
+        made = store.find_worker(replacement_id(old.id, "repair"))
+        seen.append((store.get_worker(old.id).status, made.status if made is not None else None))
+
+    # The old worker serves until its replacement runs; its drain starts in the cycle that finds it RUNNING.
+    first_drain = next(i for i, (status, _) in enumerate(seen) if status == S.DRAINING)
+    assert all(status == S.RUNNING for status, _ in seen[:first_drain]), seen
+    assert seen[first_drain][1] == S.RUNNING, seen
+    drained = store.get_worker(old.id)
+    assert drained.drain is not None
+    assert drained.drain.deadline <= not_before - timedelta(minutes=30)
+
+    instances.change_instance_state(make_ctx(), "s-lab-1", InstanceState.COMPLETED, actor="user")
+    assert drained.drain.execution_arn is not None
+    control_plane.wait_for_execution(drained.drain.execution_arn, timeout=60)
+
+    ended = store.get_worker(old.id)
+    assert ended.status in {S.TERMINATING, S.TERMINATED}
+    assert ended.drain is not None
+    assert (ended.drain.outcome, ended.drain.forced_instances) == (DrainOutcome.SUCCESS, 0)
+    assert store.get_instance("s-lab-1").state == InstanceState.COMPLETED
+    assert store.get_worker(replacement_id(old.id, "repair")).status == S.RUNNING
