@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from fleetkeeper.domain.repair import (
     EVENT_MARGIN,
+    Brake,
     Health,
     HealthSource,
     HealthStatus,
@@ -17,9 +18,9 @@ from fleetkeeper.domain.repair import (
     ScheduledEvent,
     Signal,
     brake,
-    drain_plan,
     event_ended,
     observe,
+    plan_repair,
     repair_due,
 )
 
@@ -154,32 +155,83 @@ def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
     assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
 
 
-def test_a_scheduled_drain_ends_the_margin_before_not_before_and_starts_by_its_latest_start() -> None:
-    health = Health(status=SICK, source=Src.SCHEDULED_EVENT, since=T0, event=retirement(hours=48))
+# A pool of 10 members with 3 sick: the default brake (20 %) holds.
+BRAKE_HOLDS = Brake(unhealthy=3, members=10, max_percent=20)
+BRAKE_FREE = Brake(unhealthy=0, members=10, max_percent=20)
 
-    plan = drain_plan(health, 3600, T0)
+
+def scheduled(hours: float) -> Health:
+    return Health(status=SICK, source=Src.SCHEDULED_EVENT, since=T0, event=retirement(hours=hours))
+
+
+def test_a_scheduled_drain_ends_the_margin_before_not_before_and_starts_by_its_latest_start() -> None:
+    plan = plan_repair(scheduled(48), BRAKE_FREE, 3600, T0)
 
     assert plan.timeout_seconds == 3600
     assert plan.start_by == T0 + timedelta(hours=48) - EVENT_MARGIN - timedelta(hours=1)
 
 
-def test_a_scheduled_drain_past_its_latest_start_is_shortened_to_end_before_the_event() -> None:
-    health = Health(status=SICK, source=Src.SCHEDULED_EVENT, since=T0, event=retirement(hours=1))
+def test_a_scheduled_repair_before_its_latest_start_is_an_ordinary_repair_the_brake_does_not_hold() -> None:
+    plan = plan_repair(scheduled(48), BRAKE_HOLDS, 3600, T0)
 
-    plan = drain_plan(health, 4 * 3600, T0)
+    assert (plan.imposed, plan.braked) == (False, False)
+
+
+def test_a_scheduled_repair_is_imposed_from_its_latest_start_on() -> None:
+    latest_start = T0 + timedelta(hours=48) - EVENT_MARGIN - timedelta(hours=1)
+
+    before = plan_repair(scheduled(48), BRAKE_FREE, 3600, latest_start - timedelta(seconds=1))
+    at = plan_repair(scheduled(48), BRAKE_FREE, 3600, latest_start)
+    after = plan_repair(scheduled(48), BRAKE_HOLDS, 3600, latest_start + timedelta(minutes=10))
+
+    assert not before.imposed
+    assert at.imposed
+    assert at.timeout_seconds == 3600
+    assert (after.imposed, after.braked) == (True, False)
+    # Ten minutes late: the drain is shortened so that it still ends the margin before NotBefore.
+    assert after.timeout_seconds == 3000
+
+
+def test_a_scheduled_event_with_no_date_is_imposed_at_once() -> None:
+    health = Health(
+        status=SICK,
+        source=Src.SCHEDULED_EVENT,
+        since=T0,
+        event=ScheduledEvent(code="instance-stop", not_before=None),
+    )
+
+    plan = plan_repair(health, BRAKE_HOLDS, 3600, T0)
+
+    assert (plan.imposed, plan.braked, plan.start_by, plan.timeout_seconds) == (True, False, None, 3600)
+
+
+def test_a_scheduled_drain_past_its_latest_start_is_shortened_to_end_before_the_event() -> None:
+    plan = plan_repair(scheduled(1), BRAKE_FREE, 4 * 3600, T0)
 
     assert T0 + timedelta(seconds=plan.timeout_seconds) <= T0 + timedelta(hours=1) - EVENT_MARGIN
     assert plan.start_by is not None
     assert plan.start_by < T0
+    assert plan.imposed
 
 
 def test_a_sick_machine_drains_within_half_an_hour_and_a_reported_one_on_its_template() -> None:
     sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
     reported = Health(status=SICK, source=Src.REPORTED, since=T0)
 
-    assert drain_plan(sick, 4 * 3600, T0).timeout_seconds == 1800
-    assert drain_plan(reported, 4 * 3600, T0).timeout_seconds == 4 * 3600
-    assert drain_plan(reported, 4 * 3600, T0).start_by is None
+    assert plan_repair(sick, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 1800
+    assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 4 * 3600
+    assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).start_by is None
+
+
+@pytest.mark.parametrize("source", [Src.STATUS_CHECK, Src.UNREACHABLE, Src.REPORTED])
+def test_every_other_repair_is_ordinary_and_held_by_the_brake_when_it_holds(source: HealthSource) -> None:
+    sick = Health(status=SICK, source=source, since=T0)
+
+    held = plan_repair(sick, BRAKE_HOLDS, 3600, T0 + timedelta(days=30))
+    free = plan_repair(sick, BRAKE_FREE, 3600, T0 + timedelta(days=30))
+
+    assert (held.imposed, held.braked) == (False, True)
+    assert (free.imposed, free.braked) == (False, False)
 
 
 def test_a_completed_or_cancelled_event_is_ended() -> None:

@@ -1,7 +1,7 @@
 """Repair through the reconcile cycle: a sick worker past its toleration gets a replacement, which runs
 before the sick worker's drain starts; the brake holds a pool's repairs while too much of it is sick; a
-scheduled event is imposed (AWS's date); a report withdrawn or an event cancelled ends the repair
-before its drain."""
+scheduled event waits for the pool's budgets like any repair until its latest start, and is imposed
+from then on (AWS's date); a report withdrawn or an event cancelled ends the repair before its drain."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
@@ -196,19 +197,29 @@ def retirement(not_before: datetime, event_id: str = "instance-event-0a1b2c") ->
     return Signal(SICK, HealthSource.SCHEDULED_EVENT, "instance-retirement: degraded hardware", event)
 
 
-def test_given_a_retirement_of_a_protected_worker_then_it_is_replaced_and_drained_before_not_before(
+def test_given_a_retirement_of_a_protected_worker_then_it_waits_until_its_latest_start_and_is_imposed_then(
     control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
 ) -> None:
     (old,) = pool_of(store, ec2, 1, drain_timeout_hours=0.5)
     workers.set_do_not_disrupt_until(store, old.id, utcnow() + timedelta(days=7), actor="op")
     t0 = utcnow()
     not_before = t0 + timedelta(hours=2)
+    # The half-hour drain must end 30 minutes before NotBefore: it starts by an hour from now.
+    latest_start = not_before - timedelta(minutes=60)
     signal(make_ctx, old.id, retirement(not_before), at=t0)
 
-    reports = cycles(make_ctx, t0, 4)
+    early = cycles(make_ctx, t0, 3)
 
-    assert store.get_worker(replacement_id(old.id, "repair")).status == S.RUNNING
-    assert total(reports, "repair_drains") == 1, [r.counters for r in reports]
+    assert total(early, "repair_held_protected") == 3, [r.counters for r in early]
+    assert store.find_worker(replacement_id(old.id, "repair")) is None
+    assert store.get_worker(old.id).owner is None
+    assert drains_started == []
+
+    late = cycles(make_ctx, latest_start, 2)
+
+    assert total(late, "repair_imposed") >= 1
+    assert total(late, "repair_drains") == 1, [r.counters for r in late]
+    assert store.find_worker(replacement_id(old.id, "repair")) is not None
     drained = store.get_worker(old.id)
     assert drained.status == S.DRAINING
     assert drained.drain is not None
@@ -216,7 +227,54 @@ def test_given_a_retirement_of_a_protected_worker_then_it_is_replaced_and_draine
     assert drained.owner is not None
     assert drained.owner.reason == "scheduled_event"
     assert drained.drain.reason is not None
-    assert "imposed by AWS's date; do_not_disrupt overridden" in drained.drain.reason
+    assert "imposed: its date forced it; do_not_disrupt overridden" in drained.drain.reason
+
+
+def test_given_three_retirements_and_a_repair_budget_of_one_then_one_at_a_time_until_their_date_forces_them(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    fleet = pool_of(store, ec2, 6, drain_timeout_hours=0.5)
+    catalog.put_pool(
+        store,
+        "labs",
+        actor="test",
+        disruption=DisruptionPolicy(budgets=[Budget(max=1, reasons=[DisruptionReason.REPAIR])]),
+    )
+    retiring = fleet[:3]
+    t0 = utcnow()
+    not_before = t0 + timedelta(hours=3)
+    latest_start = not_before - timedelta(minutes=60)
+    for worker in retiring:
+        signal(make_ctx, worker.id, retirement(not_before, f"instance-event-{worker.id}"), at=t0)
+
+    far: list[CycleReport] = []
+    disrupting: list[int] = []
+    for minute in range(6):
+        far.append(reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=minute)))
+        disrupting.append(disruption.pool_view(make_ctx(), "labs").in_use)
+
+    # Half the pool is unhealthy, but a retirement passes the brake; the budget paces it to one at once.
+    assert max(disrupting) == 1, disrupting
+    assert total(far, "repair_held_repair_brake") == 0
+    assert total(far, "repair_held_budget") >= 2
+    assert total(far, "repair_imposed") == 0
+    (first,) = drains_started
+    assert first["reason"] == (
+        f"repair: EC2 scheduled event instance-retirement not before {not_before.isoformat()}"
+    )
+    owners = [store.get_worker(w.id).owner for w in retiring]
+    assert [o.reason if o is not None else None for o in owners].count("repair") == 1
+
+    close = reconcile_fleet(make_ctx(), now=latest_start)
+
+    assert close.counters["repair_imposed"] == 2, close.counters
+    assert close.counters["repair_drains"] == 2
+    imposed = [store.get_worker(w.id) for w in retiring if w.id != first["worker_id"]]
+    assert {(w.status, w.owner.reason if w.owner else None) for w in imposed} == {
+        (S.DRAINING, "scheduled_event")
+    }
+    assert all("imposed: its date forced it" in (d["reason"] or "") for d in drains_started[1:])
+    assert disruption.pool_view(make_ctx(), "labs").in_use == 3
 
 
 def test_given_a_retirement_cancelled_before_the_drain_then_the_repair_ends(

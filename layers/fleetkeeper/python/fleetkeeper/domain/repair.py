@@ -7,7 +7,10 @@ signal into it; a signal clears only what its own source said, and a scheduled e
 others, because its date is fixed. A repair is due once the signal has lasted its pool's toleration
 (a scheduled event at once). The brake stops a pool's repairs while more than `max_unhealthy_percent`
 of its members are unhealthy: that many at once is a systemic fault that replacement would only make
-worse. Scheduled events pass the brake: AWS retires the machine whatever we decide.
+worse. `plan_repair` says how a due repair goes through the door: an ordinary `repair`, held by the pool's
+budgets like any other, and for a scheduled event (which the brake does not hold: AWS retires the
+machine whatever we decide) imposed from its latest start on, when waiting longer would let the drain
+run past the margin before NotBefore.
 """
 
 from __future__ import annotations
@@ -220,26 +223,47 @@ def brake(healths: Iterable[Health | None], policy: RepairPolicy) -> Brake:
 
 
 @dataclass(frozen=True)
-class DrainPlan:
-    """When a repair's drain starts at the latest (None: when the replacement runs) and its deadline."""
+class RepairPlan:
+    """How a due repair goes through the door and drains.
 
+    `imposed`: AWS's date forces it now, so neither the pool's budgets nor `do_not_disrupt` hold it
+    back; otherwise it is an ordinary `repair`. `braked`: the pool's brake holds it back. `start_by`:
+    when its drain starts at the latest, replacement running or not (None: once the replacement runs).
+    """
+
+    imposed: bool
+    braked: bool
     start_by: datetime | None
     timeout_seconds: int
 
 
-def drain_plan(health: Health, template_timeout_seconds: int, now: datetime) -> DrainPlan:
-    """A repair's drain: for a scheduled event, the template's drain ending EVENT_MARGIN before the
-    event's NotBefore, started by then at the latest and shortened when that moment has passed; for a
-    sick machine, a short one; for a reported one, the template's."""
+def plan_repair(health: Health, held: Brake, template_timeout_seconds: int, now: datetime) -> RepairPlan:
+    """A due repair's plan. A scheduled event passes the brake and drains with the template's timeout,
+    ending EVENT_MARGIN before its NotBefore: it waits for the budgets like any repair until its latest
+    start (that end less the timeout), and is imposed from then on, its drain shortened to what is left
+    (an event with no date, imposed at once: nothing says how long waiting is safe). A sick machine
+    drains within SICK_DRAIN_TIMEOUT; a reported one with the template's timeout."""
     template = timedelta(seconds=template_timeout_seconds)
-    event = health.event
-    if health.scheduled and event is not None and event.not_before is not None:
+    if health.scheduled:
+        event = health.event
+        if event is None or event.not_before is None:
+            return RepairPlan(imposed=True, braked=False, start_by=None, timeout_seconds=_seconds(template))
         latest_end = event.not_before - EVENT_MARGIN
+        latest_start = latest_end - template
         left = max(latest_end - now, MIN_REPAIR_DRAIN)
-        return DrainPlan(start_by=latest_end - template, timeout_seconds=_seconds(min(template, left)))
-    if health.source in (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE):
-        return DrainPlan(start_by=None, timeout_seconds=_seconds(min(template, SICK_DRAIN_TIMEOUT)))
-    return DrainPlan(start_by=None, timeout_seconds=_seconds(template))
+        return RepairPlan(
+            imposed=now >= latest_start,
+            braked=False,
+            start_by=latest_start,
+            timeout_seconds=_seconds(min(template, left)),
+        )
+    sick = health.source in (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE)
+    return RepairPlan(
+        imposed=False,
+        braked=held.holds,
+        start_by=None,
+        timeout_seconds=_seconds(min(template, SICK_DRAIN_TIMEOUT) if sick else template),
+    )
 
 
 def _seconds(length: timedelta) -> int:

@@ -5,8 +5,9 @@ The signals come from the EC2 events function (AWS Health scheduled changes), di
 DescribeInstanceStatus, and the worker's agent (`POST /api/v1/workers/{id}/health`); each goes through
 `record_health`, which writes only a change. The reconcile cycle then proposes the due repairs to the
 door, surge-first, as expiry does (services/reconcile/repair.py): a voluntary disruption of reason
-`repair`, counted by the pool's budgets and stopped by the pool's brake, or, for a scheduled event, an
-imposed one (`scheduled_event`) that neither the brake nor `do_not_disrupt` holds back.
+`repair`, counted by the pool's budgets and stopped by the pool's brake; a scheduled event passes the
+brake, and from its latest start on is imposed (`scheduled_event`), so that neither the budgets nor
+`do_not_disrupt` hold it back (domain/repair.plan_repair).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.repair import Health, Signal, observe_all
+from fleetkeeper.domain.repair import RepairPlan, Signal, observe_all
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
@@ -33,9 +34,9 @@ REPAIR_ACTOR: Final = "reconciler"
 _REPAIR_REASONS: Final = frozenset({str(DisruptionReason.REPAIR), str(Imposed.SCHEDULED_EVENT)})
 
 
-def ask_for(health: Health) -> Ask:
-    """A scheduled event is imposed (AWS's date); every other repair is voluntary."""
-    reason = Imposed.SCHEDULED_EVENT if health.scheduled else DisruptionReason.REPAIR
+def ask_for(plan: RepairPlan) -> Ask:
+    """The door's question for a repair: imposed by AWS's date, or an ordinary `repair`."""
+    reason = Imposed.SCHEDULED_EVENT if plan.imposed else DisruptionReason.REPAIR
     return Ask(reason, REPAIR_ACTOR, ahead=True)
 
 

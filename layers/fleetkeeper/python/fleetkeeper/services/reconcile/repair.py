@@ -11,10 +11,18 @@ from typing import Final
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from fleetkeeper.domain.admission import Ask, Held, WaitReason
+from fleetkeeper.domain.admission import Held, WaitReason
 from fleetkeeper.domain.disruption import MEMBERS
 from fleetkeeper.domain.models import Worker
-from fleetkeeper.domain.repair import Health, HealthSource, RepairPolicy, brake, drain_plan, repair_due
+from fleetkeeper.domain.repair import (
+    Health,
+    HealthSource,
+    RepairPlan,
+    RepairPolicy,
+    brake,
+    plan_repair,
+    repair_due,
+)
 from fleetkeeper.domain.scale_down import protected_from_disruption
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import admission
@@ -62,12 +70,19 @@ def repair_workers(
     """Propose the cycle's due repairs to the door, each isolated; the brake is judged per pool over the
     cycle's members of it (a shard's share, when the reconciler is sharded)."""
     pools: dict[str | None, RepairPolicy] = {}
+    templates: dict[str, int] = {}
 
     def policy(name: str | None) -> RepairPolicy:
         if name not in pools:
             found = ctx.store.find_pool(name) if name else None
             pools[name] = found.repair if found is not None else RepairPolicy()
         return pools[name]
+
+    def drain_timeout(name: str) -> int:
+        if name not in templates:
+            found = ctx.store.find_template(name)
+            templates[name] = found.drain_timeout_seconds if found is not None else 4 * 3600
+        return templates[name]
 
     candidates = _candidates(workers, policy, now)
     if len(candidates) > MAX_REPAIRS_PER_CYCLE:
@@ -82,17 +97,33 @@ def repair_workers(
             if time_left() < margin_seconds:
                 counters["repair_deferred"] += 1
                 continue
-            ask = ask_for(health)
             held = brake(members[worker.pool], policy(worker.pool))
-            if held.holds and not health.scheduled:
+            plan = plan_repair(health, held, drain_timeout(worker.template), now)
+            ask = ask_for(plan)
+            if plan.braked:
                 blocked.add(worker.pool)
                 counters[f"repair_held_{WaitReason.REPAIR_BRAKE}"] += 1
                 door.record_held(worker, ask, Held(WaitReason.REPAIR_BRAKE, held.detail), "drain")
                 door.release(worker.id, ask)  # an admission made before the brake held, if any
                 continue
+            if plan.imposed:
+                counters["repair_imposed"] += 1
             try:
                 replacement.replace(
-                    ctx, door, worker.id, _plan(ctx, worker, health, ask, now), counters, now=now
+                    ctx,
+                    door,
+                    worker.id,
+                    replacement.Replacement(
+                        ask=ask,
+                        purpose=PURPOSE,
+                        counted_as=PURPOSE,
+                        reason=_drain_reason(worker, health, plan, now),
+                        timeout_seconds=plan.timeout_seconds,
+                        wait_running=True,
+                        start_by=plan.start_by,
+                    ),
+                    counters,
+                    now=now,
                 )
             except Exception:  # one worker's repair, never the cycle
                 logger.exception("repairing a worker failed", worker_id=worker.id)
@@ -101,29 +132,16 @@ def repair_workers(
     metrics.add_metric(name=METRIC_REPAIR_BLOCKED, unit=MetricUnit.Count, value=len(blocked))
 
 
-def _plan(ctx: Context, worker: Worker, health: Health, ask: Ask, now: datetime) -> replacement.Replacement:
-    template = ctx.store.find_template(worker.template)
-    timeout = template.drain_timeout_seconds if template is not None else 4 * 3600
-    plan = drain_plan(health, timeout, now)
-    return replacement.Replacement(
-        ask=ask,
-        purpose=PURPOSE,
-        counted_as=PURPOSE,
-        reason=_drain_reason(worker, health, now),
-        timeout_seconds=plan.timeout_seconds,
-        wait_running=True,
-        start_by=plan.start_by,
-    )
-
-
-def _drain_reason(worker: Worker, health: Health, now: datetime) -> str:
-    """What the drain's audit says: the signal, and for a scheduled event that it was imposed."""
+def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetime) -> str:
+    """What the drain's audit says: the signal, and for a scheduled event whether its date forced it."""
     event = health.event
     if health.scheduled and event is not None:
         when = event.not_before.isoformat() if event.not_before is not None else "an unknown date"
-        text = f"repair: EC2 scheduled event {event.code} not before {when}, imposed by AWS's date"
-        if protected_from_disruption(worker, now):
-            text += "; do_not_disrupt overridden"
+        text = f"repair: EC2 scheduled event {event.code} not before {when}"
+        if plan.imposed:
+            text += ", imposed: its date forced it"
+            if protected_from_disruption(worker, now):
+                text += "; do_not_disrupt overridden"
         return text[:500]
     source = {
         HealthSource.STATUS_CHECK: "failed status check",
