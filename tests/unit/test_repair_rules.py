@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.repair import (
     EVENT_MARGIN,
     Brake,
@@ -149,10 +150,25 @@ def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
     sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
     healths = [sick] * unhealthy + [None] * (members - unhealthy)
 
-    found = brake(healths, RepairPolicy())
+    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
 
     assert found.holds is holds
     assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
+
+
+def test_the_brake_counts_the_members_only_a_draining_one_included() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    workers = [
+        (WorkerStatus.DRAINING, sick),
+        (WorkerStatus.RUNNING, None),
+        (WorkerStatus.STOPPED, sick),
+        (WorkerStatus.PENDING, sick),
+        (WorkerStatus.TERMINATED, sick),
+    ]
+
+    found = brake(workers, RepairPolicy())
+
+    assert (found.unhealthy, found.members) == (1, 2)
 
 
 # A pool of 10 members with 3 sick: the default brake (20 %) holds.

@@ -184,8 +184,13 @@ def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_un
     assert disruption.pool_view(make_ctx(), "labs").repair.blocked == "repair brake, 2 of 8 unhealthy"
 
     signal(make_ctx, second.id, Signal(WELL, HealthSource.STATUS_CHECK, "ok"), at=t0 + timedelta(minutes=13))
+
     released = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=14))
 
+    # The view shows the brake as of the last cycle, while the refusals stay listed as waiting a while.
+    view = disruption.pool_view(make_ctx(), "labs")
+    assert view.repair.blocked is None
+    assert "repair_brake" in {w.why for w in view.waiting}
     assert released.counters["repair_held_repair_brake"] == 0
     assert released.counters["repair_replacements"] == 1
     assert store.find_worker(replacement_id(first.id, "repair")) is not None
@@ -347,3 +352,18 @@ def test_given_a_retirement_of_a_worker_running_a_session_then_it_is_replaced_fi
     assert (ended.drain.outcome, ended.drain.forced_instances) == (DrainOutcome.SUCCESS, 0)
     assert store.get_instance("s-lab-1").state == InstanceState.COMPLETED
     assert store.get_worker(replacement_id(old.id, "repair")).status == S.RUNNING
+
+
+def test_given_a_sharded_reconciler_then_the_view_shows_the_word_of_the_shard_whose_brake_held(
+    make_ctx: ContextFactory,
+) -> None:
+    sharded = make_ctx(RECONCILE_SHARDS="2")
+    sharded.stats.record("reconcile#1of2", notes={repair.BRAKE_NOTE: {}})
+    sharded.stats.record(
+        "reconcile#2of2", notes={repair.BRAKE_NOTE: {"labs": "repair brake, 2 of 4 unhealthy"}}
+    )
+
+    assert repair.blocked(sharded, "labs") == "repair brake, 2 of 4 unhealthy"
+    assert repair.blocked(sharded, "other") is None
+    # Unsharded, only the `reconcile` scope is the cycle's.
+    assert repair.blocked(make_ctx(), "labs") is None

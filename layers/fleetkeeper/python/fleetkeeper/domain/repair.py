@@ -24,7 +24,9 @@ from typing import Annotated, Final
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from fleetkeeper.domain.disruption import MEMBERS
 from fleetkeeper.domain.durations import DURATION_PATTERN
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.windows import check_duration
 
 # A drain for a scheduled event ends at least this long before the event's NotBefore.
@@ -213,10 +215,13 @@ class Brake:
         return f"repair brake, {self.unhealthy} of {self.members} unhealthy"
 
 
-def brake(healths: Iterable[Health | None], policy: RepairPolicy) -> Brake:
-    """The brake over a pool's members' health records."""
+def brake(workers: Iterable[tuple[WorkerStatus, Health | None]], policy: RepairPolicy) -> Brake:
+    """The brake over a pool's workers, each as its status and health: its members (RUNNING and those
+    being disrupted) count, the rest do not."""
     members = unhealthy = 0
-    for health in healths:
+    for status, health in workers:
+        if status not in MEMBERS:
+            continue
         members += 1
         unhealthy += 1 if health is not None and health.unhealthy else 0
     return Brake(unhealthy=unhealthy, members=members, max_percent=policy.max_unhealthy_percent)

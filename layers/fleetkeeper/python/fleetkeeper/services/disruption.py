@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetkeeper.domain.admission import WaitReason, counted
+from fleetkeeper.domain.admission import counted
 from fleetkeeper.domain.disruption import (
     ALL_REASONS,
     DISRUPTING,
@@ -28,6 +28,7 @@ from fleetkeeper.domain.disruption import (
 )
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Pool, utcnow
+from fleetkeeper.services import repair
 from fleetkeeper.services.admission import Door, stage_default
 from fleetkeeper.services.context import Context
 
@@ -103,12 +104,12 @@ class PoolDisruptionView(BaseModel):
 
 
 class RepairView(BaseModel):
-    """The pool's repair brake as the reconciler last judged it (docs/repair.md)."""
+    """The pool's repair brake as the reconciler's last cycle judged it (docs/repair.md)."""
 
     max_unhealthy_percent: int
     blocked: str | None = Field(
-        description="while the brake holds the pool's repairs: `repair brake, N of M unhealthy`; null: it "
-        "held none in the last 10 minutes"
+        description="when the brake held a repair of the pool in the last reconcile cycle: `repair brake, "
+        "N of M unhealthy`; null: it held none"
     )
 
 
@@ -190,8 +191,7 @@ def pool_view(ctx: Context, name: str, now: datetime | None = None) -> PoolDisru
         waiting=waiting,
         repair=RepairView(
             max_unhealthy_percent=pool.repair.max_unhealthy_percent,
-            # Newest first: the brake's latest word on the pool.
-            blocked=next((w.detail for w in waiting if w.why == WaitReason.REPAIR_BRAKE), None),
+            blocked=repair.blocked(ctx, name),
         ),
     )
 

@@ -23,15 +23,30 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.repair import RepairPlan, Signal, observe_all
+from fleetkeeper.domain.sharding import Shard
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.stats import reconcile_scope
 
 # Repairs are the reconciler's (services/reconcile/actions.ACTOR): it owns the worker from the admission
 # to the drain.
 REPAIR_ACTOR: Final = "reconciler"
 # The owner reasons a repair writes (an admission ahead, then its drain).
 _REPAIR_REASONS: Final = frozenset({str(DisruptionReason.REPAIR), str(Imposed.SCHEDULED_EVENT)})
+# The note each reconcile cycle keeps in its own stats scope: the pools whose brake held a repair in
+# that cycle, each with the brake's words. It is replaced whole every cycle, so it never outlives one.
+BRAKE_NOTE: Final = "repair_blocked"
+
+
+def blocked(ctx: Context, pool: str) -> str | None:
+    """The brake's words on the pool as of each shard's last cycle, if it held a repair there."""
+    count = ctx.settings.reconcile_shards
+    for index in range(count):
+        found = ctx.stats.read(reconcile_scope(Shard(index, count))).notes.get(BRAKE_NOTE, {}).get(pool)
+        if found is not None:
+            return found
+    return None
 
 
 def ask_for(plan: RepairPlan) -> Ask:

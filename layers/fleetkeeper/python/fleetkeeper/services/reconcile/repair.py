@@ -12,7 +12,7 @@ from typing import Final
 from aws_lambda_powertools.metrics import MetricUnit
 
 from fleetkeeper.domain.admission import Held, WaitReason
-from fleetkeeper.domain.disruption import MEMBERS
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.repair import (
     Health,
@@ -66,9 +66,10 @@ def repair_workers(
     *,
     time_left: Callable[[], float],
     margin_seconds: float,
-) -> None:
+) -> dict[str, str]:
     """Propose the cycle's due repairs to the door, each isolated; the brake is judged per pool over the
-    cycle's members of it (a shard's share, when the reconciler is sharded)."""
+    cycle's members of it (a shard's share, when the reconciler is sharded). Returns the pools whose
+    brake held a repair, with the brake's words."""
     pools: dict[str | None, RepairPolicy] = {}
     templates: dict[str, int] = {}
 
@@ -87,11 +88,10 @@ def repair_workers(
     candidates = _candidates(workers, policy, now)
     if len(candidates) > MAX_REPAIRS_PER_CYCLE:
         counters["repair_deferred"] += len(candidates) - MAX_REPAIRS_PER_CYCLE
-    members: dict[str | None, list[Health | None]] = defaultdict(list)
+    members: dict[str | None, list[tuple[WorkerStatus, Health | None]]] = defaultdict(list)
     for worker in workers:
-        if worker.status in MEMBERS:
-            members[worker.pool].append(worker.health)
-    blocked: set[str | None] = set()
+        members[worker.pool].append((worker.status, worker.health))
+    blocked: dict[str | None, str] = {}
     with admission.door(ctx, now) as door:
         for worker, health in candidates[:MAX_REPAIRS_PER_CYCLE]:
             if time_left() < margin_seconds:
@@ -101,7 +101,7 @@ def repair_workers(
             plan = plan_repair(health, held, drain_timeout(worker.template), now)
             ask = ask_for(plan)
             if plan.braked:
-                blocked.add(worker.pool)
+                blocked[worker.pool] = held.detail
                 counters[f"repair_held_{WaitReason.REPAIR_BRAKE}"] += 1
                 door.record_held(worker, ask, Held(WaitReason.REPAIR_BRAKE, held.detail), "drain")
                 door.release(worker.id, ask)  # an admission made before the brake held, if any
@@ -130,6 +130,7 @@ def repair_workers(
                 counters["repair_errors"] += 1
     counters["repair_blocked_pools"] += len(blocked)
     metrics.add_metric(name=METRIC_REPAIR_BLOCKED, unit=MetricUnit.Count, value=len(blocked))
+    return {pool: detail for pool, detail in blocked.items() if pool is not None}
 
 
 def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetime) -> str:
