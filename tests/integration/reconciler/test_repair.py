@@ -282,6 +282,40 @@ def test_given_three_retirements_and_a_repair_budget_of_one_then_one_at_a_time_u
     assert disruption.pool_view(make_ctx(), "labs").in_use == 3
 
 
+def test_given_a_retirement_admitted_in_budget_when_its_latest_start_comes_then_it_is_imposed_in_its_place(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
+) -> None:
+    old, *_ = pool_of(store, ec2, 4, drain_timeout_hours=0.5)
+    catalog.put_pool(
+        store,
+        "labs",
+        actor="test",
+        disruption=DisruptionPolicy(budgets=[Budget(max=1, reasons=[DisruptionReason.REPAIR])]),
+    )
+    t0 = utcnow()
+    not_before = t0 + timedelta(hours=3)
+    signal(make_ctx, old.id, retirement(not_before), at=t0)
+
+    reconcile_fleet(make_ctx(), now=t0)
+
+    admitted = store.get_worker(old.id)
+    assert admitted.owner is not None
+    assert (admitted.status, admitted.owner.reason) == (S.RUNNING, "repair")
+    assert disruption.pool_view(make_ctx(), "labs").in_use == 1
+
+    late = reconcile_fleet(make_ctx(), now=not_before - timedelta(minutes=60))
+
+    assert late.counters["repair_imposed"] == 1
+    taken = store.get_worker(old.id)
+    assert taken.owner is not None
+    assert (taken.status, taken.owner.reason) == (S.DRAINING, "scheduled_event")
+    # The imposed repair takes the admission's place in the budget, not a second one.
+    assert disruption.pool_view(make_ctx(), "labs").in_use == 1
+    (drain,) = drains_started
+    assert drain["timeout_seconds"] == 1800
+    assert "imposed: its date forced it" in drain["reason"]
+
+
 def test_given_a_retirement_cancelled_before_the_drain_then_the_repair_ends(
     control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, drains_started
 ) -> None:
