@@ -24,6 +24,8 @@ API_METHODS: Final = ("GET", "POST", "PUT", "PATCH")
 READ_ONLY_METHODS: Final = ("GET",)
 # The internal routes apply what EC2 observed; only tooling calls them, with its own policy.
 INTERNAL_METHODS: Final = ("POST",)
+# A worker's agent reports its health here; only worker agents and tooling call it (docs/repair.md).
+HEALTH_PATH: Final = "v1/workers/*/health"
 
 _ACCESS_LOG_FIELDS: Final = {
     "requestId": apigw.AccessLogField.context_request_id(),
@@ -44,8 +46,11 @@ _ACCESS_LOG_FIELDS: Final = {
 }
 
 
-def internal_routes_policy(tooling_principals: tuple[str, ...]) -> iam.PolicyDocument:
-    """The API's resource policy: /api/internal/* is denied to every principal but the tooling ones.
+def internal_routes_policy(
+    tooling_principals: tuple[str, ...], worker_agent_principals: tuple[str, ...] = ()
+) -> iam.PolicyDocument:
+    """The API's resource policy: /api/internal/* is denied to every principal but the tooling ones, and
+    the health route to every principal but the worker agents and the tooling ones.
 
     An explicit Deny on the API itself wins over any identity policy (AdministratorAccess included), so
     the internal routes do not depend on every policy in the account leaving them out. Nothing here
@@ -65,7 +70,17 @@ def internal_routes_policy(tooling_principals: tuple[str, ...]) -> iam.PolicyDoc
     if tooling_principals:
         # aws:PrincipalArn of a role's session is the role's ARN (with its path): the sessions pass too.
         deny.add_condition("ArnNotLike", {"aws:PrincipalArn": list(tooling_principals)})
-    return iam.PolicyDocument(statements=[deny])
+    health = iam.PolicyStatement(
+        sid="HealthRouteIsForWorkerAgents",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=["execute-api:Invoke"],
+        resources=[f"execute-api:/*/POST/{API_PREFIX}/{HEALTH_PATH}"],
+    )
+    reporters = [*worker_agent_principals, *tooling_principals]
+    if reporters:
+        health.add_condition("ArnNotLike", {"aws:PrincipalArn": reporters})
+    return iam.PolicyDocument(statements=[deny, health])
 
 
 class AdminApi(Construct):
@@ -81,7 +96,9 @@ class AdminApi(Construct):
             self, "AccessLogs", retention=config.log_retention, removal_policy=removal
         )
         manage_role = config.api.manage_account_logging_role
-        resource_policy = internal_routes_policy(config.api.tooling_principals)
+        resource_policy = internal_routes_policy(
+            config.api.tooling_principals, config.api.worker_agent_principals
+        )
         self.rest_api = apigw.RestApi(
             self,
             "RestApi",
@@ -155,26 +172,34 @@ class AdminApi(Construct):
             add_methods(self.rest_api.root.add_resource(DOCS_PATH), READ_ONLY_METHODS, proxy=False)
 
         internal = self.internal_arns(INTERNAL_METHODS)
+        health = [self._arn("POST", f"/{API_PREFIX}/{HEALTH_PATH}")]
         self.operator_policy = self._invoke_policy(
             "OperatorPolicy",
             name=f"fleetkeeper-{config.name}-api-operator",
             description="Call the fleetkeeper admin API: reads, drains, cancels and writes; never the "
-            "internal routes.",
+            "internal routes, nor a worker's health report.",
             resources=self.method_arns(API_METHODS),
-            deny=self.internal_arns(API_METHODS),
+            deny=[*self.internal_arns(API_METHODS), *health],
         )
         self.read_only_policy = self._invoke_policy(
             "ReadOnlyPolicy",
             name=f"fleetkeeper-{config.name}-api-read-only",
             description="Call the fleetkeeper admin API's GET methods only.",
             resources=self.method_arns(READ_ONLY_METHODS),
-            deny=self.internal_arns(API_METHODS),
+            deny=[*self.internal_arns(API_METHODS), *health],
         )
         self.tooling_policy = self._invoke_policy(
             "ToolingPolicy",
             name=f"fleetkeeper-{config.name}-api-internal-tooling",
-            description="Report what EC2 observed about a worker (POST /api/internal/...): tooling only.",
-            resources=internal,
+            description="Report what EC2 observed about a worker (POST /api/internal/...) and a worker's "
+            "health: tooling only.",
+            resources=[*internal, *health],
+        )
+        self.worker_agent_policy = self._invoke_policy(
+            "WorkerAgentPolicy",
+            name=f"fleetkeeper-{config.name}-api-worker-agent",
+            description="Report a worker's health (POST /api/v1/workers/{id}/health): worker agents only.",
+            resources=health,
         )
 
         acknowledge(
@@ -222,7 +247,7 @@ class AdminApi(Construct):
     ) -> iam.ManagedPolicy:
         statements = [iam.PolicyStatement(actions=["execute-api:Invoke"], resources=resources)]
         if deny:
-            # /api/* above also matches /api/internal/*: an explicit Deny wins over any Allow.
+            # /api/* above also matches /api/internal/* and the health route: an explicit Deny wins.
             statements.append(
                 iam.PolicyStatement(effect=iam.Effect.DENY, actions=["execute-api:Invoke"], resources=deny)
             )

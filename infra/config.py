@@ -148,6 +148,10 @@ class ApiConfig(_Section):
     # resource policy denies those routes to every other principal, whatever its identity policies
     # allow, and the route checks the caller against the same list. Empty: nobody may call them.
     tooling_principals: tuple[IamPrincipalArn, ...] = ()
+    # The IAM roles workers' agents sign with to report their health (POST /api/v1/workers/{id}/health):
+    # the API's resource policy denies that route to every principal but these and the tooling ones, and
+    # the route checks the caller again. Empty: only tooling may report.
+    worker_agent_principals: tuple[IamPrincipalArn, ...] = ()
 
 
 class WorkerProfileConfig(_Section):

@@ -18,7 +18,9 @@ MANAGED_REQUEST: Final = {"StringEquals": {f"aws:RequestTag/{MANAGED_BY_TAG}": M
 TAG_ON_LAUNCH_ONLY: Final = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
 
 LIFECYCLE_ACTIONS: Final = frozenset({"ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"})
-DESCRIBE_ACTIONS: Final = frozenset({"ec2:DescribeInstances", "ec2:DescribeImages"})
+DESCRIBE_ACTIONS: Final = frozenset(
+    {"ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceStatus"}
+)
 
 _TAGGED_INSTANCES: Final = (
     "Instance ids are not known before launch; the statement is limited to instances carrying the "

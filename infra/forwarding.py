@@ -23,7 +23,13 @@ from constructs import Construct
 from infra.config import StageConfig
 from infra.operations import WorkerOperations
 from infra.permissions import acknowledge
-from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from infra.triggers import (
+    EC2_REBALANCE_RECOMMENDATION,
+    EC2_SPOT_INTERRUPTION,
+    EC2_STATE_CHANGE,
+    HEALTH_EVENT,
+    health_scheduled_changes,
+)
 
 FORWARDED_DETAIL_TYPES: Final = (EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION)
 
@@ -48,7 +54,8 @@ def forwarded_regions(config: StageConfig) -> list[str]:
 
 
 class EventForwardingStack(Stack):
-    """Forwards one worker region's EC2 state changes and spot warnings to the home region's bus."""
+    """Forwards one worker region's EC2 state changes, spot warnings and AWS Health scheduled changes to
+    the home region's bus."""
 
     def __init__(self, scope: Construct, *, config: StageConfig, region: str, **kwargs: Any) -> None:
         if region == config.region:
@@ -104,6 +111,15 @@ class EventForwardingStack(Stack):
             )
             for detail_type in forwarded_detail_types(config)
         }
+        # AWS Health publishes a machine's scheduled changes in the machine's region.
+        self.rules[HEALTH_EVENT] = events.Rule(
+            self,
+            "AWSHealthEvent",
+            description=f"forward EC2 scheduled changes of {region} to the fleetkeeper bus in "
+            f"{config.region}",
+            event_pattern=health_scheduled_changes(),
+            targets=[target],
+        )
         # Alarm actions cannot reach the home region's topic; the alarm shows in this region's console
         # and the runbook says where to look.
         self.undelivered_alarm = cw.Alarm(

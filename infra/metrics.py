@@ -26,6 +26,8 @@ DRAIN_EXECUTION_LOST: Final = "DrainExecutionLost"
 ORPHANS_TERMINATED: Final = "OrphansTerminated"
 # Per discovery run: how many orphans the GC circuit breaker held back (0 when it did not trip).
 ORPHAN_GC_HELD_BACK: Final = "OrphanGcHeldBack"
+# Per reconcile cycle: the pools whose repair brake held a repair (docs/repair.md).
+REPAIR_BLOCKED: Final = "RepairBlocked"
 RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
 RECONCILE_ERRORS: Final = "ReconcileErrors"
 # 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.
@@ -81,6 +83,7 @@ ALL_METRICS: Final = (
     DRAIN_EXECUTION_LOST,
     ORPHANS_TERMINATED,
     ORPHAN_GC_HELD_BACK,
+    REPAIR_BLOCKED,
     RECONCILE_DURATION_MS,
     RECONCILE_ERRORS,
     RECONCILE_HEARTBEAT,

@@ -125,6 +125,20 @@ class Monitoring(Construct):
             datapoints_to_alarm=1,
             missing=cw.TreatMissingData.IGNORE,
         )
+        # The reconciler reports it every cycle: raised while a brake holds, cleared when none does.
+        self._alarm(
+            "repair-blocked",
+            fleet_metric(metrics.REPAIR_BLOCKED, statistic="Maximum"),
+            description=(
+                "A pool's repair brake holds: more of its workers are unhealthy than its "
+                "repair.max_unhealthy_percent, and none of them is replaced (docs/runbook.md, RepairBlocked)."
+            ),
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+        )
         self._any(
             "state-machine-failed",
             state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),
@@ -206,6 +220,9 @@ class Monitoring(Construct):
                     fleet_metric(metrics.ORPHANS_TERMINATED).with_(label="orphans terminated"),
                     fleet_metric(metrics.ORPHAN_GC_HELD_BACK, statistic="Maximum").with_(
                         label="orphans held back by the breaker"
+                    ),
+                    fleet_metric(metrics.REPAIR_BLOCKED, statistic="Maximum").with_(
+                        label="pools whose repair brake holds"
                     ),
                 ],
             ),

@@ -72,6 +72,8 @@ class FleetkeeperStack(Stack):
                 "AUDIT_RETENTION_DAYS": str(config.audit_retention_days),
                 # The internal routes answer only these principals (the gateway's resource policy, too).
                 "TOOLING_PRINCIPALS": ",".join(config.api.tooling_principals),
+                # The health route answers these and the tooling principals only (docs/repair.md).
+                "WORKER_AGENT_PRINCIPALS": ",".join(config.api.worker_agent_principals),
                 # The API refuses templates of other types; the reconciler fails their workers.
                 "INSTANCE_TYPES": ",".join(config.instance_types),
                 # The API gives an operator's confirmation of held-back orphans its expiry.
@@ -119,7 +121,10 @@ class FleetkeeperStack(Stack):
         worker_operations.grant_run(roles["reconcile"])
 
         table.grant_data(roles["discover"], batch_write=True)  # the orphan breaker's pages of ids
-        ec2.grant_describe(roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages"])
+        # DescribeInstanceStatus: the sweep of scheduled events and failed status checks (docs/repair.md).
+        ec2.grant_describe(
+            roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceStatus"]
+        )
         ec2.grant_import_tagging(roles["discover"])
         # A managed machine without a live worker (retired on purpose, a second launch of one worker, a
         # failed launch's late machine) is terminated by discovery: only machines tagged as fleetkeeper's.

@@ -22,6 +22,19 @@ from infra.permissions import acknowledge_wildcards
 EC2_STATE_CHANGE: Final = "EC2 Instance State-change Notification"
 EC2_SPOT_INTERRUPTION: Final = "EC2 Spot Instance Interruption Warning"
 EC2_REBALANCE_RECOMMENDATION: Final = "EC2 Instance Rebalance Recommendation"
+HEALTH_EVENT: Final = "AWS Health Event"
+
+
+def health_scheduled_changes() -> events.EventPattern:
+    """AWS Health's scheduled changes of EC2 (retirements, stops, reboots, maintenance); nothing else of
+    Health reaches the function (docs/repair.md)."""
+    return events.EventPattern(
+        source=["aws.health"],
+        detail_type=[HEALTH_EVENT],
+        detail={"service": ["EC2"], "eventTypeCategory": ["scheduledChange"]},
+    )
+
+
 SCHEDULE_SOURCE: Final = "fleetkeeper.schedule"
 
 
@@ -119,6 +132,13 @@ class Triggers(Construct):
             "Ec2SpotInterruption",
             description="EC2 spot interruption warnings: drain the worker within its two minutes",
             event_pattern=events.EventPattern(source=["aws.ec2"], detail_type=[EC2_SPOT_INTERRUPTION]),
+            targets=[target],
+        )
+        self.health_rule = events.Rule(
+            self,
+            "HealthScheduledChange",
+            description="AWS Health scheduled changes of EC2: replace the worker before AWS acts",
+            event_pattern=health_scheduled_changes(),
             targets=[target],
         )
         # Only where the stage turns rebalance drains on: they are far more frequent than interruptions,

@@ -124,6 +124,12 @@ def publish_image(args: argparse.Namespace) -> int:
     return serve.publish_image(args)
 
 
+def simulate(args: argparse.Namespace) -> int:
+    from fleetkeeper_local import serve  # noqa: PLC0415 - see the module's docstring
+
+    return serve.simulate(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetkeeper_local", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +172,27 @@ def main(argv: list[str] | None = None) -> int:
     publish_parser.add_argument("template", help="the template whose ami_name_filter the image matches")
     publish_parser.add_argument("--region", default=LOCAL_REGION, help=f"default {LOCAL_REGION}")
     publish_parser.set_defaults(handler=publish_image)
+    simulate_parser = commands.add_parser(
+        "simulate",
+        help="on a running `make run`: make a health signal happen to a machine (docs/repair.md)",
+    )
+    simulate_parser.add_argument(
+        "signal",
+        choices=["retirement", "impair", "silence", "recover"],
+        help="retirement: a scheduled event; impair: failed status checks; silence: no status at all; "
+        "recover: checks pass and a scheduled event is cancelled",
+    )
+    simulate_parser.add_argument("instance_id", help="the machine, e.g. i-0123456789abcdef0")
+    simulate_parser.add_argument(
+        "--in", dest="within", default="2h", help="retirement: how far ahead its NotBefore is (default 2h)"
+    )
+    simulate_parser.add_argument(
+        "--code",
+        default="instance-retirement",
+        help="retirement: the event's code (default instance-retirement)",
+    )
+    simulate_parser.add_argument("--region", default=LOCAL_REGION, help=f"default {LOCAL_REGION}")
+    simulate_parser.set_defaults(handler=simulate)
     args = parser.parse_args(argv)
     return int(args.handler(args))
 

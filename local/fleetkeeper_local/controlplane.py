@@ -58,6 +58,8 @@ ASL_PATH = Path("infra") / "statemachines" / "drain.asl.json"
 DEFAULT_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:user/local-operator"
 # The local stage's one tooling principal: the internal routes answer it, and not the default operator.
 TOOLING_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:role/fleetkeeper-local-tooling"
+# The role the local workers' agents would report their health with.
+WORKER_AGENT_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:role/fleetkeeper-local-worker-agent"
 
 
 def drain_definition(function_arn: str) -> str:
@@ -96,6 +98,7 @@ class LocalResources:
             "OPERATIONS_CATALOGUE": json.dumps(local_operations_catalogue()),
             "INSTANCE_TYPES": ",".join(local_instance_types()),
             "TOOLING_PRINCIPALS": TOOLING_CALLER,
+            "WORKER_AGENT_PRINCIPALS": WORKER_AGENT_CALLER,
         }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from email.utils import format_datetime
 from typing import Any
 
 from fleetkeeper.triggers import SCHEDULE_SOURCE
@@ -67,3 +68,37 @@ def spot_warning_event(
     return _ec2_event(
         "EC2 Spot Instance Interruption Warning", instance_id, {"instance-action": action}, region, at
     )
+
+
+def health_event(
+    instance_id: str,
+    *,
+    code: str,
+    not_before: datetime,
+    event_id: str,
+    closed: bool = False,
+    region: str,
+    at: datetime | None = None,
+) -> dict[str, Any]:
+    """An 'AWS Health Event' for an EC2 scheduled change, as EventBridge delivers it."""
+    type_code = "AWS_EC2_" + code.upper().replace("-", "_") + "_SCHEDULED"
+    return {
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "AWS Health Event",
+        "source": "aws.health",
+        "account": LOCAL_ACCOUNT,
+        "time": _time(at),
+        "region": region,
+        "resources": [instance_id],
+        "detail": {
+            "eventArn": f"arn:aws:health:{region}::event/EC2/{type_code}/{event_id}",
+            "service": "EC2",
+            "eventTypeCode": type_code,
+            "eventTypeCategory": "scheduledChange",
+            "eventRegion": region,
+            "startTime": format_datetime(not_before.astimezone(UTC), usegmt=True),
+            "statusCode": "closed" if closed else "upcoming",
+            "affectedEntities": [{"entityValue": instance_id}],
+        },
+    }

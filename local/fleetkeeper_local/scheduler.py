@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetkeeper_local.event_shapes import schedule_input, state_change_event
+from fleetkeeper_local import health
+from fleetkeeper_local.event_shapes import health_event, schedule_input, state_change_event
 from fleetkeeper_local.faults import EventStreamFaults, unhooked_client
 from fleetkeeper_local.invocation import invoke
 from fleetkeeper_local.loop import Loop
@@ -112,6 +113,8 @@ class Ec2EventPump:
         self._region = region
         self._deliver = deliver or (lambda event: invoke("ec2_events", event))
         self._states: dict[str, str] | None = None
+        # Each machine's simulated scheduled event as last seen (health.py): a change is a Health event.
+        self._scheduled: dict[str, str] = {}
         interval = interval_seconds or float(
             os.environ.get("FLEETKEEPER_LOCAL_EVENT_PUMP_SECONDS", DEFAULT_PUMP_SECONDS)
         )
@@ -125,18 +128,25 @@ class Ec2EventPump:
             self._ec2 = unhooked_client("ec2", self._region)
         return self._ec2
 
-    def _current_states(self) -> dict[str, str]:
+    def _current_states(self) -> tuple[dict[str, str], dict[str, str]]:
+        """Each machine's state, and the simulated scheduled event of those that have one."""
         states: dict[str, str] = {}
+        scheduled: dict[str, str] = {}
         for page in self._client().get_paginator("describe_instances").paginate():
             for reservation in page.get("Reservations", []):
                 for instance in reservation.get("Instances", []):
                     states[instance["InstanceId"]] = instance["State"]["Name"]
-        return states
+                    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                    if health.EVENT_TAG in tags:
+                        scheduled[instance["InstanceId"]] = tags[health.EVENT_TAG]
+        return states, scheduled
 
     def poll_once(self) -> list[dict[str, Any]]:
-        """Deliver an event for each state change since the last poll; returns the events delivered."""
-        current = self._current_states()
+        """Deliver an event for each state change since the last poll, and a Health event for each
+        scheduled event simulated or cancelled since; returns the events delivered."""
+        current, scheduled = self._current_states()
         previous, self._states = self._states, current
+        seen, self._scheduled = self._scheduled, scheduled
         if previous is None:
             return []
         events = [
@@ -144,6 +154,21 @@ class Ec2EventPump:
             for instance_id, state in sorted(current.items())
             if previous.get(instance_id) != state
         ]
+        for instance_id, value in sorted(scheduled.items()):
+            parsed = health.parse_event_tag(value)
+            if seen.get(instance_id) == value or parsed is None:
+                continue
+            code, not_before, event_id, state = parsed
+            events.append(
+                health_event(
+                    instance_id,
+                    code=code,
+                    not_before=not_before,
+                    event_id=event_id,
+                    closed=state == health.CANCELLED,
+                    region=self._region,
+                )
+            )
         if self.faults is not None:
             events = self.faults.mutate(events)
         return self.deliver(events)

@@ -289,3 +289,34 @@ def publish_image(args: argparse.Namespace) -> int:
         "of every template with that filter show drift `image` after the next reconcile cycle"
     )
     return 0
+
+
+def simulate(args: argparse.Namespace) -> int:
+    """A health signal on one machine of the running local stack (docs/repair.md, "Locally")."""
+    from fleetkeeper.domain.durations import parse_duration  # noqa: PLC0415
+    from fleetkeeper_local import health  # noqa: PLC0415
+
+    stack = LocalStack.from_environ()
+    os.environ.update(stack.environment())
+    ec2 = boto3.client("ec2", region_name=args.region)
+    try:
+        if args.signal == "retirement":
+            within = parse_duration(args.within)
+            if within is None:
+                print(f"error: --in {args.within!r} is not a duration such as 2h or 90m", file=sys.stderr)
+                return 2
+            event_id = health.retire(ec2, args.instance_id, within=within, code=args.code)
+            print(f"{args.instance_id}: {args.code} ({event_id}) in {args.within}")
+        elif args.signal == "impair":
+            health.impair(ec2, args.instance_id)
+            print(f"{args.instance_id}: instance status impaired")
+        elif args.signal == "silence":
+            health.impair(ec2, args.instance_id, status=health.SILENT)
+            print(f"{args.instance_id}: no status (insufficient-data)")
+        else:
+            health.recover(ec2, args.instance_id)
+            print(f"{args.instance_id}: status checks pass; a scheduled event is cancelled")
+    except (BotoCoreError, ClientError) as exc:
+        print(f"error: the local stack does not answer or has no such machine ({exc})", file=sys.stderr)
+        return 2
+    return 0

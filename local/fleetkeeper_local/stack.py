@@ -296,7 +296,7 @@ class LocalStack:
             raise
 
     def _start_moto(self) -> None:
-        from fleetkeeper_local import machines  # noqa: PLC0415 - moto loads here, not at import
+        from fleetkeeper_local import health, machines  # noqa: PLC0415 - moto loads here, not at import
         from fleetkeeper_local.moto_server import MotoServer  # noqa: PLC0415
 
         # werkzeug logs every request moto serves; that drowns everything else in the console.
@@ -306,6 +306,8 @@ class LocalStack:
             self._moto.start()
         # The emulated machines answer Run Command as registered workers would (machines.py).
         machines.install()
+        # Scheduled events and failed status checks a command simulates (health.py).
+        health.install()
         _parse_each_definition_once()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(

@@ -41,6 +41,7 @@ PINNED_TOOLING = [
     f"arn:aws:iam::{PINNED_ACCOUNT}:role/platform/fleetkeeper-gc",
     f"arn:aws:iam::{PINNED_ACCOUNT}:user/fleet-admin-tool",
 ]
+PINNED_AGENT = f"arn:aws:iam::{PINNED_ACCOUNT}:role/labs-worker-agent"
 # A profile the deployer manages, whose role sits under an IAM path.
 PINNED_PROFILE = {"name": "labs-worker", "role": "platform/labs-worker-role"}
 
@@ -79,6 +80,7 @@ def context_with_pinned_stage() -> dict[str, Any]:
         **pinned["api"],
         "manage_account_logging_role": False,
         "tooling_principals": PINNED_TOOLING,
+        "worker_agent_principals": [PINNED_AGENT],
     }
     context[STAGES_KEY] = {**context[STAGES_KEY], "pinned": pinned}
     return context

@@ -6,7 +6,7 @@ import pytest
 
 from infra.api import API_METHODS, INTERNAL_METHODS
 from infra.config import ConfigError, load_stage_config
-from tests.infra.conftest import PINNED_TOOLING, shipped_cdk_json_context
+from tests.infra.conftest import PINNED_AGENT, PINNED_TOOLING, shipped_cdk_json_context
 from tests.infra.helpers import flat, function_properties, properties, resources
 from tests.infra.test_config import load, with_setting
 
@@ -103,8 +103,13 @@ def test_given_the_operator_policy_then_it_invokes_this_api_stage_but_never_the_
         [f"{prefix}{method}/api/*" for method in API_METHODS]
         + [f"{prefix}GET/openapi.json", f"{prefix}GET/docs"]
     )
-    # /api/* also matches /api/internal/*: the explicit Deny is what keeps operators out.
-    assert statements["Deny"] == sorted(f"{prefix}{method}/api/internal/*" for method in API_METHODS)
+    # /api/* also matches /api/internal/* and the health route: the explicit Deny keeps operators out.
+    assert statements["Deny"] == sorted(
+        [
+            *(f"{prefix}{method}/api/internal/*" for method in API_METHODS),
+            f"{prefix}POST/api/v1/workers/*/health",
+        ]
+    )
 
 
 def test_given_the_read_only_policy_then_it_invokes_get_methods_only(dev):
@@ -114,10 +119,16 @@ def test_given_the_read_only_policy_then_it_invokes_get_methods_only(dev):
     assert f"{prefix}GET/api/internal/*" in statements["Deny"]
 
 
-def test_given_the_tooling_policy_then_it_invokes_the_internal_routes_only(dev):
+def test_given_the_tooling_policy_then_it_invokes_the_internal_routes_and_the_health_route_only(dev):
     prefix = api_prefix(dev)
     statements = policy_statements(dev, "fleetkeeper-dev-api-internal-tooling")
-    assert statements == {"Allow": [f"{prefix}POST/api/internal/*"]}
+    assert statements == {"Allow": [f"{prefix}POST/api/internal/*", f"{prefix}POST/api/v1/workers/*/health"]}
+
+
+def test_given_the_worker_agent_policy_then_it_invokes_the_health_route_only(dev):
+    prefix = api_prefix(dev)
+    statements = policy_statements(dev, "fleetkeeper-dev-api-worker-agent")
+    assert statements == {"Allow": [f"{prefix}POST/api/v1/workers/*/health"]}
 
 
 def test_given_the_pinned_account_then_policies_name_that_account(pinned):
@@ -139,8 +150,12 @@ def resource_policy(template):
     return api["Policy"]
 
 
+HEALTH_RESOURCES = "execute-api:/*/POST/api/v1/workers/*/health"
+
+
 def test_given_no_tooling_principals_then_the_api_denies_the_internal_routes_to_everyone(dev):
-    (statement,) = resource_policy(dev)["Statement"]
+    statement, health = resource_policy(dev)["Statement"]
+    assert (health["Effect"], health["Resource"], health.get("Condition")) == ("Deny", HEALTH_RESOURCES, None)
     assert statement["Effect"] == "Deny"
     assert statement["Principal"] == {"AWS": "*"}
     assert statement["Action"] == "execute-api:Invoke"
@@ -153,9 +168,14 @@ def test_given_no_tooling_principals_then_the_api_denies_the_internal_routes_to_
 def test_given_tooling_principals_then_the_api_denies_the_internal_routes_to_every_other_principal(pinned):
     # Deny-only: an explicit Deny on the API wins over AdministratorAccess or any broad Invoke grant,
     # and it allows nothing by itself (callers still need the tooling policy).
-    (statement,) = resource_policy(pinned)["Statement"]
+    statement, health = resource_policy(pinned)["Statement"]
     assert (statement["Effect"], statement["Resource"]) == ("Deny", INTERNAL_RESOURCES)
     assert statement["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": PINNED_TOOLING}}
+    # The health route: the stage's worker agents and its tooling principals, nobody else.
+    assert (health["Effect"], health["Resource"]) == ("Deny", HEALTH_RESOURCES)
+    assert health["Condition"] == {"ArnNotLike": {"aws:PrincipalArn": [PINNED_AGENT, *PINNED_TOOLING]}}
+    env = function_properties(pinned, "fleetkeeper-pinned-api")["Environment"]["Variables"]
+    assert env["WORKER_AGENT_PRINCIPALS"] == PINNED_AGENT
     # The route checks the caller against the same list.
     env = function_properties(pinned, "fleetkeeper-pinned-api")["Environment"]["Variables"]
     assert env["TOOLING_PRINCIPALS"] == ",".join(PINNED_TOOLING)

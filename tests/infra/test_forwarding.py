@@ -7,7 +7,7 @@ from aws_cdk.assertions import Template
 from cfnlint.api import ManualArgs, lint_file
 
 from infra.forwarding import FORWARDED_DETAIL_TYPES, EventForwardingStack
-from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE, HEALTH_EVENT
 from tests.infra.helpers import properties
 from tests.infra.test_cfn_lint import IGNORED_CHECKS
 
@@ -42,10 +42,11 @@ def test_given_a_forwarder_then_state_changes_and_spot_warnings_go_to_the_home_d
     rules = properties(template, "AWS::Events::Rule")
     patterns = sorted(rule["EventPattern"]["detail-type"][0] for rule in rules)
     # The pinned stage acts on rebalance recommendations, so its forwarders send them home too.
-    assert patterns == sorted([*FORWARDED_DETAIL_TYPES, EC2_REBALANCE_RECOMMENDATION])
+    assert patterns == sorted([*FORWARDED_DETAIL_TYPES, EC2_REBALANCE_RECOMMENDATION, HEALTH_EVENT])
     assert sorted(FORWARDED_DETAIL_TYPES) == sorted([EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION])
     for rule in rules:
-        assert rule["EventPattern"]["source"] == ["aws.ec2"]
+        health = rule["EventPattern"]["detail-type"] == [HEALTH_EVENT]
+        assert rule["EventPattern"]["source"] == (["aws.health"] if health else ["aws.ec2"])
         (target,) = rule["Targets"]
         arn = flat(target["Arn"])
         assert ":events:eu-west-1:" in arn

@@ -407,6 +407,11 @@ API_CALLS = [
     Call("fleetkeeper-dev-api-operator", "POST", "/api/v1/workers/w-1/drain", allowed=True),
     Call("fleetkeeper-dev-api-read-only", "GET", "/api/v1/workers", allowed=True),
     Call("fleetkeeper-dev-api-internal-tooling", "POST", "/api/internal/workers/w-1/status", allowed=True),
+    # The health route: a worker agent's or tooling's; the operators' /api/* grant does not reach it (the
+    # API's resource policy denies it to every other principal, and the dev stage names none).
+    Call("fleetkeeper-dev-api-worker-agent", "POST", "/api/v1/workers/w-1/drain", allowed=False),
+    Call("fleetkeeper-dev-api-operator", "POST", "/api/v1/workers/w-1/health", allowed=False),
+    Call("fleetkeeper-dev-api-read-only", "POST", "/api/v1/workers/w-1/health", allowed=False),
 ]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE
+from infra.triggers import EC2_REBALANCE_RECOMMENDATION, EC2_SPOT_INTERRUPTION, EC2_STATE_CHANGE, HEALTH_EVENT
 from tests.infra.helpers import function_logical_id, properties, resources
 
 
@@ -96,14 +96,21 @@ def test_given_the_schedules_then_each_targets_its_function_with_retries_and_the
     assert found["reconcile:"]["Target"]["RetryPolicy"]["MaximumEventAgeInSeconds"] == 60
 
 
-def test_given_the_ec2_rules_then_state_changes_and_spot_warnings_reach_ec2_events(dev):
+def test_given_the_ec2_rules_then_state_changes_spot_warnings_and_health_changes_reach_ec2_events(dev):
     rules = properties(dev, "AWS::Events::Rule")
     detail_types = sorted(rule["EventPattern"]["detail-type"][0] for rule in rules)
-    assert detail_types == sorted([EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION])
+    assert detail_types == sorted([EC2_STATE_CHANGE, EC2_SPOT_INTERRUPTION, HEALTH_EVENT])
     ec2_events = function_logical_id(dev, "fleetkeeper-dev-ec2-events")
     dlq = undelivered_queue(dev)
     for rule in rules:
-        assert rule["EventPattern"]["source"] == ["aws.ec2"]
+        health = rule["EventPattern"]["detail-type"] == [HEALTH_EVENT]
+        assert rule["EventPattern"]["source"] == (["aws.health"] if health else ["aws.ec2"])
+        if health:
+            # Only EC2's scheduled changes: no invocation for any other Health event.
+            assert rule["EventPattern"]["detail"] == {
+                "service": ["EC2"],
+                "eventTypeCategory": ["scheduledChange"],
+            }
         assert "EventBusName" not in rule, "EC2 publishes on the default bus"
         (target,) = rule["Targets"]
         assert target["Arn"] == {"Fn::GetAtt": [ec2_events, "Arn"]}

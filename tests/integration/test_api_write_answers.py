@@ -158,6 +158,11 @@ def _observed_status(s: Scenario) -> tuple[Write, str]:
     return write, path
 
 
+def _health(s: Scenario) -> tuple[Write, str]:
+    path = f"/api/v1/workers/{s.running_worker().id}"
+    return ("POST", f"{path}/health", {"status": "unhealthy", "reason": "disk /var full"}), path
+
+
 def _confirm_orphans(s: Scenario) -> tuple[Write, str]:
     held = s.ctx.breakers.write_ids(REGION, ["w-gone-1", "w-gone-2"])
     tripped = OrphanBreaker(
@@ -189,6 +194,7 @@ SCENARIOS: Final[dict[tuple[str, str], Setup]] = {
     ("POST", "/api/v1/rollouts/{rollout_id}/cancel"): _rollout_move("cancel"),
     ("POST", "/api/v1/rollouts/{rollout_id}/rollback"): _rollout_move("rollback"),
     ("POST", "/api/internal/workers/{worker_id}/status"): _observed_status,
+    ("POST", "/api/v1/workers/{worker_id}/health"): _health,
     ("POST", "/api/v1/reconcile/orphans/confirm"): _confirm_orphans,
 }
 # Writes whose answer is not an entity a GET reads back, each with its reason.
@@ -223,7 +229,7 @@ def _read_back(get: str, written: dict[str, Any]) -> tuple[int, str]:
 @pytest.mark.parametrize("route", list(SCENARIOS), ids=[f"{m} {p}" for m, p in SCENARIOS])
 def test_given_a_write_then_its_answer_is_what_the_next_get_returns(control_plane, running_worker, route):
     (method, path, body), get = SCENARIOS[route](Scenario(control_plane, running_worker))
-    caller = TOOLING_CALLER if path.startswith("/api/internal/") else None
+    caller = TOOLING_CALLER if path.startswith("/api/internal/") or path.endswith("/health") else None
 
     status, written = _raw(method, path, body, caller=caller)
     read_status, read = _read_back(get, json.loads(written))

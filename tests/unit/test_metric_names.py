@@ -6,6 +6,7 @@ import inspect
 
 from fleetkeeper.services import discovery, reconcile, rollouts
 from fleetkeeper.services.drains import watchdog
+from fleetkeeper.services.reconcile import repair
 from fleetkeeper.services.rollouts import engine, step
 from infra import metrics as dashboard
 
@@ -24,6 +25,11 @@ def test_given_the_reconcile_metrics_then_the_dashboard_knows_each_name():
 def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
     assert discovery.METRIC_ORPHANS_TERMINATED == dashboard.ORPHANS_TERMINATED
     assert discovery.METRIC_ORPHAN_GC_HELD_BACK == dashboard.ORPHAN_GC_HELD_BACK
+
+
+def test_given_the_repair_brake_then_its_metric_is_the_one_the_alarm_watches():
+    assert repair.METRIC_REPAIR_BLOCKED == dashboard.REPAIR_BLOCKED
+    assert dashboard.REPAIR_BLOCKED in dashboard.ALL_METRICS
 
 
 def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():

@@ -15,6 +15,7 @@ from fleetkeeper.triggers import (
     Ec2RebalanceEvent,
     Ec2SpotWarningEvent,
     Ec2StateChangeEvent,
+    HealthScheduledChangeEvent,
     schedule_input,
 )
 
@@ -77,6 +78,24 @@ def test_given_the_rebalance_sample_then_it_parses_as_a_rebalance_recommendation
     parsed = Ec2Event.model_validate(load("ec2_rebalance_recommendation")).root
     assert isinstance(parsed, Ec2RebalanceEvent)
     assert parsed.detail.instance_id == "i-0abc1234def567890"
+
+
+def test_given_the_health_retirement_sample_then_it_names_the_machine_and_when_aws_acts():
+    parsed = Ec2Event.model_validate(load("health_instance_retirement")).root
+    assert isinstance(parsed, HealthScheduledChangeEvent)
+    assert parsed.instance_ids == ["i-0abc1234def567890"]
+    assert parsed.instance_region == "us-east-1"
+    assert parsed.not_before is not None
+    assert parsed.not_before.isoformat() == "2026-02-15T12:00:00+00:00"
+    assert parsed.detail.event_type_code == "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"
+
+
+def test_given_a_health_event_of_another_service_or_category_then_it_does_not_parse():
+    for field, value in (("service", "RDS"), ("eventTypeCategory", "issue")):
+        event = load("health_instance_retirement")
+        event["detail"] = {**event["detail"], field: value}  # type: ignore[dict-item]
+        with pytest.raises(ValidationError):
+            Ec2Event.model_validate(event)
 
 
 def test_given_the_malformed_sample_then_it_does_not_parse():

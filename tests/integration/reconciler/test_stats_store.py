@@ -47,6 +47,19 @@ def test_given_gauges_and_timestamps_then_the_latest_value_wins(stats):
     assert read.timestamps == {"last_run_at": (T0 + timedelta(minutes=1)).isoformat()}
 
 
+def test_given_notes_then_each_is_replaced_whole_and_left_out_of_the_stats_view(stats):
+    first = {"labs": "repair brake, 2 of 8 unhealthy", "gpu": "x"}
+    stats.record("reconcile", notes={"repair_blocked": first})
+    stats.record("reconcile", notes={"repair_blocked": {"gpu": "repair brake, 3 of 4 unhealthy"}})
+
+    assert stats.read("reconcile").notes == {"repair_blocked": {"gpu": "repair brake, 3 of 4 unhealthy"}}
+
+    stats.record("reconcile", counters={"provisioned_count": 1}, notes={"repair_blocked": {}})
+
+    assert stats.read("reconcile").notes == {"repair_blocked": {}}
+    assert stats.counters_by_scope() == {"reconcile": {"provisioned_count": 1}}
+
+
 def test_given_several_scopes_then_the_stats_view_lists_each_flat(stats):
     stats.record("reconcile", counters={"provisioned_count": 2})
     stats.record("discovery", counters={"orphans_terminated": 10}, gauges={"discovered": 3})

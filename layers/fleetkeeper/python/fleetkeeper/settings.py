@@ -57,6 +57,9 @@ class Settings(BaseModel):
     # The IAM roles and users that may call the internal routes (cdk.json api.tooling_principals); the
     # API's resource policy denies those routes to everyone else, and the route checks it again.
     tooling_principals: tuple[str, ...] = Field(default=(), alias="TOOLING_PRINCIPALS")
+    # The IAM roles that workers' agents report their health with (cdk.json api.worker_agent_principals);
+    # the health route answers them and the tooling principals only.
+    worker_agent_principals: tuple[str, ...] = Field(default=(), alias="WORKER_AGENT_PRINCIPALS")
 
     # ---- reconciler, discovery and scale-down (docs/operations.md) ----------------------------
     region_configs: dict[str, RegionConfig] = Field(default_factory=dict, alias="REGION_CONFIGS")
@@ -125,7 +128,9 @@ class Settings(BaseModel):
             return {"operations": json.loads(value)} if value.strip() else {}
         return value
 
-    @field_validator("ami_owners", "instance_types", "tooling_principals", mode="before")
+    @field_validator(
+        "ami_owners", "instance_types", "tooling_principals", "worker_agent_principals", mode="before"
+    )
     @classmethod
     def _list_from_csv(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -5,10 +5,13 @@ Samples of each shape live in events/; the local scheduler and EC2 event pump se
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Annotated, Any, Literal
 
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, RootModel, model_validator
 
 from fleetkeeper.domain.models import Region
 from fleetkeeper.domain.sharding import MAX_SHARDS, Shard
@@ -17,7 +20,9 @@ from fleetkeeper.domain.stagger import STAGGER_WINDOW_SECONDS
 STATE_CHANGE = "EC2 Instance State-change Notification"
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
+HEALTH_EVENT = "AWS Health Event"
 INSTANCE_ID_PATTERN = r"^i-[0-9a-f]{8,17}$"
+_INSTANCE_ID = re.compile(INSTANCE_ID_PATTERN)
 
 
 class StateChangeDetail(BaseModel):
@@ -52,10 +57,68 @@ class Ec2RebalanceEvent(EventBridgeModel):
     detail: RebalanceDetail
 
 
+def _health_time(value: Any) -> Any:
+    """AWS Health writes its times as RFC 1123 (`Sat, 05 Jun 2026 14:00:00 GMT`); ISO 8601 is read too."""
+    if isinstance(value, str) and value[:1].isalpha():
+        try:
+            return parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
+class HealthEntity(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    entity_value: str = Field(alias="entityValue", max_length=1600)
+
+
+class HealthDetail(BaseModel):
+    """An AWS Health scheduled change of EC2 (the rule matches nothing else)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_arn: str = Field(alias="eventArn", max_length=1600)
+    service: Literal["EC2"]
+    event_type_code: str = Field(alias="eventTypeCode", max_length=128)
+    event_type_category: Literal["scheduledChange"] = Field(alias="eventTypeCategory")
+    event_region: str | None = Field(default=None, alias="eventRegion", max_length=32)
+    start_time: Annotated[AwareDatetime | None, BeforeValidator(_health_time)] = Field(
+        default=None, alias="startTime"
+    )
+    # `closed`: AWS completed or cancelled the change.
+    status_code: Literal["open", "upcoming", "closed"] = Field(default="open", alias="statusCode")
+    affected_entities: list[HealthEntity] = Field(
+        default_factory=list, alias="affectedEntities", max_length=1000
+    )
+
+
+class HealthScheduledChangeEvent(EventBridgeModel):
+    source: Literal["aws.health"]
+    detail_type: Literal["AWS Health Event"] = Field(alias="detail-type")
+    detail: HealthDetail
+
+    @property
+    def instance_ids(self) -> list[str]:
+        """The machines the change affects: its entities and resources that are instance ids."""
+        named = [e.entity_value for e in self.detail.affected_entities] + list(self.resources)
+        return sorted({value for value in named if _INSTANCE_ID.fullmatch(value)})
+
+    @property
+    def instance_region(self) -> str:
+        """Where the machines are: the event's own region, else where it was delivered."""
+        return self.detail.event_region or self.region
+
+    @property
+    def not_before(self) -> datetime | None:
+        return self.detail.start_time
+
+
 class Ec2Event(
     RootModel[
         Annotated[
-            Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent, Field(discriminator="detail_type")
+            Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent | HealthScheduledChangeEvent,
+            Field(discriminator="detail_type"),
         ]
     ]
 ):

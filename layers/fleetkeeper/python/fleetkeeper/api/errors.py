@@ -144,7 +144,10 @@ _DESCRIPTIONS: Final[dict[int, str]] = {
         "MALFORMED_JSON: the body is not JSON the API reads (duplicate keys, NaN, a number out of range, "
         "nesting too deep)"
     ),
-    403: "FORBIDDEN: the caller is not one of the stage's tooling principals (internal routes)",
+    403: (
+        "FORBIDDEN: the caller is not one of the stage's tooling principals (internal routes), or "
+        "worker-agent principals (the health route)"
+    ),
     404: "NOT_FOUND: no such entity or route",
     405: "METHOD_NOT_ALLOWED: the path exists, the method does not",
     409: (

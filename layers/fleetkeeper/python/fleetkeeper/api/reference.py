@@ -25,7 +25,12 @@ _ERROR_ROWS: Final = (
         "the body is not JSON the API reads: malformed, a key twice in one object, `NaN` or `Infinity`, a "
         "number out of range, an unpaired surrogate, or nested too deep",
     ),
-    ("403", "`FORBIDDEN`", "an internal route, and the caller is not one of the stage's tooling principals"),
+    (
+        "403",
+        "`FORBIDDEN`",
+        "an internal route, and the caller is not one of the stage's tooling principals; the health route, "
+        "and the caller is neither a worker-agent nor a tooling principal",
+    ),
     ("404", "`NOT_FOUND`", "no such worker, instance, template, pool or route"),
     ("405", "`METHOD_NOT_ALLOWED`", "the path exists, not with this method; `Allow` names the ones it has"),
     (

@@ -51,9 +51,11 @@ from fleetkeeper.domain.operations import (
 )
 from fleetkeeper.domain.orphan_breaker import FINGERPRINT_PATTERN, PREVIEW_IDS
 from fleetkeeper.domain.placement import PlacementStrategy
+from fleetkeeper.domain.repair import HealthSource, HealthStatus, RepairPolicy
 from fleetkeeper.domain.tags import Ec2Tags
 from fleetkeeper.domain.values import Reason, WholeNumber
 from fleetkeeper.services.disruption import BudgetExceeded
+from fleetkeeper.services.repair import repairing
 
 if TYPE_CHECKING:
     from fleetkeeper.services import orphan_gc
@@ -319,6 +321,17 @@ class InternalStatusRequest(Request):
     terminated_reason: Reason | None = None
 
 
+class HealthRequest(Request):
+    """What a worker's agent says of its machine; `healthy` withdraws its own earlier `unhealthy`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"status": "unhealthy", "reason": "disk /var full"}]}
+    )
+
+    status: HealthStatus
+    reason: Reason | None = None
+
+
 class TemplateRequest(TemplateSpec):
     """The template spec, strictly: `"3"` and 3.0 are not a capacity and `true` is not a drain timeout."""
 
@@ -413,6 +426,11 @@ class PoolRequest(Request):
         default=None,
         description='the pool\'s disruption budgets, replaced whole; {"budgets": []} removes them '
         "(docs/disruption.md)",
+    )
+    repair: RepairPolicy | None = Field(
+        default=None,
+        description="when the pool's sick workers are replaced, and the brake's share, replaced whole; a "
+        "field left out of it takes its default (docs/repair.md)",
     )
 
 
@@ -513,6 +531,27 @@ class DrainView(BaseModel):
     execution_arn: str | None
 
 
+class ScheduledEventView(BaseModel):
+    code: str = Field(description="EC2's code, e.g. instance-retirement, or a Health event type code")
+    not_before: datetime | None = Field(description="when AWS acts at the earliest")
+    event_id: str | None
+
+
+class HealthView(BaseModel):
+    status: HealthStatus
+    source: HealthSource = Field(
+        description="scheduled_event (EC2), status_check (EC2's checks failed), unreachable (no status "
+        "at all), reported (the worker's agent)"
+    )
+    reason: str | None
+    since: datetime = Field(description="when the signal that counts now began")
+    event: ScheduledEventView | None = None
+    repair_in_progress: bool = Field(
+        default=False,
+        description="a repair owns the worker: its replacement is being made, or it is draining",
+    )
+
+
 class WorkerView(BaseModel):
     id: str
     template: str
@@ -550,6 +589,9 @@ class WorkerView(BaseModel):
     drift: DriftView | None = Field(
         default=None, description="how the machine differs from its template now (docs/rollouts.md)"
     )
+    health: HealthView | None = Field(
+        default=None, description="what its health signals last said (docs/repair.md); null: never unhealthy"
+    )
 
     @classmethod
     def of(cls, worker: Worker) -> WorkerView:
@@ -558,6 +600,8 @@ class WorkerView(BaseModel):
         # A worker that ended keeps its last drift as history; it is no longer drifted.
         current = current_drift(worker)
         data["drift"] = current.model_dump() if current is not None else None
+        if worker.health is not None:
+            data["health"] = {**worker.health.model_dump(), "repair_in_progress": repairing(worker)}
         return cls.model_validate(data)
 
 
@@ -691,6 +735,7 @@ class PoolView(BaseModel):
         "null in the list of pools (counting reads every worker of every pool)",
     )
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
+    repair: RepairPolicy = Field(default_factory=RepairPolicy)
     budget_exceeded: BudgetExceeded | None = Field(
         default=None,
         description="in a drain's answer: the pool budget its workers' drains go beyond (never a refusal)",

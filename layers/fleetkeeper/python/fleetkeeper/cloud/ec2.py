@@ -9,6 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from fleetkeeper.domain.repair import EventReading, StatusReading
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
 
 # DescribeInstances returns at most 1000 instances a page.
@@ -40,6 +41,25 @@ class Ec2Instance:
             launch_time=raw.get("LaunchTime"),
             tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
         )
+
+
+def status_reading(raw: Mapping[str, Any]) -> StatusReading:
+    """One entry of DescribeInstanceStatus's InstanceStatuses."""
+    return StatusReading(
+        instance_id=raw["InstanceId"],
+        state=raw.get("InstanceState", {}).get("Name", "unknown"),
+        system_status=raw.get("SystemStatus", {}).get("Status"),
+        instance_status=raw.get("InstanceStatus", {}).get("Status"),
+        events=tuple(
+            EventReading(
+                code=str(event.get("Code", "unknown")),
+                not_before=event.get("NotBefore"),
+                description=event.get("Description"),
+                event_id=event.get("InstanceEventId"),
+            )
+            for event in raw.get("Events", [])
+        ),
+    )
 
 
 def _chunks(values: list[str], size: int) -> Iterator[list[str]]:
@@ -76,6 +96,16 @@ class Ec2Gateway:
             for instance in self._describe([{"Name": "instance-id", "Values": chunk}]):
                 found[instance.instance_id] = instance
         return found
+
+    def describe_status(self) -> Iterator[StatusReading]:
+        """Every machine of the region's status checks and scheduled events, 1000 per call (the most
+        DescribeInstanceStatus returns; it filters on no tag, so it lists the account's machines)."""
+        paginator = self._client.get_paginator("describe_instance_status")
+        for page in paginator.paginate(
+            IncludeAllInstances=True, PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE}
+        ):
+            for raw in page.get("InstanceStatuses", []):
+                yield status_reading(raw)
 
     def newest_image(self, name_filter: str, *, owners: Iterable[str] = ()) -> str | None:
         """The id of the newest AMI whose name matches the pattern, or None.

@@ -47,6 +47,8 @@ class Imposed(StrEnum):
     SPOT = "spot"
     # EC2 stopped or terminated the machine outside fleetkeeper.
     EC2 = "ec2"
+    # An EC2 scheduled event (retirement, stop, reboot, maintenance): AWS's date, not ours.
+    SCHEDULED_EVENT = "scheduled_event"
 
 
 Reason = DisruptionReason | Imposed
@@ -63,6 +65,8 @@ class WaitReason(StrEnum):
     BUDGET = "budget"
     WINDOW = "window"
     MIN_WORKERS = "min_workers"
+    # Too much of the pool is unhealthy at once for repairs (domain/repair.py).
+    REPAIR_BRAKE = "repair_brake"
 
 
 # An admission made before the write that starts its disruption (a surge waiting for its replacement,

@@ -7,7 +7,7 @@ A budget is `{"max": 2 | "10%", "reasons": [...], "schedule": "0 9 * * mon-fri",
   for `duration` (elapsed time) after each start of the cron schedule on the local clock of `timezone`
   (UTC by default), half-open (a window that starts at 09:00 for 8h applies at 09:00 and no longer at
   17:00); overlapping windows make one. That module says how starts fall where the clock jumps.
-- `reasons` (all four when left out) say which voluntary disruptions a budget holds back. What a budget
+- `reasons` (all of them when left out) say which voluntary disruptions a budget holds back. What a budget
   counts is every worker of the pool being disrupted at once, whatever the cause: a worker drained by
   an operator, interrupted by EC2 or stopped by scale-down is one fewer that voluntary disruptions may
   take. The most restrictive budget that applies to a reason wins; `max: 0` in a window is a freeze.
@@ -52,6 +52,8 @@ class DisruptionReason(StrEnum):
     EXPIRED = "expired"
     SCALE_DOWN = "scale_down"
     DRIFT = "drift"
+    # A sick worker replaced (domain/repair.py): failed status checks, no answer, its own report.
+    REPAIR = "repair"
 
 
 ALL_REASONS: tuple[DisruptionReason, ...] = tuple(DisruptionReason)

@@ -16,6 +16,7 @@ from fleetkeeper.domain.lifecycle import (
     PoolStatus,
     WorkerStatus,
 )
+from fleetkeeper.domain.repair import Health, RepairPolicy
 from fleetkeeper.domain.values import WholeNumber
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -252,6 +253,8 @@ class Worker(WorkerSummary):
     # How the machine differs from its template (domain/drift.py), as the reconciler last found it;
     # written only when it changes.
     drift: Drift | None = None
+    # The machine's health as its signals last said (domain/repair.py); None: never found unhealthy.
+    health: Health | None = None
 
     @field_validator("desired_status")
     @classmethod
@@ -342,6 +345,8 @@ class Pool(Record):
     drain_restarts: int = Field(default=0, ge=0)
     # Budgets for voluntary disruptions of the pool's workers (domain/disruption.py).
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
+    # When its sick workers are replaced, and when too many are sick to try (domain/repair.py).
+    repair: RepairPolicy = Field(default_factory=RepairPolicy)
     version: int = Field(default=0, ge=0)
 
 

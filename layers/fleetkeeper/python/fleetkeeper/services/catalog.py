@@ -9,6 +9,7 @@ from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import NAME_PATTERN, Pool, WorkerTemplate
+from fleetkeeper.domain.repair import RepairPolicy
 from fleetkeeper.store.repository import FleetStore
 
 _NAME = re.compile(NAME_PATTERN)
@@ -41,9 +42,10 @@ def put_pool(
     description: str | None = None,
     status: PoolStatus | None = None,
     disruption: DisruptionPolicy | None = None,
+    repair: RepairPolicy | None = None,
 ) -> tuple[Pool, bool]:
     """Create the pool or update it; returns (pool, created). Draining goes through the drain API only.
-    None leaves a field as it is; `disruption` replaces the budgets whole."""
+    None leaves a field as it is; `disruption` replaces the budgets whole, `repair` its settings whole."""
     existing = store.find_pool(name)
     if existing is None:
         pool = Pool(
@@ -51,6 +53,7 @@ def put_pool(
             description=description,
             status=status or PoolStatus.ACTIVE,
             disruption=disruption or DisruptionPolicy(),
+            repair=repair or RepairPolicy(),
         )
         return store.create_pool(pool, actor=actor), True
 
@@ -70,6 +73,8 @@ def put_pool(
             changes["status"] = status
         if disruption is not None and disruption != current.disruption:
             changes["disruption"] = disruption
+        if repair is not None and repair != current.repair:
+            changes["repair"] = repair
         if not changes:
             return current
         return store.save_pool(current, changes, actor=actor, action="PoolUpdated")

@@ -4,7 +4,10 @@
 2. Import the live ones no worker knows; resurrect a TERMINATED worker whose machine is back after GC
    retired it; terminate a machine whose worker was retired on purpose (or that a live worker does not
    own): every machine carrying the managed tag belongs to a live worker or is terminated.
-3. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
+3. Health: one paged DescribeInstanceStatus of the region (1000 machines a call) records the scheduled
+   events, failed status checks and silent machines of RUNNING workers (services/repair.py), so a
+   missed AWS Health event is caught here; only a change is written.
+4. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
    drain is closed. A circuit breaker (services/orphan_gc.py) holds them all back when too large a
@@ -39,9 +42,10 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, wo
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
+from fleetkeeper.domain.repair import observe_all, signals_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import emit_counters, logger, metrics
-from fleetkeeper.services import orphan_gc
+from fleetkeeper.services import orphan_gc, repair
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import retire_worker
 from fleetkeeper.settings import GcMode
@@ -93,6 +97,8 @@ class RegionFindings:
     # Machines launched within the import grace: perhaps a launch in flight, looked at again next run.
     import_deferred: list[str] = field(default_factory=list)
     untagged: list[str] = field(default_factory=list)
+    # Workers whose health this pass changed (services/repair.py).
+    health_changed: list[str] = field(default_factory=list)
     # Managed machines no live worker owns (instance ids), and those terminated this run.
     leaked: list[str] = field(default_factory=list)
     leaked_terminated: list[str] = field(default_factory=list)
@@ -169,6 +175,7 @@ def discover_and_collect(
         report.counters["discovery_errors"] += findings.errors
         report.counters["orphans_held_back"] += len(findings.held_back)
         report.counters["orphans_deferred"] += len(findings.deferred)
+        report.counters["health_changed"] += len(findings.health_changed)
         if report.mode is GcMode.TERMINATE:
             report.counters["imported"] += len(findings.imported)
             report.counters["resurrected"] += len(findings.resurrected)
@@ -293,6 +300,7 @@ def _discover_region(
                 break
             _ensure_tags(gateway, machine, worker.id, worker.template, findings)
 
+    _sweep_health(ctx, gateway, tracked, findings, now=now, out_of_time=out_of_time)
     _collect_orphans(
         ctx,
         gateway,
@@ -303,6 +311,48 @@ def _discover_region(
         now=now,
         out_of_time=out_of_time,
     )
+
+
+def _sweep_health(
+    ctx: Context,
+    gateway: Ec2Gateway,
+    tracked: list[Worker],
+    findings: RegionFindings,
+    *,
+    now: datetime,
+    out_of_time: Callable[[], bool],
+) -> None:
+    """Record what the region's status lines say of its RUNNING workers; a report-only run writes
+    nothing. A failed read is counted, and the next run reads again."""
+    running = {
+        w.ec2_instance_id: w for w in tracked if w.status == WorkerStatus.RUNNING and w.ec2_instance_id
+    }
+    if not running:
+        return
+    try:
+        readings = [r for r in gateway.describe_status() if r.instance_id in running]
+    except (ClientError, BotoCoreError) as error:
+        logger.warning("DescribeInstanceStatus failed", region=findings.region, error=str(error))
+        findings.errors += 1
+        return
+    for index, reading in enumerate(readings):
+        worker = running[reading.instance_id]
+        signals = signals_of(reading)
+        if observe_all(worker.health, signals, now) == worker.health:
+            continue
+        if out_of_time():
+            findings.deferred_for_time += len(readings) - index
+            return
+        findings.health_changed.append(worker.id)
+        if ctx.settings.gc_mode is GcMode.REPORT_ONLY:
+            continue
+        try:
+            repair.record_health(ctx, worker.id, signals, actor=ACTOR, now=now)
+        except Conflict:
+            findings.health_changed.remove(worker.id)  # terminated since it was read
+        except Exception:  # one worker's, never the pass's: read again next run
+            logger.exception("health not recorded", worker_id=worker.id)
+            findings.errors += 1
 
 
 def _backfill_machine_keys(

@@ -28,6 +28,7 @@ from fleetkeeper.domain.disruption import (
 )
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Pool, utcnow
+from fleetkeeper.services import repair
 from fleetkeeper.services.admission import Door, stage_default
 from fleetkeeper.services.context import Context
 
@@ -98,6 +99,17 @@ class PoolDisruptionView(BaseModel):
     next_change: datetime | None = Field(description="when a budget next starts or stops applying")
     waiting: list[Waiting] = Field(
         description="voluntary disruptions the door held back lately, whatever their reason, newest first"
+    )
+    repair: RepairView
+
+
+class RepairView(BaseModel):
+    """The pool's repair brake as the reconciler's last cycle judged it (docs/repair.md)."""
+
+    max_unhealthy_percent: int
+    blocked: str | None = Field(
+        description="when the brake held a repair of the pool in the last reconcile cycle: `repair brake, "
+        "N of M unhealthy`; null: it held none"
     )
 
 
@@ -177,6 +189,10 @@ def pool_view(ctx: Context, name: str, now: datetime | None = None) -> PoolDisru
         ),
         next_change=next_change(states),
         waiting=waiting,
+        repair=RepairView(
+            max_unhealthy_percent=pool.repair.max_unhealthy_percent,
+            blocked=repair.blocked(ctx, name),
+        ),
     )
 
 

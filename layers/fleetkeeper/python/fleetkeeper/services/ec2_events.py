@@ -1,4 +1,5 @@
-"""EC2 events applied within seconds: state-change notifications and spot interruption warnings.
+"""EC2 events applied within seconds: state-change notifications, spot interruption warnings, rebalance
+recommendations and AWS Health scheduled changes (retirements, stops, reboots, maintenance).
 
 Events arrive at least once and out of order. Each worker remembers the newest EC2 evidence it has seen
 (`ec2_state`, `ec2_observed_at`), whether the event moved it or not, so a duplicate changes nothing and a
@@ -24,11 +25,17 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
+from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
 from fleetkeeper.observability import emit_counters, logger
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import drain_hooks, repair
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
-from fleetkeeper.triggers import Ec2RebalanceEvent, Ec2SpotWarningEvent, Ec2StateChangeEvent
+from fleetkeeper.triggers import (
+    Ec2RebalanceEvent,
+    Ec2SpotWarningEvent,
+    Ec2StateChangeEvent,
+    HealthScheduledChangeEvent,
+)
 
 ACTOR = "ec2-events"
 # EC2 gives a spot instance two minutes between the warning and the interruption.
@@ -250,6 +257,42 @@ def apply_rebalance_recommendation(
     return _done(EventResult(outcome, worker.id, f"{int(timeout.total_seconds())}s to drain"))
 
 
+def apply_scheduled_change(
+    ctx: Context,
+    *,
+    instance_ids: list[str],
+    region: str,
+    code: str,
+    not_before: datetime | None,
+    closed: bool,
+    event_id: str,
+) -> EventResult:
+    """Record an AWS Health scheduled change on each affected worker's health (services/repair.py): the
+    reconciler replaces the worker before `not_before`; a closed change (completed or cancelled) ends a
+    repair whose drain has not started. Harmless when repeated: an unchanged health is not written."""
+    event = ScheduledEvent(code=code, not_before=not_before, event_id=event_id)
+    status = HealthStatus.HEALTHY if closed else HealthStatus.UNHEALTHY
+    when = not_before.isoformat() if not_before is not None else "an unknown date"
+    reason = f"{code}: {'closed' if closed else 'scheduled'}, not before {when}"
+    signal = Signal(status, HealthSource.SCHEDULED_EVENT, reason, event)
+    recorded: list[str] = []
+    for instance_id in instance_ids:
+        worker = find_worker_of(ctx, instance_id, region)
+        if worker is None or worker.status == WorkerStatus.TERMINATED:
+            continue
+        try:
+            repair.record_health(ctx, worker.id, [signal], actor=ACTOR)
+        except Conflict:
+            continue  # terminated since it was read: nothing left to repair
+        recorded.append(worker.id)
+    if not recorded:
+        return _done(
+            EventResult(EventOutcome.FOREIGN, detail=f"no live worker has {', '.join(instance_ids)}")
+        )
+    logger.info("scheduled change recorded", worker_ids=recorded, code=code, closed=closed)
+    return _done(EventResult(EventOutcome.APPLIED, recorded[0], f"{code} on {len(recorded)} worker(s)"))
+
+
 def drop(reason: str) -> EventResult:
     """A malformed or foreign event: logged and counted, never retried."""
     logger.warning("EC2 event dropped", reason=reason)
@@ -263,8 +306,21 @@ def _done(result: EventResult) -> EventResult:
     return result
 
 
-def handle(ctx: Context, event: Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent) -> EventResult:
+def handle(
+    ctx: Context,
+    event: Ec2StateChangeEvent | Ec2SpotWarningEvent | Ec2RebalanceEvent | HealthScheduledChangeEvent,
+) -> EventResult:
     """Apply one parsed EC2 event."""
+    if isinstance(event, HealthScheduledChangeEvent):
+        return apply_scheduled_change(
+            ctx,
+            instance_ids=event.instance_ids,
+            region=event.instance_region,
+            code=event.detail.event_type_code,
+            not_before=event.not_before,
+            closed=event.detail.status_code == "closed",
+            event_id=event.detail.event_arn,
+        )
     if isinstance(event, Ec2RebalanceEvent):
         return apply_rebalance_recommendation(
             ctx, instance_id=event.detail.instance_id, at=event.time, region=event.region

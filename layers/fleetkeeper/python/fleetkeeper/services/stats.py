@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.sharding import Shard
 from fleetkeeper.services.context import Context
+
+# The reconcile cycle's stats scope; a sharded cycle's own figures go to its shard's (`reconcile#2of4`).
+RECONCILE_SCOPE: Final = "reconcile"
 
 # Active instances are summed over the workers that can hold any; the TERMINATED history grows for
 # ever and its workers' instances were ended when they were retired.
@@ -12,6 +18,11 @@ _HOLDING_STATUSES = [s for s in WorkerStatus if s != WorkerStatus.TERMINATED]
 # it were current. EC2 event outcomes are EMF metrics (Ec2Events.events_<outcome>): a write per event
 # made one hot item.
 RETIRED_SCOPES = frozenset({"ec2-events"})
+
+
+def reconcile_scope(shard: Shard) -> str:
+    """The stats scope of the shard's own last-cycle figures (the shared scope when unsharded)."""
+    return RECONCILE_SCOPE + shard.suffix
 
 
 def fleet_stats(ctx: Context) -> dict[str, object]:

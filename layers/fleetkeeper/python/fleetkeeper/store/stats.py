@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 _COUNTER = "c_"
 _GAUGE = "g_"
 _TIME = "t_"
+_NOTE = "n_"
 
 
 def stats_key(scope: str) -> dict[str, dict[str, str]]:
@@ -39,12 +40,14 @@ def lease_key(name: str) -> dict[str, dict[str, str]]:
 
 @dataclass(frozen=True)
 class ScopeStats:
-    """One scope's figures: running totals, last-cycle values and named timestamps (UTC ISO strings)."""
+    """One scope's figures: running totals, last-cycle values, named timestamps (UTC ISO strings) and
+    last-cycle notes (small maps of words, e.g. the pools whose repair brake held)."""
 
     scope: str
     counters: dict[str, int] = field(default_factory=dict)
     gauges: dict[str, int] = field(default_factory=dict)
     timestamps: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _from_item(item: Mapping[str, Any]) -> ScopeStats:
@@ -58,6 +61,8 @@ def _from_item(item: Mapping[str, Any]) -> ScopeStats:
             stats.gauges[name.removeprefix(_GAUGE)] = int(value)
         elif name.startswith(_TIME):
             stats.timestamps[name.removeprefix(_TIME)] = str(value)
+        elif name.startswith(_NOTE) and isinstance(value, Mapping):
+            stats.notes[name.removeprefix(_NOTE)] = {str(k): str(v) for k, v in value.items()}
     return stats
 
 
@@ -73,8 +78,10 @@ class StatsStore:
         counters: Mapping[str, int] | None = None,
         gauges: Mapping[str, int] | None = None,
         timestamps: Mapping[str, datetime] | None = None,
+        notes: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
-        """Add counters, set gauges and timestamps of one scope in a single atomic write."""
+        """Add counters, set gauges, timestamps and notes (each replaced whole) of one scope in a single
+        atomic write."""
         names: dict[str, str] = {"#scope": "scope", "#k": "GSI3PK", "#ks": "GSI3SK"}
         values: dict[str, Any] = {
             ":scope": {"S": scope},
@@ -95,6 +102,10 @@ class StatsStore:
             names[f"#t{index}"] = f"{_TIME}{name}"
             values[f":t{index}"] = {"S": at.isoformat()}
             sets.append(f"#t{index} = :t{index}")
+        for index, (name, note) in enumerate(sorted((notes or {}).items())):
+            names[f"#n{index}"] = f"{_NOTE}{name}"
+            values[f":n{index}"] = {"M": {key: {"S": text} for key, text in note.items()}}
+            sets.append(f"#n{index} = :n{index}")
         expression = "SET " + ", ".join(sets)
         if adds:
             expression += " ADD " + ", ".join(adds)

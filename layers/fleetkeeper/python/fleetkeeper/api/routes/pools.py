@@ -64,10 +64,11 @@ def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
 
 @router.put(
     "/api/v1/pools/<name>",
-    summary="Create a pool or update its description, status or budgets",
+    summary="Create a pool or update its description, status, budgets or repair settings",
     description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
-    "and `disruption` replaces the budgets whole. 409 if the pool is draining and the body changes its "
-    "status (cancel the drain first); 422 names a field of the wrong form, such as a budget's `max`, "
+    "`disruption` replaces the budgets whole and `repair` its repair settings (docs/repair.md). 409 if "
+    "the pool is draining and the body changes its status (cancel the drain first); 422 names a field "
+    "of the wrong form, such as a budget's `max`, "
     "`schedule`, `duration` or `timezone`.",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
@@ -79,6 +80,7 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         description=body.description,
         status=PoolStatus(body.status) if body.status else None,
         disruption=body.disruption,
+        repair=body.repair,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
     return Response(status_code=status, content_type=JSON, body=pool_view(pool))

@@ -8,25 +8,28 @@ from typing import Annotated
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from fleetkeeper.api.errors import JSON, responses
+from fleetkeeper.api.errors import JSON, Forbidden, responses
 from fleetkeeper.api.params import PageToken, WorkerId
-from fleetkeeper.api.principal import caller
+from fleetkeeper.api.principal import caller, is_one_of
 from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
     DesiredStatusRequest,
     DoNotDisruptRequest,
+    HealthRequest,
     WorkerPage,
     WorkerView,
 )
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.services import workers
+from fleetkeeper.domain.repair import HealthSource, Signal
+from fleetkeeper.services import repair, workers
 from fleetkeeper.services.context import default_context
 
 router = ResourceRouter(
     "workers",
-    "The machines of the fleet: list, create, read, and what an operator wants of one (desired status, "
-    "protection from disruption). Drains, operations and audit trails have their own tags.",
+    "The machines of the fleet: list, create, read, what an operator wants of one (desired status, "
+    "protection from disruption) and what its agent says of its health. Drains, operations and audit "
+    "trails have their own tags.",
 )
 
 
@@ -129,3 +132,27 @@ def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> Worker
         default_context().store, worker_id, body.do_not_disrupt_until, actor=caller(router.current_event)
     )
     return WorkerView.of(worker)
+
+
+@router.post(
+    "/api/v1/workers/<worker_id>/health",
+    summary="Report a worker's health, as its agent sees it",
+    description="`unhealthy` (with a reason, at most 500 characters) starts a repair once it has stood "
+    "for the pool's `repair.reported` toleration (docs/repair.md); `healthy` withdraws it. Allowed to "
+    "the stage's worker-agent and tooling principals only (403 to others). 404 if there is no such worker; "
+    "409 if it is TERMINATED; 422 names a field of the wrong form.",
+    responses=responses({200: ("the worker, with its health", WorkerView)}, 403, 404, 409),
+)
+def post_health(worker_id: WorkerId, body: HealthRequest) -> WorkerView:
+    context = default_context()
+    actor = caller(router.current_event)
+    settings = context.settings
+    # The gateway's resource policy denies the route to everyone else too (infra/api.py); this is the
+    # check for a spelling of the path that reaches the route through another resource.
+    if not is_one_of(actor, (*settings.worker_agent_principals, *settings.tooling_principals)):
+        raise Forbidden(
+            f"{actor} may not report a worker's health: only the stage's worker-agent and tooling "
+            "principals may (api.worker_agent_principals, api.tooling_principals)"
+        )
+    signal = Signal(body.status, HealthSource.REPORTED, body.reason)
+    return WorkerView.of(repair.record_health(context, worker_id, [signal], actor=actor))

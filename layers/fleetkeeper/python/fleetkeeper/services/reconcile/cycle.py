@@ -50,13 +50,16 @@ from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, f
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.images import NewestImages
+from fleetkeeper.services.reconcile.repair import repair_workers
 from fleetkeeper.services.reconcile.scale_down import plan_steady_running, scale_down
+from fleetkeeper.services.repair import BRAKE_NOTE
 from fleetkeeper.services.rollouts.auto import start_auto_rollouts
 from fleetkeeper.services.rollouts.engine import advance_rollouts
 from fleetkeeper.services.rollouts.rollbacks import advance_rollbacks
+from fleetkeeper.services.stats import RECONCILE_SCOPE, reconcile_scope
 
 LEASE_NAME = "reconcile"
-STATS_SCOPE = "reconcile"
+STATS_SCOPE = RECONCILE_SCOPE
 
 # Every status but TERMINATED: the growing history is never read by the reconciler.
 RECONCILE_STATUSES = tuple(s for s in WorkerStatus if s != WorkerStatus.TERMINATED)
@@ -102,6 +105,8 @@ class CycleReport:
     workers: int = 0
     by_status: Counter[WorkerStatus] = field(default_factory=Counter)
     counters: Counter[str] = field(default_factory=Counter)
+    # Last-cycle words kept in the shard's own stats scope, e.g. the pools whose repair brake held.
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
     duration_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -279,6 +284,12 @@ def _after_steps(
     """What follows the workers' own steps, so it never delays them, each on its own: a failure waits a
     cycle and holds none of the others back."""
     counters = report.counters
+
+    def repair() -> None:
+        report.notes[BRAKE_NOTE] = repair_workers(
+            ctx, workers, now, counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
+        )
+
     steps: list[tuple[str, str, Callable[[], None]]] = [
         # On fresh reads: owners left by disruptions that never started, and disruptions no owner counts
         # (services/admission.py).
@@ -301,6 +312,7 @@ def _after_steps(
                 ctx, work, now, counters, time_left=remaining, margin_seconds=SAFETY_MARGIN_SECONDS
             ),
         ),
+        ("repairing sick workers", "repair_errors", repair),
         (
             "worker operations",
             "operation_errors",
@@ -521,6 +533,7 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
     fleet_gauges = {"running_worker_count": running} if report.lease_acquired and shard.leads else {}
     own_gauges: dict[str, int] = {}
     own_times: dict[str, datetime] = {}
+    own_notes = report.notes if report.lease_acquired else {}
     if report.lease_acquired:
         own_gauges = {
             "last_cycle_workers": report.workers,
@@ -535,6 +548,7 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
             counters=report.counters,
             gauges={**fleet_gauges, **own_gauges} or None,
             timestamps=own_times or None,
+            notes=own_notes or None,
         )
     else:
         # The shared scope's times are the lead's, like its gauges; each shard's are in its own scope.
@@ -545,7 +559,9 @@ def _publish(ctx: Context, report: CycleReport, now: datetime) -> None:
             timestamps=own_times if fleet_gauges else None,
         )
         if report.lease_acquired:
-            ctx.stats.record(STATS_SCOPE + shard.suffix, gauges=own_gauges, timestamps=own_times)
+            ctx.stats.record(
+                reconcile_scope(shard), gauges=own_gauges, timestamps=own_times, notes=own_notes or None
+            )
     # The fleet's running count is a gauge that happens to travel with the counters: one shard sends it.
     emit_counters("Reconcile", {**report.counters, **fleet_gauges})
     report.counters["running_worker_count"] = running

@@ -2,50 +2,39 @@
 worker of the same template, pool and region, and is drained with `then=terminate` (docs/rollouts.md).
 
 Each replacement is a voluntary disruption of reason `expired`, admitted by the door for disruption
-(services/admission.py) before anything is made: the admission owns the worker (nobody else replaces
-or drains it meanwhile) and counts it in its pool's budgets; one held back waits for a later cycle, and
-one someone else holds (an active rollout's) is left to them.
-
-The new worker's id is derived from the expired worker's, so an attempt repeated after a crash or a
-refused drain finds the replacement it already made (Conflict) instead of making a second: each expired
-worker has at most one live replacement, whatever happens between the two writes. A replacement that
-has ended meanwhile (its launch failed, it was terminated) does not count: the next id of the sequence
-is tried, at most MAX_REPLACEMENT_ATTEMPTS of them, and the worker is never drained without a live one.
+(services/admission.py) before anything is made, and made surge-first as services/reconcile/replacement.py
+says: one held back waits for a later cycle, and one someone else holds (an active rollout's) is left to
+them. The drain starts at once, without waiting for the replacement to run.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final
 
-from fleetkeeper.domain.admission import Ask, Held, WaitReason
+from fleetkeeper.domain.admission import Ask
 from fleetkeeper.domain.disruption import DisruptionReason
-from fleetkeeper.domain.errors import Conflict, PoolNotActive
-from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import DrainOutcome, DrainThen, Drift, DriftReason, Worker
+from fleetkeeper.domain.models import Drift, DriftReason, Worker
 from fleetkeeper.observability import logger
-from fleetkeeper.services import admission, drains, workers
+from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile import replacement
 from fleetkeeper.services.reconcile.actions import ACTOR, Work
+from fleetkeeper.services.reconcile.replacement import may_replace
 
 # Expired workers one cycle (one shard) replaces at most; the others wait for the next cycle, oldest
 # first. Each costs a read of its pool for the admission, a worker and a drain.
 MAX_REPLACEMENTS_PER_CYCLE: Final = 10
 EXPIRED_REASON: Final = "expired: older than its template's max_lifetime_hours"
 EXPIRY_ACTOR: Final = ACTOR
-# Replacements of one expired worker that may end before it is drained; then it waits for an operator.
-MAX_REPLACEMENT_ATTEMPTS: Final = 3
-# A replacement in one of these can no longer take the expired worker's place.
-_ENDED: Final = frozenset({WorkerStatus.FAILED, WorkerStatus.TERMINATING, WorkerStatus.TERMINATED})
+PURPOSE: Final = "expired"
 
 
 def replacement_id(worker_id: str, attempt: int = 0) -> str:
     """The id of the worker that replaces `worker_id` on its `attempt`-th try: the same on every cycle."""
-    key = f"{worker_id}#expired" if attempt == 0 else f"{worker_id}#expired#{attempt}"
-    return "w-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return replacement.replacement_id(worker_id, PURPOSE, attempt)
 
 
 def _planned_drift(item: Work) -> Drift | None:
@@ -63,20 +52,10 @@ def expired_workers(work: Sequence[Work], now: datetime) -> list[Worker]:
             and item.step.target is None
             and drift is not None
             and DriftReason.EXPIRED in drift.reasons
-            and _may_replace(worker)
+            and may_replace(worker)
         ):
             found.append((drift.since, worker))
     return [worker for _, worker in sorted(found, key=lambda pair: (pair[0], pair[1].id))]
-
-
-def _may_replace(worker: Worker) -> bool:
-    """RUNNING, no drain running and no other status asked for: what expiry proposes; whether it may go
-    is the door's to say."""
-    return (
-        worker.status == WorkerStatus.RUNNING
-        and (worker.drain is None or worker.drain.outcome != DrainOutcome.RUNNING)
-        and worker.desired_status in {None, WorkerStatus.RUNNING}
-    )
 
 
 def replace_expired(
@@ -92,81 +71,19 @@ def replace_expired(
     expired = expired_workers(work, now)
     if len(expired) > MAX_REPLACEMENTS_PER_CYCLE:
         counters["expiry_deferred"] += len(expired) - MAX_REPLACEMENTS_PER_CYCLE
+    plan = replacement.Replacement(
+        ask=Ask(DisruptionReason.EXPIRED, EXPIRY_ACTOR, ahead=True),
+        purpose=PURPOSE,
+        counted_as="expiry",
+        reason=EXPIRED_REASON,
+    )
     with admission.door(ctx, now) as door:
         for worker in expired[:MAX_REPLACEMENTS_PER_CYCLE]:
             if time_left() < margin_seconds:
                 counters["expiry_deferred"] += 1
                 continue
             try:
-                _replace(ctx, door, worker, counters)
+                replacement.replace(ctx, door, worker.id, plan, counters, now=now)
             except Exception:  # one worker's replacement, never the cycle
                 logger.exception("replacing an expired worker failed", worker_id=worker.id)
                 counters["expiry_errors"] += 1
-
-
-def _replace(ctx: Context, door: admission.Door, seen: Worker, counters: Counter[str]) -> None:
-    # The cycle read the worker before its steps ran: an operator may have drained it or asked for
-    # another status since. The door reads it afresh; its admission holds it while the replacement is made.
-    ask = Ask(DisruptionReason.EXPIRED, EXPIRY_ACTOR, ahead=True)
-    admitted = admission.hold_ahead(ctx, door, seen.id, ask)
-    if isinstance(admitted, Held):
-        counters[f"expiry_held_{admitted.why}"] += 1
-        door.release(seen.id, ask)  # an admission an earlier cycle made ahead, if any
-        return
-    if not _may_replace(admitted):
-        counters["expiry_changed"] += 1
-        door.release(admitted, ask)
-        return
-    try:
-        replaced = _ensure_replacement(ctx, admitted, counters)
-    except PoolNotActive:
-        # The pool closed since the door read it: no replacement, so no drain either.
-        counters[f"expiry_held_{WaitReason.POOL_NOT_ACTIVE}"] += 1
-        door.release(admitted, ask)
-        return
-    if not replaced:
-        counters["expiry_replacement_failed"] += 1
-        logger.error("every replacement of an expired worker ended; it is not drained", worker_id=seen.id)
-        door.release(admitted, ask)
-        return
-    started = drains.open_drain(
-        ctx, door, seen.id, ask, actor=EXPIRY_ACTOR, reason=EXPIRED_REASON, then=DrainThen.TERMINATE
-    )
-    if isinstance(started, Held):
-        # Protected or its pool closed meanwhile: the admission made ahead is given back now, not at
-        # its lease's end. The replacement stays; the pool's scale-down judges it as any other worker.
-        counters["expiry_drain_refused"] += 1
-        door.release(seen.id, ask)
-        return
-    counters["expiry_drains"] += 1
-
-
-def _ensure_replacement(ctx: Context, worker: Worker, counters: Counter[str]) -> bool:
-    """Make the worker's replacement, or find the live one an earlier attempt made; False when every
-    attempt's replacement has ended."""
-    for attempt in range(MAX_REPLACEMENT_ATTEMPTS):
-        new_id = replacement_id(worker.id, attempt)
-        try:
-            workers.create_worker(
-                ctx.store,
-                template=worker.template,
-                region=worker.region,
-                pool=worker.pool,
-                actor=EXPIRY_ACTOR,
-                worker_id=new_id,
-                # A worker a rollback pinned to an older launch keeps that launch: its expiry must not
-                # bring back the image the rollback took out.
-                pinned_image_id=worker.pinned_image_id,
-                pinned_instance_type=worker.pinned_instance_type,
-            )
-        except PoolNotActive:
-            raise
-        except Conflict:
-            found = ctx.store.find_worker(new_id)
-            if found is not None and found.status in _ENDED:
-                continue  # it cannot take the place: the next id of the sequence
-            counters["expiry_replacement_exists"] += 1  # an earlier attempt made it
-            return True
-        counters["expiry_replacements"] += 1
-        return True
-    return False

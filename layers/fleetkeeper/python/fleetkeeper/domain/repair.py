@@ -1,0 +1,351 @@
+"""Repair: a worker whose machine is sick or retiring is replaced before it hurts a session
+(docs/repair.md).
+
+A worker's `health` is the latest signal that counts: an EC2 scheduled event (AWS's date), a failed
+status check, a machine that does not answer, or what its own agent reports. `observe` folds a new
+signal into it; a signal clears only what its own source said, and a scheduled event outranks the
+others, because its date is fixed. A repair is due once the signal has lasted its pool's toleration
+(a scheduled event at once). The brake stops a pool's repairs while more than `max_unhealthy_percent`
+of its members are unhealthy: that many at once is a systemic fault that replacement would only make
+worse. `plan_repair` says how a due repair goes through the door: an ordinary `repair`, held by the pool's
+budgets like any other, and for a scheduled event (which the brake does not hold: AWS retires the
+machine whatever we decide) imposed from its latest start on, when waiting longer would let the drain
+run past the margin before NotBefore.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from fleetkeeper.domain.disruption import MEMBERS
+from fleetkeeper.domain.durations import DURATION_PATTERN
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.windows import check_duration
+
+# A drain for a scheduled event ends at least this long before the event's NotBefore.
+EVENT_MARGIN: Final = timedelta(minutes=30)
+# A machine that failed its checks or stopped answering is drained with at most this deadline: its
+# sessions are suffering already.
+SICK_DRAIN_TIMEOUT: Final = timedelta(minutes=30)
+# The shortest drain a repair starts: less lets nothing finish.
+MIN_REPAIR_DRAIN: Final = timedelta(minutes=1)
+MAX_REASON = 500
+# Scheduled event codes AWS uses (DescribeInstanceStatus `Code`, or a Health event type code).
+MAX_EVENT_CODE = 128
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+_When = Annotated[AwareDatetime, AfterValidator(_utc)]
+
+
+class _Record(BaseModel):
+    # domain/models.Record's rules; models.Worker holds a Health, so this module cannot import it.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
+
+
+class HealthStatus(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class HealthSource(StrEnum):
+    """Where a signal comes from."""
+
+    SCHEDULED_EVENT = "scheduled_event"
+    STATUS_CHECK = "status_check"
+    UNREACHABLE = "unreachable"
+    REPORTED = "reported"
+
+
+class ScheduledEvent(_Record):
+    """An EC2 scheduled event of the machine: its code, when AWS acts, and its id when known."""
+
+    code: str = Field(max_length=MAX_EVENT_CODE)
+    not_before: _When | None = None
+    event_id: str | None = Field(default=None, max_length=2048)
+
+
+class Health(_Record):
+    """A worker's health: the signal that counts now and since when."""
+
+    status: HealthStatus
+    source: HealthSource
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+    since: _When
+    event: ScheduledEvent | None = None
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.status == HealthStatus.UNHEALTHY
+
+    @property
+    def scheduled(self) -> bool:
+        return self.unhealthy and self.source == HealthSource.SCHEDULED_EVENT
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reading of one source: unhealthy with a reason (and the event), or healthy again."""
+
+    status: HealthStatus
+    source: HealthSource
+    reason: str | None = None
+    event: ScheduledEvent | None = None
+
+
+def _toleration(text: str) -> str:
+    check_duration(text)
+    return text.strip()
+
+
+Toleration = Annotated[
+    str, Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}), AfterValidator(_toleration)
+]
+
+
+class RepairPolicy(_Record):
+    """A pool's repair settings (`PUT /api/v1/pools/{name}`, field `repair`)."""
+
+    max_unhealthy_percent: int = Field(
+        default=20,
+        ge=0,
+        le=100,
+        description="repairs stop while more than this share of the pool's members is unhealthy",
+    )
+    status_check: Toleration = Field(
+        default="10m", description="how long a failed EC2 status check lasts before the worker is repaired"
+    )
+    unreachable: Toleration = Field(
+        default="15m", description="how long a machine may not answer at all before it is repaired"
+    )
+    reported: Toleration = Field(
+        default="5m", description="how long an unhealthy report may stand, not withdrawn, before a repair"
+    )
+
+    @field_validator("max_unhealthy_percent", mode="before")
+    @classmethod
+    def _whole(cls, value: object) -> object:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("a whole percentage from 0 to 100")
+        return value
+
+    def toleration(self, source: HealthSource) -> timedelta:
+        if source == HealthSource.SCHEDULED_EVENT:
+            return timedelta(0)
+        return check_duration(getattr(self, str(source)))
+
+
+def observe(current: Health | None, signal: Signal, now: datetime) -> Health | None:
+    """The worker's health after `signal`; `current` itself when nothing changes (no write needed).
+
+    An unhealthy signal keeps the `since` of the same source's standing one; it does not replace
+    another source's, but a scheduled event replaces any. A healthy signal clears only its own source's
+    unhealthy record (a scheduled event's, only the same event ending); nothing is recorded for a healthy
+    signal about a worker never found unhealthy."""
+    if signal.status == HealthStatus.HEALTHY:
+        if current is None or not current.unhealthy or current.source != signal.source:
+            return current
+        if _other_event(current.event, signal.event):
+            return current
+        return Health(
+            status=HealthStatus.HEALTHY, source=signal.source, reason=_cut(signal.reason), since=now
+        )
+    if current is not None and current.unhealthy:
+        if current.source == signal.source:
+            same = current.reason == _cut(signal.reason) and current.event == signal.event
+            return (
+                current
+                if same
+                else current.model_copy(update={"reason": _cut(signal.reason), "event": signal.event})
+            )
+        if signal.source != HealthSource.SCHEDULED_EVENT:
+            return current
+    return Health(
+        status=HealthStatus.UNHEALTHY,
+        source=signal.source,
+        reason=_cut(signal.reason),
+        since=now,
+        event=signal.event,
+    )
+
+
+def _other_event(standing: ScheduledEvent | None, ended: ScheduledEvent | None) -> bool:
+    """Whether an event that ended is another than the one standing. Only ids of one kind compare: AWS
+    Health names an event by its ARN, DescribeInstanceStatus by an `instance-event-` id, and the same
+    event reaches a worker both ways."""
+    if standing is None or ended is None or standing.event_id is None or ended.event_id is None:
+        return False
+    same_kind = standing.event_id.startswith("arn:") == ended.event_id.startswith("arn:")
+    return same_kind and standing.event_id != ended.event_id
+
+
+def _cut(reason: str | None) -> str | None:
+    return None if reason is None else reason[:MAX_REASON]
+
+
+def repair_due(health: Health | None, policy: RepairPolicy, now: datetime) -> bool:
+    """Whether the worker is to be repaired now: unhealthy for its source's toleration."""
+    return health is not None and health.unhealthy and now >= health.since + policy.toleration(health.source)
+
+
+@dataclass(frozen=True)
+class Brake:
+    """A pool's repair brake: its unhealthy members out of all, and whether repairs stop."""
+
+    unhealthy: int
+    members: int
+    max_percent: int
+
+    @property
+    def holds(self) -> bool:
+        return self.unhealthy * 100 > self.max_percent * self.members
+
+    @property
+    def detail(self) -> str:
+        return f"repair brake, {self.unhealthy} of {self.members} unhealthy"
+
+
+def brake(workers: Iterable[tuple[WorkerStatus, Health | None]], policy: RepairPolicy) -> Brake:
+    """The brake over a pool's workers, each as its status and health: its members (RUNNING and those
+    being disrupted) count, the rest do not."""
+    members = unhealthy = 0
+    for status, health in workers:
+        if status not in MEMBERS:
+            continue
+        members += 1
+        unhealthy += 1 if health is not None and health.unhealthy else 0
+    return Brake(unhealthy=unhealthy, members=members, max_percent=policy.max_unhealthy_percent)
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """How a due repair goes through the door and drains.
+
+    `imposed`: AWS's date forces it now, so neither the pool's budgets nor `do_not_disrupt` hold it
+    back; otherwise it is an ordinary `repair`. `braked`: the pool's brake holds it back. `start_by`:
+    when its drain starts at the latest, replacement running or not (None: once the replacement runs).
+    """
+
+    imposed: bool
+    braked: bool
+    start_by: datetime | None
+    timeout_seconds: int
+
+
+def plan_repair(health: Health, held: Brake, template_timeout_seconds: int, now: datetime) -> RepairPlan:
+    """A due repair's plan. A scheduled event passes the brake and drains with the template's timeout,
+    ending EVENT_MARGIN before its NotBefore: it waits for the budgets like any repair until its latest
+    start (that end less the timeout), and is imposed from then on, its drain shortened to what is left
+    (an event with no date, imposed at once: nothing says how long waiting is safe). A sick machine
+    drains within SICK_DRAIN_TIMEOUT; a reported one with the template's timeout."""
+    template = timedelta(seconds=template_timeout_seconds)
+    if health.scheduled:
+        event = health.event
+        if event is None or event.not_before is None:
+            return RepairPlan(imposed=True, braked=False, start_by=None, timeout_seconds=_seconds(template))
+        latest_end = event.not_before - EVENT_MARGIN
+        latest_start = latest_end - template
+        left = max(latest_end - now, MIN_REPAIR_DRAIN)
+        return RepairPlan(
+            imposed=now >= latest_start,
+            braked=False,
+            start_by=latest_start,
+            timeout_seconds=_seconds(min(template, left)),
+        )
+    sick = health.source in (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE)
+    return RepairPlan(
+        imposed=False,
+        braked=held.holds,
+        start_by=None,
+        timeout_seconds=_seconds(min(template, SICK_DRAIN_TIMEOUT) if sick else template),
+    )
+
+
+def _seconds(length: timedelta) -> int:
+    return max(math.ceil(length.total_seconds()), int(MIN_REPAIR_DRAIN.total_seconds()))
+
+
+@dataclass(frozen=True)
+class EventReading:
+    """One scheduled event as DescribeInstanceStatus lists it."""
+
+    code: str
+    not_before: datetime | None
+    description: str | None
+    event_id: str | None
+
+
+@dataclass(frozen=True)
+class StatusReading:
+    """One machine's line of DescribeInstanceStatus: its state, its two checks, its scheduled events."""
+
+    instance_id: str
+    state: str
+    system_status: str | None
+    instance_status: str | None
+    events: tuple[EventReading, ...] = ()
+
+
+# Statuses that mean EC2 has heard nothing from the machine (an `initializing` machine is still booting).
+_SILENT: Final = frozenset({"insufficient-data"})
+
+
+def signals_of(reading: StatusReading) -> list[Signal]:
+    """What a running machine's status line says, healthy signals first so that a signal of the same
+    line that is still unhealthy stands: scheduled events (an ended one clears, the earliest live one
+    counts), failed checks (`impaired`), and no status at all (`insufficient-data`)."""
+    if reading.state != "running":
+        return []
+    healthy: list[Signal] = []
+    unhealthy: list[Signal] = []
+    live = []
+    for found in reading.events:
+        event = ScheduledEvent(
+            code=found.code[:MAX_EVENT_CODE], not_before=found.not_before, event_id=found.event_id
+        )
+        text = f"{found.code}: {found.description or '-'}"
+        if event_ended(found.description):
+            healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
+        else:
+            live.append((found.not_before or datetime.max.replace(tzinfo=UTC), text, event))
+    if live:
+        _, text, event = min(live, key=lambda entry: entry[0])
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
+    checks = f"system status {reading.system_status or '-'}, instance status {reading.instance_status or '-'}"
+    statuses = {reading.system_status, reading.instance_status}
+    if "impaired" in statuses:
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.STATUS_CHECK, checks))
+    elif statuses & _SILENT:
+        unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.UNREACHABLE, checks))
+    if statuses == {"ok"}:
+        healthy += [
+            Signal(HealthStatus.HEALTHY, HealthSource.STATUS_CHECK, checks),
+            Signal(HealthStatus.HEALTHY, HealthSource.UNREACHABLE, checks),
+        ]
+    return healthy + unhealthy
+
+
+def observe_all(current: Health | None, signals: Iterable[Signal], now: datetime) -> Health | None:
+    """`observe` of each signal in turn."""
+    for signal in signals:
+        current = observe(current, signal, now)
+    return current
+
+
+# Words of DescribeInstanceStatus and Health that say an event is over.
+_ENDED_PREFIXES: Final = ("[Completed]", "[Canceled]", "[Cancelled]")
+
+
+def event_ended(description: str | None) -> bool:
+    """Whether a DescribeInstanceStatus event's description says AWS completed or cancelled it."""
+    return description is not None and description.strip().startswith(_ENDED_PREFIXES)

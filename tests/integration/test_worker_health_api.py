@@ -1,0 +1,107 @@
+"""POST /api/v1/workers/{id}/health: a worker's agent (or tooling) reports its machine's health, which
+GET /api/v1/workers/{id} shows; everyone else gets 403."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetkeeper_local.controlplane import DEFAULT_CALLER, TOOLING_CALLER, WORKER_AGENT_CALLER
+
+pytestmark = pytest.mark.integration
+
+SICK = {"status": "unhealthy", "reason": "disk /var full"}
+
+
+def test_given_the_worker_agent_then_a_report_is_recorded_and_shown(control_plane, running_worker) -> None:
+    worker = running_worker()
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=WORKER_AGENT_CALLER
+    )
+
+    assert status == 200, body
+    health = body["health"]
+    assert (health["status"], health["source"], health["reason"]) == (
+        "unhealthy",
+        "reported",
+        "disk /var full",
+    )
+    assert health["repair_in_progress"] is False
+    status, shown = control_plane.api("GET", f"/api/v1/workers/{worker.id}")
+    assert (status, shown["health"]["status"], shown["health"]["since"]) == (
+        200,
+        "unhealthy",
+        health["since"],
+    )
+
+
+def test_given_a_report_then_healthy_withdraws_it(control_plane, running_worker) -> None:
+    worker = running_worker()
+    control_plane.api("POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=TOOLING_CALLER)
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", {"status": "healthy"}, caller=TOOLING_CALLER
+    )
+
+    assert (status, body["health"]["status"], body["health"]["source"]) == (200, "healthy", "reported")
+
+
+def test_given_an_operator_then_the_health_route_answers_403_and_records_nothing(
+    control_plane, running_worker
+) -> None:
+    worker = running_worker()
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=DEFAULT_CALLER
+    )
+
+    assert (status, body["error"]) == (403, "FORBIDDEN")
+    assert DEFAULT_CALLER in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).health is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"status": "sick"}, "body.status"),
+        ({"status": "unhealthy", "reason": "x" * 501}, "body.reason"),
+        ({"status": "unhealthy", "source": "status_check"}, "body.source"),
+        ({}, "body.status"),
+    ],
+)
+def test_given_a_bad_body_then_422_names_the_field(control_plane, running_worker, payload, field) -> None:
+    worker = running_worker()
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", payload, caller=WORKER_AGENT_CALLER
+    )
+
+    assert status == 422, body
+    assert field in [d["field"] for d in body["details"]]
+
+
+def test_given_an_unknown_worker_then_404(control_plane) -> None:
+    status, body = control_plane.api(
+        "POST", "/api/v1/workers/w-nope/health", SICK, caller=WORKER_AGENT_CALLER
+    )
+
+    assert (status, body["error"]) == (404, "NOT_FOUND")
+
+
+def test_given_a_pools_repair_settings_then_they_are_kept_and_a_bad_one_is_named(control_plane) -> None:
+    status, body = control_plane.api(
+        "PUT", "/api/v1/pools/labs", {"repair": {"max_unhealthy_percent": 40, "status_check": "3m"}}
+    )
+
+    assert status == 201, body
+    assert body["repair"] == {
+        "max_unhealthy_percent": 40,
+        "status_check": "3m",
+        "unreachable": "15m",
+        "reported": "5m",
+    }
+    status, view = control_plane.api("GET", "/api/v1/pools/labs/disruption")
+    assert (status, view["repair"]) == (200, {"max_unhealthy_percent": 40, "blocked": None})
+    status, body = control_plane.api("PUT", "/api/v1/pools/labs", {"repair": {"reported": "soon"}})
+    assert status == 422, body
+    assert "body.repair.reported" in [d["field"] for d in body["details"]]

@@ -1,0 +1,264 @@
+"""The repair rules: how signals fold into a worker's health, when a repair is due, the brake, and a
+repair's drain."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pydantic import ValidationError
+
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.repair import (
+    EVENT_MARGIN,
+    Brake,
+    Health,
+    HealthSource,
+    HealthStatus,
+    RepairPolicy,
+    ScheduledEvent,
+    Signal,
+    brake,
+    event_ended,
+    observe,
+    plan_repair,
+    repair_due,
+)
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+SICK = HealthStatus.UNHEALTHY
+WELL = HealthStatus.HEALTHY
+Src = HealthSource
+
+
+def retirement(hours: float = 48, event_id: str = "instance-event-1") -> ScheduledEvent:
+    return ScheduledEvent(
+        code="instance-retirement", not_before=T0 + timedelta(hours=hours), event_id=event_id
+    )
+
+
+def test_given_no_health_when_a_status_check_fails_then_the_worker_is_unhealthy_since_then() -> None:
+    health = observe(None, Signal(SICK, Src.STATUS_CHECK, "instance status impaired"), T0)
+
+    assert health is not None
+    assert (health.status, health.source, health.since, health.reason) == (
+        SICK,
+        Src.STATUS_CHECK,
+        T0,
+        "instance status impaired",
+    )
+
+
+def test_given_the_same_signal_again_then_nothing_changes_and_since_is_kept() -> None:
+    first = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+
+    again = observe(first, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=5))
+
+    assert again is first
+
+
+def test_given_a_report_when_a_status_check_fails_then_the_report_stands() -> None:
+    reported = observe(None, Signal(SICK, Src.REPORTED, "disk full"), T0)
+
+    after = observe(reported, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=1))
+
+    assert after is reported
+
+
+def test_given_a_report_when_a_scheduled_event_comes_then_the_event_replaces_it() -> None:
+    reported = observe(None, Signal(SICK, Src.REPORTED, "disk full"), T0)
+
+    after = observe(reported, Signal(SICK, Src.SCHEDULED_EVENT, "retiring", retirement()), T0)
+
+    assert after is not None
+    assert after.scheduled
+    assert after.event == retirement()
+
+
+def test_given_a_failed_check_then_only_a_passing_check_clears_it() -> None:
+    sick = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+
+    assert observe(sick, Signal(WELL, Src.REPORTED), T0) is sick
+    cleared = observe(sick, Signal(WELL, Src.STATUS_CHECK, "ok"), T0 + timedelta(minutes=3))
+
+    assert cleared is not None
+    assert (cleared.status, cleared.source, cleared.since) == (
+        WELL,
+        Src.STATUS_CHECK,
+        T0 + timedelta(minutes=3),
+    )
+
+
+def test_given_no_health_when_a_healthy_signal_comes_then_nothing_is_recorded() -> None:
+    assert observe(None, Signal(WELL, Src.STATUS_CHECK), T0) is None
+
+
+def test_given_a_scheduled_event_when_another_event_ends_then_it_stands() -> None:
+    sick = observe(None, Signal(SICK, Src.SCHEDULED_EVENT, "retiring", retirement(event_id="a")), T0)
+
+    other = observe(sick, Signal(WELL, Src.SCHEDULED_EVENT, "cancelled", retirement(event_id="b")), T0)
+    same = observe(sick, Signal(WELL, Src.SCHEDULED_EVENT, "cancelled", retirement(event_id="a")), T0)
+
+    assert other is sick
+    assert same is not None
+    assert same.status == WELL
+
+
+@pytest.mark.parametrize(
+    ("source", "tolerated"),
+    [
+        (Src.STATUS_CHECK, timedelta(minutes=10)),
+        (Src.UNREACHABLE, timedelta(minutes=15)),
+        (Src.REPORTED, timedelta(minutes=5)),
+        (Src.SCHEDULED_EVENT, timedelta(0)),
+    ],
+)
+def test_a_repair_is_due_once_its_source_toleration_has_passed(
+    source: HealthSource, tolerated: timedelta
+) -> None:
+    health = Health(status=SICK, source=source, since=T0)
+    policy = RepairPolicy()
+
+    assert repair_due(health, policy, T0 + tolerated)
+    if tolerated:
+        assert not repair_due(health, policy, T0 + tolerated - timedelta(seconds=1))
+
+
+def test_a_pool_sets_its_own_tolerations_and_refuses_what_is_not_a_duration() -> None:
+    policy = RepairPolicy.model_validate({"status_check": "2m", "max_unhealthy_percent": 50})
+
+    assert policy.toleration(Src.STATUS_CHECK) == timedelta(minutes=2)
+    with pytest.raises(ValidationError, match="status_check"):
+        RepairPolicy.model_validate({"status_check": "10 minutes"})
+    with pytest.raises(ValidationError, match="max_unhealthy_percent"):
+        RepairPolicy.model_validate({"max_unhealthy_percent": 101})
+
+
+def test_a_healthy_worker_is_never_due() -> None:
+    assert not repair_due(
+        Health(status=WELL, source=Src.REPORTED, since=T0), RepairPolicy(), T0 + timedelta(days=1)
+    )
+    assert not repair_due(None, RepairPolicy(), T0)
+
+
+@pytest.mark.parametrize(
+    ("unhealthy", "members", "holds"), [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False)]
+)
+def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
+    unhealthy: int, members: int, holds: bool
+) -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    healths = [sick] * unhealthy + [None] * (members - unhealthy)
+
+    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
+
+    assert found.holds is holds
+    assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
+
+
+def test_the_brake_counts_the_members_only_a_draining_one_included() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    workers = [
+        (WorkerStatus.DRAINING, sick),
+        (WorkerStatus.RUNNING, None),
+        (WorkerStatus.STOPPED, sick),
+        (WorkerStatus.PENDING, sick),
+        (WorkerStatus.TERMINATED, sick),
+    ]
+
+    found = brake(workers, RepairPolicy())
+
+    assert (found.unhealthy, found.members) == (1, 2)
+
+
+# A pool of 10 members with 3 sick: the default brake (20 %) holds.
+BRAKE_HOLDS = Brake(unhealthy=3, members=10, max_percent=20)
+BRAKE_FREE = Brake(unhealthy=0, members=10, max_percent=20)
+
+
+def scheduled(hours: float) -> Health:
+    return Health(status=SICK, source=Src.SCHEDULED_EVENT, since=T0, event=retirement(hours=hours))
+
+
+def test_a_scheduled_drain_ends_the_margin_before_not_before_and_starts_by_its_latest_start() -> None:
+    plan = plan_repair(scheduled(48), BRAKE_FREE, 3600, T0)
+
+    assert plan.timeout_seconds == 3600
+    assert plan.start_by == T0 + timedelta(hours=48) - EVENT_MARGIN - timedelta(hours=1)
+
+
+def test_a_scheduled_repair_before_its_latest_start_is_an_ordinary_repair_the_brake_does_not_hold() -> None:
+    plan = plan_repair(scheduled(48), BRAKE_HOLDS, 3600, T0)
+
+    assert (plan.imposed, plan.braked) == (False, False)
+
+
+def test_a_scheduled_repair_is_imposed_from_its_latest_start_on() -> None:
+    latest_start = T0 + timedelta(hours=48) - EVENT_MARGIN - timedelta(hours=1)
+
+    before = plan_repair(scheduled(48), BRAKE_FREE, 3600, latest_start - timedelta(seconds=1))
+    at = plan_repair(scheduled(48), BRAKE_FREE, 3600, latest_start)
+    after = plan_repair(scheduled(48), BRAKE_HOLDS, 3600, latest_start + timedelta(minutes=10))
+
+    assert not before.imposed
+    assert at.imposed
+    assert at.timeout_seconds == 3600
+    assert (after.imposed, after.braked) == (True, False)
+    # Ten minutes late: the drain is shortened so that it still ends the margin before NotBefore.
+    assert after.timeout_seconds == 3000
+
+
+def test_a_scheduled_event_with_no_date_is_imposed_at_once() -> None:
+    health = Health(
+        status=SICK,
+        source=Src.SCHEDULED_EVENT,
+        since=T0,
+        event=ScheduledEvent(code="instance-stop", not_before=None),
+    )
+
+    plan = plan_repair(health, BRAKE_HOLDS, 3600, T0)
+
+    assert (plan.imposed, plan.braked, plan.start_by, plan.timeout_seconds) == (True, False, None, 3600)
+
+
+def test_a_scheduled_drain_past_its_latest_start_is_shortened_to_end_before_the_event() -> None:
+    plan = plan_repair(scheduled(1), BRAKE_FREE, 4 * 3600, T0)
+
+    assert T0 + timedelta(seconds=plan.timeout_seconds) <= T0 + timedelta(hours=1) - EVENT_MARGIN
+    assert plan.start_by is not None
+    assert plan.start_by < T0
+    assert plan.imposed
+
+
+def test_a_sick_machine_drains_within_half_an_hour_and_a_reported_one_on_its_template() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    reported = Health(status=SICK, source=Src.REPORTED, since=T0)
+
+    assert plan_repair(sick, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 1800
+    assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 4 * 3600
+    assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).start_by is None
+
+
+@pytest.mark.parametrize("source", [Src.STATUS_CHECK, Src.UNREACHABLE, Src.REPORTED])
+def test_every_other_repair_is_ordinary_and_held_by_the_brake_when_it_holds(source: HealthSource) -> None:
+    sick = Health(status=SICK, source=source, since=T0)
+
+    held = plan_repair(sick, BRAKE_HOLDS, 3600, T0 + timedelta(days=30))
+    free = plan_repair(sick, BRAKE_FREE, 3600, T0 + timedelta(days=30))
+
+    assert (held.imposed, held.braked) == (False, True)
+    assert (free.imposed, free.braked) == (False, False)
+
+
+def test_a_completed_or_cancelled_event_is_ended() -> None:
+    assert event_ended("[Completed] The instance is running on degraded hardware")
+    assert event_ended("[Canceled] The instance is running on degraded hardware")
+    assert not event_ended("The instance is running on degraded hardware")
+    assert not event_ended(None)
+
+
+def test_a_reason_longer_than_500_characters_is_cut() -> None:
+    health = observe(None, Signal(SICK, Src.REPORTED, "x" * 900), T0)
+
+    assert health is not None
+    assert health.reason == "x" * 500
