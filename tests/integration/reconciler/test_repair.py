@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
+from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
@@ -86,6 +87,56 @@ def signal(
 
 def total(reports: Sequence[CycleReport], counter: str) -> int:
     return sum(r.counters[counter] for r in reports)
+
+
+RETIRING = Signal(
+    SICK,
+    HealthSource.SCHEDULED_EVENT,
+    "instance-retirement",
+    ScheduledEvent(code="instance-retirement", not_before=utcnow() + timedelta(days=3)),
+)
+SICKNESSES = [pytest.param(IMPAIRED, id="impaired"), pytest.param(RETIRING, id="retiring")]
+
+
+@pytest.mark.parametrize(
+    "case", [(IMPAIRED, "pack"), (RETIRING, "spread")], ids=["impaired-pack", "retiring-spread"]
+)
+def test_given_a_sick_worker_then_its_healthy_neighbour_takes_every_new_session(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, case: tuple[Signal, str]
+) -> None:
+    sickness, strategy = case
+    # The sick worker is the first by id, so every ranking would try it first.
+    sick, neighbour = sorted(pool_of(store, ec2, 2), key=lambda w: w.id)
+    signal(make_ctx, sick.id, sickness)
+
+    answers = [
+        control_plane.api("POST", "/api/v1/instances", {"pool": "labs", "strategy": strategy})
+        for _ in range(5)
+    ]
+
+    assert [status for status, _ in answers] == [201] * 4 + [409]
+    assert {body["worker_id"] for _, body in answers[:4]} == {neighbour.id}
+    assert answers[4][1]["error"] == "NO_CAPACITY"
+    assert [store.get_worker(w.id).active_instances for w in (sick, neighbour)] == [0, 4]
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": sick.id})
+    assert (status, body["error"]) == (409, "CONFLICT")
+    assert "unhealthy" in body["message"]
+
+
+@pytest.mark.parametrize("sickness", SICKNESSES)
+def test_given_the_only_worker_sick_then_a_placement_is_no_capacity_and_the_transaction_refuses_it(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, sickness: Signal
+) -> None:
+    (only,) = pool_of(store, ec2, 1)
+    signal(make_ctx, only.id, sickness)
+
+    status, body = control_plane.api("POST", "/api/v1/instances", {"pool": "labs"})
+
+    assert (status, body["error"]) == (409, "NO_CAPACITY")
+    # A stale read that still shows it healthy (an index summary) loses on the worker item's condition.
+    with pytest.raises(Conflict, match="unhealthy"):
+        store.place_instance(Instance(id="s-stale", worker_id=""), only, actor="test")
+    assert store.get_worker(only.id).active_instances == 0
 
 
 def test_given_an_impaired_worker_past_its_toleration_then_its_replacement_runs_before_its_drain(
