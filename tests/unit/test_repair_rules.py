@@ -142,7 +142,8 @@ def test_a_healthy_worker_is_never_due() -> None:
 
 
 @pytest.mark.parametrize(
-    ("unhealthy", "members", "holds"), [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False)]
+    ("unhealthy", "members", "holds"),
+    [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False), (2, 4, True), (3, 10, True)],
 )
 def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
     unhealthy: int, members: int, holds: bool
@@ -154,6 +155,26 @@ def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
 
     assert found.holds is holds
     assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
+
+
+@pytest.mark.parametrize("members", [1, 2, 3, 4])
+def test_given_a_small_pool_with_one_sick_member_then_the_brake_lets_its_repair_through(members: int) -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    healths = [sick] + [None] * (members - 1)
+
+    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
+
+    assert found.holds is False, found.detail
+
+
+def test_given_a_brake_of_zero_percent_then_one_sick_worker_is_repaired_and_two_are_held() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    policy = RepairPolicy(max_unhealthy_percent=0)
+
+    one = brake([(WorkerStatus.RUNNING, sick)] + [(WorkerStatus.RUNNING, None)] * 9, policy)
+    two = brake([(WorkerStatus.RUNNING, sick)] * 2 + [(WorkerStatus.RUNNING, None)] * 8, policy)
+
+    assert (one.holds, two.holds) == (False, True)
 
 
 def test_the_brake_counts_the_members_only_a_draining_one_included() -> None:

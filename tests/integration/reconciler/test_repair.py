@@ -16,6 +16,7 @@ from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
+from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services import catalog, disruption, instances, repair, workers
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
@@ -36,8 +37,10 @@ WELL = HealthStatus.HEALTHY
 IMPAIRED = Signal(SICK, HealthSource.STATUS_CHECK, "instance status impaired")
 
 
-def pool_of(store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: float = 4.0) -> list[Worker]:
-    """RUNNING workers of template `lab` in pool `labs`, each on a machine of the emulator."""
+def pool_of(
+    store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: float = 4.0, pool: str = "labs"
+) -> list[Worker]:
+    """RUNNING workers of template `lab` in `pool`, each on a machine of the emulator."""
     catalog.put_template(
         store,
         WorkerTemplate(
@@ -49,11 +52,11 @@ def pool_of(store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: floa
         ),
         actor="test",
     )
-    catalog.ensure_pool(store, "labs", actor="test")
+    catalog.ensure_pool(store, pool, actor="test")
     image, _ = publish_newer_image(ec2, "lab-*")
     fleet = []
     for _ in range(size):
-        worker = workers.create_worker(store, template="lab", region="us-east-1", pool="labs", actor="test")
+        worker = workers.create_worker(store, template="lab", region="us-east-1", pool=pool, actor="test")
         worker = store.transition_worker(
             worker,
             S.PROVISIONING,
@@ -246,6 +249,82 @@ def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_un
     assert released.counters["repair_replacements"] == 1
     assert store.find_worker(replacement_id(first.id, "repair")) is not None
     assert store.find_worker(replacement_id(second.id, "repair")) is None
+
+
+def live_replacement(store: FleetStore, worker_id: str) -> Worker | None:
+    """The live repair replacement of the worker, whichever attempt made it."""
+    for attempt in range(5):
+        found = store.find_worker(replacement_id(worker_id, "repair", attempt))
+        if found is not None and found.status not in {S.FAILED, S.TERMINATING, S.TERMINATED}:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_given_a_small_pool_with_one_impaired_worker_then_it_is_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]], size: int
+) -> None:
+    sick, *_ = pool_of(store, ec2, size)
+    t0 = utcnow()
+    signal(make_ctx, sick.id, IMPAIRED, at=t0)
+
+    reports = cycles(make_ctx, t0 + timedelta(minutes=11), 2)
+
+    assert total(reports, "repair_held_repair_brake") == 0, [r.counters for r in reports]
+    assert live_replacement(store, sick.id) is not None
+
+
+def test_given_a_braked_pool_with_ten_sick_workers_then_another_pools_sick_worker_is_still_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    braked = pool_of(store, ec2, 10, pool="braked")
+    sick, *_ = pool_of(store, ec2, 8, pool="healthy")
+    t0 = utcnow()
+    for worker in braked:
+        signal(make_ctx, worker.id, IMPAIRED, at=t0)
+    signal(make_ctx, sick.id, IMPAIRED, at=t0 + timedelta(minutes=1))
+
+    reports = cycles(make_ctx, t0 + timedelta(minutes=12), 2)
+
+    # 1 of 8 in its own pool: its brake does not hold, and the braked pool's ten take no place of the cap.
+    assert live_replacement(store, sick.id) is not None, [r.counters for r in reports]
+    assert total(reports, "repair_held_repair_brake") == 20
+    assert total(reports, "repair_deferred") == 0
+    assert all(live_replacement(store, w.id) is None for w in braked)
+
+
+def test_given_a_sharded_reconciler_then_the_brake_counts_the_whole_pool(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    shards = 16
+    fleet = pool_of(store, ec2, 10)
+    sick, other = fleet[0], fleet[1]
+    index = shard_of(sick.id, shards)
+    # What a shard's share would get wrong: the sick worker's shard holds fewer than 5 of the pool's 10.
+    assert sum(1 for w in fleet if shard_of(w.id, shards) == index) < 5
+    t0 = utcnow()
+    signal(make_ctx, sick.id, IMPAIRED, at=t0)
+
+    def shard_cycle(minute: int) -> CycleReport:
+        return reconcile_fleet(
+            make_ctx(RECONCILE_SHARDS=str(shards)),
+            shard=Shard(index, shards),
+            owner=f"shard-{index}",
+            now=t0 + timedelta(minutes=minute),
+        )
+
+    reports = [shard_cycle(11), shard_cycle(12)]
+
+    assert total(reports, "repair_held_repair_brake") == 0, [r.counters for r in reports]
+    assert live_replacement(store, sick.id) is not None
+    # A second sick member elsewhere in the pool, in no shard this cycle reads: 2 of 10 is 20 %, and a
+    # third makes 30 %, which holds the brake for the sick worker's shard too.
+    signal(make_ctx, other.id, IMPAIRED, at=t0)
+    signal(make_ctx, fleet[2].id, IMPAIRED, at=t0)
+    held = shard_cycle(13)
+    assert held.counters["repair_held_repair_brake"] >= 1, held.counters
+    # 10 members, or 11 once the replacement runs.
+    assert held.notes[repair.BRAKE_NOTE]["labs"] in {f"repair brake, 3 of {n} unhealthy" for n in (10, 11)}
 
 
 def retirement(not_before: datetime, event_id: str = "instance-event-0a1b2c") -> Signal:

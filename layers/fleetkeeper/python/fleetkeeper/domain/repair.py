@@ -7,10 +7,10 @@ signal into it; a signal clears only what its own source said, and a scheduled e
 others, because its date is fixed. A repair is due once the signal has lasted its pool's toleration
 (a scheduled event at once). The brake stops a pool's repairs while more than `max_unhealthy_percent`
 of its members are unhealthy: that many at once is a systemic fault that replacement would only make
-worse. `plan_repair` says how a due repair goes through the door: an ordinary `repair`, held by the pool's
-budgets like any other, and for a scheduled event (which the brake does not hold: AWS retires the
-machine whatever we decide) imposed from its latest start on, when waiting longer would let the drain
-run past the margin before NotBefore.
+worse; one sick worker alone is always repaired. `plan_repair` says how a due repair goes through the
+door: an ordinary `repair`, held by the pool's budgets like any other, and for a scheduled event
+(which the brake does not hold: AWS retires the machine whatever we decide) imposed from its latest
+start on, when waiting longer would let the drain run past the margin before NotBefore.
 """
 
 from __future__ import annotations
@@ -208,7 +208,9 @@ class Brake:
 
     @property
     def holds(self) -> bool:
-        return self.unhealthy * 100 > self.max_percent * self.members
+        # One sick worker is never a systemic fault: a pool of fewer than five would otherwise never be
+        # repaired, one sick member being more than 20 % of it.
+        return self.unhealthy > 1 and self.unhealthy * 100 > self.max_percent * self.members
 
     @property
     def detail(self) -> str:
