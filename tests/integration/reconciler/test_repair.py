@@ -18,6 +18,7 @@ from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker,
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
 from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services import catalog, disruption, instances, repair, workers
+from fleetkeeper.services.reconcile import replacement
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store.repository import FleetStore
@@ -325,6 +326,58 @@ def test_given_a_sharded_reconciler_then_the_brake_counts_the_whole_pool(
     assert held.counters["repair_held_repair_brake"] >= 1, held.counters
     # 10 members, or 11 once the replacement runs.
     assert held.notes[repair.BRAKE_NOTE]["labs"] in {f"repair brake, 3 of {n} unhealthy" for n in (10, 11)}
+
+
+def test_given_a_report_withdrawn_while_the_cycle_repairs_then_the_healthy_worker_is_not_drained(
+    make_ctx: ContextFactory,
+    store: FleetStore,
+    ec2: Any,
+    drains_started: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, worker.id, Signal(SICK, HealthSource.REPORTED, "disk full"), at=t0)
+    reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=6))
+    made = store.get_worker(replacement_id(worker.id, "repair"))
+    image, _ = publish_newer_image(ec2, "lab-*")
+    made = store.transition_worker(
+        made,
+        S.PROVISIONING,
+        cause=Cause.CONTROL,
+        actor="test",
+        changes={"ec2_instance_id": launch(ec2, made.id, image), "image_id": image},
+    )
+    store.transition_worker(
+        made, S.RUNNING, cause=Cause.EC2, actor="test", changes={"private_ip": "10.0.0.8"}
+    )
+    real = replacement.ensure_replacement
+
+    def agent_withdraws_meanwhile(*args: Any, **kwargs: Any) -> Worker | None:
+        found = real(*args, **kwargs)
+        signal(
+            make_ctx,
+            worker.id,
+            Signal(WELL, HealthSource.REPORTED, "disk cleaned"),
+            at=t0 + timedelta(minutes=7),
+        )
+        return found
+
+    monkeypatch.setattr(replacement, "ensure_replacement", agent_withdraws_meanwhile)
+
+    # Room for more than one drain at once, as any fleet bigger than a handful has.
+    report = reconcile_fleet(make_ctx(MAX_CONCURRENT_DRAINS="10"), now=t0 + timedelta(minutes=7))
+
+    left = store.get_worker(worker.id)
+    assert left.health is not None
+    assert left.health.status == WELL
+    assert (left.status, left.owner, report.counters["repair_drains"], drains_started) == (
+        S.RUNNING,
+        None,
+        0,
+        [],
+    )
+    assert report.counters["repair_no_longer_due"] == 1
 
 
 def retirement(not_before: datetime, event_id: str = "instance-event-0a1b2c") -> Signal:

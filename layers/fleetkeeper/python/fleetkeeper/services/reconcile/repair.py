@@ -124,6 +124,7 @@ def repair_workers(
                         timeout_seconds=plan.timeout_seconds,
                         wait_running=True,
                         start_by=plan.start_by,
+                        expect=_still_sick(health),
                     ),
                     counters,
                     now=now,
@@ -134,6 +135,28 @@ def repair_workers(
     counters["repair_blocked_pools"] += len(blocked)
     metrics.add_metric(name=METRIC_REPAIR_BLOCKED, unit=MetricUnit.Count, value=len(blocked))
     return {pool: detail for pool, detail in blocked.items() if pool is not None}
+
+
+def _still_sick(decided: Health) -> admission.Expect:
+    """The repair's check on the worker its admitting and draining writes read: the signal it was
+    decided on still counts (same source, same `since`); a report withdrawn or an event closed since
+    the cycle read the worker stops it before the write."""
+
+    def check(worker: Worker) -> str | None:
+        health = worker.health
+        if (
+            health is not None
+            and health.unhealthy
+            and (health.source, health.since)
+            == (
+                decided.source,
+                decided.since,
+            )
+        ):
+            return None
+        return "its health changed since the repair was decided"
+
+    return check
 
 
 def _members(ctx: Context, pool: str | None) -> list[tuple[WorkerStatus, Health | None]]:
