@@ -21,6 +21,7 @@ from fleetkeeper.domain.repair import (
     brake,
     event_ended,
     observe,
+    observe_all,
     plan_repair,
     repair_due,
 )
@@ -57,12 +58,46 @@ def test_given_the_same_signal_again_then_nothing_changes_and_since_is_kept() ->
     assert again is first
 
 
-def test_given_a_report_when_a_status_check_fails_then_the_report_stands() -> None:
+def test_given_a_report_when_a_status_check_fails_then_the_report_counts_and_the_check_is_kept() -> None:
     reported = observe(None, Signal(SICK, Src.REPORTED, "disk full"), T0)
 
     after = observe(reported, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=1))
 
-    assert after is reported
+    assert after is not None
+    assert (after.status, after.source, after.since, after.reason) == (SICK, Src.REPORTED, T0, "disk full")
+    assert set(after.standing()) == {Src.REPORTED, Src.STATUS_CHECK}
+
+
+@pytest.mark.parametrize(
+    ("standing", "cleared"),
+    [
+        (Signal(SICK, Src.STATUS_CHECK, "instance status impaired"), Signal(WELL, Src.STATUS_CHECK, "ok")),
+        (
+            Signal(SICK, Src.SCHEDULED_EVENT, "instance-retirement", retirement()),
+            Signal(WELL, Src.SCHEDULED_EVENT, "[Canceled]", retirement()),
+        ),
+    ],
+)
+def test_given_a_report_made_while_another_source_stands_when_that_source_clears_then_the_report_stands(
+    standing: Signal, cleared: Signal
+) -> None:
+    health = observe_all(None, [standing], T0)
+    health = observe_all(health, [Signal(SICK, Src.REPORTED, "disk /var full")], T0 + timedelta(minutes=1))
+
+    health = observe_all(health, [cleared], T0 + timedelta(minutes=2))
+
+    assert health is not None
+    assert (health.status, health.source, health.since) == (SICK, Src.REPORTED, T0 + timedelta(minutes=1))
+    assert set(health.standing()) == {Src.REPORTED}
+
+
+def test_given_two_sources_then_a_repair_is_due_once_either_has_lasted_its_toleration() -> None:
+    # A report (5 minutes) made after a failed check (10 minutes) is due first.
+    health = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+    health = observe(health, Signal(SICK, Src.REPORTED, "disk full"), T0 + timedelta(minutes=1))
+
+    assert not repair_due(health, RepairPolicy(), T0 + timedelta(minutes=5, seconds=59))
+    assert repair_due(health, RepairPolicy(), T0 + timedelta(minutes=6))
 
 
 def test_given_a_report_when_a_scheduled_event_comes_then_the_event_replaces_it() -> None:
@@ -142,7 +177,8 @@ def test_a_healthy_worker_is_never_due() -> None:
 
 
 @pytest.mark.parametrize(
-    ("unhealthy", "members", "holds"), [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False)]
+    ("unhealthy", "members", "holds"),
+    [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False), (2, 4, True), (3, 10, True)],
 )
 def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
     unhealthy: int, members: int, holds: bool
@@ -154,6 +190,26 @@ def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
 
     assert found.holds is holds
     assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
+
+
+@pytest.mark.parametrize("members", [1, 2, 3, 4])
+def test_given_a_small_pool_with_one_sick_member_then_the_brake_lets_its_repair_through(members: int) -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    healths = [sick] + [None] * (members - 1)
+
+    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
+
+    assert found.holds is False, found.detail
+
+
+def test_given_a_brake_of_zero_percent_then_one_sick_worker_is_repaired_and_two_are_held() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    policy = RepairPolicy(max_unhealthy_percent=0)
+
+    one = brake([(WorkerStatus.RUNNING, sick)] + [(WorkerStatus.RUNNING, None)] * 9, policy)
+    two = brake([(WorkerStatus.RUNNING, sick)] * 2 + [(WorkerStatus.RUNNING, None)] * 8, policy)
+
+    assert (one.holds, two.holds) == (False, True)
 
 
 def test_the_brake_counts_the_members_only_a_draining_one_included() -> None:

@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
+from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Instance, Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
+from fleetkeeper.domain.sharding import Shard, shard_of
 from fleetkeeper.services import catalog, disruption, instances, repair, workers
+from fleetkeeper.services.reconcile import replacement
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store.repository import FleetStore
@@ -35,8 +38,10 @@ WELL = HealthStatus.HEALTHY
 IMPAIRED = Signal(SICK, HealthSource.STATUS_CHECK, "instance status impaired")
 
 
-def pool_of(store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: float = 4.0) -> list[Worker]:
-    """RUNNING workers of template `lab` in pool `labs`, each on a machine of the emulator."""
+def pool_of(
+    store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: float = 4.0, pool: str = "labs"
+) -> list[Worker]:
+    """RUNNING workers of template `lab` in `pool`, each on a machine of the emulator."""
     catalog.put_template(
         store,
         WorkerTemplate(
@@ -48,11 +53,11 @@ def pool_of(store: FleetStore, ec2: Any, size: int, *, drain_timeout_hours: floa
         ),
         actor="test",
     )
-    catalog.ensure_pool(store, "labs", actor="test")
+    catalog.ensure_pool(store, pool, actor="test")
     image, _ = publish_newer_image(ec2, "lab-*")
     fleet = []
     for _ in range(size):
-        worker = workers.create_worker(store, template="lab", region="us-east-1", pool="labs", actor="test")
+        worker = workers.create_worker(store, template="lab", region="us-east-1", pool=pool, actor="test")
         worker = store.transition_worker(
             worker,
             S.PROVISIONING,
@@ -86,6 +91,56 @@ def signal(
 
 def total(reports: Sequence[CycleReport], counter: str) -> int:
     return sum(r.counters[counter] for r in reports)
+
+
+RETIRING = Signal(
+    SICK,
+    HealthSource.SCHEDULED_EVENT,
+    "instance-retirement",
+    ScheduledEvent(code="instance-retirement", not_before=utcnow() + timedelta(days=3)),
+)
+SICKNESSES = [pytest.param(IMPAIRED, id="impaired"), pytest.param(RETIRING, id="retiring")]
+
+
+@pytest.mark.parametrize(
+    "case", [(IMPAIRED, "pack"), (RETIRING, "spread")], ids=["impaired-pack", "retiring-spread"]
+)
+def test_given_a_sick_worker_then_its_healthy_neighbour_takes_every_new_session(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, case: tuple[Signal, str]
+) -> None:
+    sickness, strategy = case
+    # The sick worker is the first by id, so every ranking would try it first.
+    sick, neighbour = sorted(pool_of(store, ec2, 2), key=lambda w: w.id)
+    signal(make_ctx, sick.id, sickness)
+
+    answers = [
+        control_plane.api("POST", "/api/v1/instances", {"pool": "labs", "strategy": strategy})
+        for _ in range(5)
+    ]
+
+    assert [status for status, _ in answers] == [201] * 4 + [409]
+    assert {body["worker_id"] for _, body in answers[:4]} == {neighbour.id}
+    assert answers[4][1]["error"] == "NO_CAPACITY"
+    assert [store.get_worker(w.id).active_instances for w in (sick, neighbour)] == [0, 4]
+    status, body = control_plane.api("POST", "/api/v1/instances", {"worker_id": sick.id})
+    assert (status, body["error"]) == (409, "CONFLICT")
+    assert "unhealthy" in body["message"]
+
+
+@pytest.mark.parametrize("sickness", SICKNESSES)
+def test_given_the_only_worker_sick_then_a_placement_is_no_capacity_and_the_transaction_refuses_it(
+    control_plane: ControlPlane, make_ctx: ContextFactory, store, ec2, sickness: Signal
+) -> None:
+    (only,) = pool_of(store, ec2, 1)
+    signal(make_ctx, only.id, sickness)
+
+    status, body = control_plane.api("POST", "/api/v1/instances", {"pool": "labs"})
+
+    assert (status, body["error"]) == (409, "NO_CAPACITY")
+    # A stale read that still shows it healthy (an index summary) loses on the worker item's condition.
+    with pytest.raises(Conflict, match="unhealthy"):
+        store.place_instance(Instance(id="s-stale", worker_id=""), only, actor="test")
+    assert store.get_worker(only.id).active_instances == 0
 
 
 def test_given_an_impaired_worker_past_its_toleration_then_its_replacement_runs_before_its_drain(
@@ -195,6 +250,233 @@ def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_un
     assert released.counters["repair_replacements"] == 1
     assert store.find_worker(replacement_id(first.id, "repair")) is not None
     assert store.find_worker(replacement_id(second.id, "repair")) is None
+
+
+def live_replacement(store: FleetStore, worker_id: str) -> Worker | None:
+    """The live repair replacement of the worker, whichever attempt made it."""
+    for attempt in range(5):
+        found = store.find_worker(replacement_id(worker_id, "repair", attempt))
+        if found is not None and found.status not in {S.FAILED, S.TERMINATING, S.TERMINATED}:
+            return found
+    return None
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_given_a_small_pool_with_one_impaired_worker_then_it_is_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]], size: int
+) -> None:
+    sick, *_ = pool_of(store, ec2, size)
+    t0 = utcnow()
+    signal(make_ctx, sick.id, IMPAIRED, at=t0)
+
+    reports = cycles(make_ctx, t0 + timedelta(minutes=11), 2)
+
+    assert total(reports, "repair_held_repair_brake") == 0, [r.counters for r in reports]
+    assert live_replacement(store, sick.id) is not None
+
+
+def test_given_a_braked_pool_with_ten_sick_workers_then_another_pools_sick_worker_is_still_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    braked = pool_of(store, ec2, 10, pool="braked")
+    sick, *_ = pool_of(store, ec2, 8, pool="healthy")
+    t0 = utcnow()
+    for worker in braked:
+        signal(make_ctx, worker.id, IMPAIRED, at=t0)
+    signal(make_ctx, sick.id, IMPAIRED, at=t0 + timedelta(minutes=1))
+
+    reports = cycles(make_ctx, t0 + timedelta(minutes=12), 2)
+
+    # 1 of 8 in its own pool: its brake does not hold, and the braked pool's ten take no place of the cap.
+    assert live_replacement(store, sick.id) is not None, [r.counters for r in reports]
+    assert total(reports, "repair_held_repair_brake") == 20
+    assert total(reports, "repair_deferred") == 0
+    assert all(live_replacement(store, w.id) is None for w in braked)
+
+
+def test_given_a_sharded_reconciler_then_the_brake_counts_the_whole_pool(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    shards = 16
+    fleet = pool_of(store, ec2, 10)
+    sick, other = fleet[0], fleet[1]
+    index = shard_of(sick.id, shards)
+    # What a shard's share would get wrong: the sick worker's shard holds fewer than 5 of the pool's 10.
+    assert sum(1 for w in fleet if shard_of(w.id, shards) == index) < 5
+    t0 = utcnow()
+    signal(make_ctx, sick.id, IMPAIRED, at=t0)
+
+    def shard_cycle(minute: int) -> CycleReport:
+        return reconcile_fleet(
+            make_ctx(RECONCILE_SHARDS=str(shards)),
+            shard=Shard(index, shards),
+            owner=f"shard-{index}",
+            now=t0 + timedelta(minutes=minute),
+        )
+
+    reports = [shard_cycle(11), shard_cycle(12)]
+
+    assert total(reports, "repair_held_repair_brake") == 0, [r.counters for r in reports]
+    assert live_replacement(store, sick.id) is not None
+    # A second sick member elsewhere in the pool, in no shard this cycle reads: 2 of 10 is 20 %, and a
+    # third makes 30 %, which holds the brake for the sick worker's shard too.
+    signal(make_ctx, other.id, IMPAIRED, at=t0)
+    signal(make_ctx, fleet[2].id, IMPAIRED, at=t0)
+    held = shard_cycle(13)
+    assert held.counters["repair_held_repair_brake"] >= 1, held.counters
+    # 10 members, or 11 once the replacement runs.
+    assert held.notes[repair.BRAKE_NOTE]["labs"] in {f"repair brake, 3 of {n} unhealthy" for n in (10, 11)}
+
+
+def test_given_a_report_withdrawn_while_the_cycle_repairs_then_the_healthy_worker_is_not_drained(
+    make_ctx: ContextFactory,
+    store: FleetStore,
+    ec2: Any,
+    drains_started: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, worker.id, Signal(SICK, HealthSource.REPORTED, "disk full"), at=t0)
+    reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=6))
+    made = store.get_worker(replacement_id(worker.id, "repair"))
+    image, _ = publish_newer_image(ec2, "lab-*")
+    made = store.transition_worker(
+        made,
+        S.PROVISIONING,
+        cause=Cause.CONTROL,
+        actor="test",
+        changes={"ec2_instance_id": launch(ec2, made.id, image), "image_id": image},
+    )
+    store.transition_worker(
+        made, S.RUNNING, cause=Cause.EC2, actor="test", changes={"private_ip": "10.0.0.8"}
+    )
+    real = replacement.ensure_replacement
+
+    def agent_withdraws_meanwhile(*args: Any, **kwargs: Any) -> Worker | None:
+        found = real(*args, **kwargs)
+        signal(
+            make_ctx,
+            worker.id,
+            Signal(WELL, HealthSource.REPORTED, "disk cleaned"),
+            at=t0 + timedelta(minutes=7),
+        )
+        return found
+
+    monkeypatch.setattr(replacement, "ensure_replacement", agent_withdraws_meanwhile)
+
+    # Room for more than one drain at once, as any fleet bigger than a handful has.
+    report = reconcile_fleet(make_ctx(MAX_CONCURRENT_DRAINS="10"), now=t0 + timedelta(minutes=7))
+
+    left = store.get_worker(worker.id)
+    assert left.health is not None
+    assert left.health.status == WELL
+    assert (left.status, left.owner, report.counters["repair_drains"], drains_started) == (
+        S.RUNNING,
+        None,
+        0,
+        [],
+    )
+    assert report.counters["repair_no_longer_due"] == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="apply_scheduled_change keeps no per-worker record of an event's close and no event time: a "
+    "late redelivery of the 'upcoming' Health event after its 'closed' one marks the worker unhealthy "
+    "again, and the reconciler replaces a worker whose retirement AWS cancelled",
+)
+@pytest.mark.usefixtures("handler_context")
+def test_given_a_retirement_closed_before_its_late_open_event_then_the_worker_is_not_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    assert worker.ec2_instance_id is not None
+    t0 = utcnow()
+    not_before = (t0 + timedelta(days=3)).replace(microsecond=0)
+
+    def retirement(*, closed: bool, at: datetime) -> dict[str, Any]:
+        assert worker.ec2_instance_id is not None
+        return health_event(
+            worker.ec2_instance_id,
+            code="instance-retirement",
+            not_before=not_before,
+            event_id="e-late",
+            closed=closed,
+            region="us-east-1",
+            at=at,
+        )
+
+    opened = retirement(closed=False, at=t0 - timedelta(minutes=10))
+    closed = retirement(closed=True, at=t0 - timedelta(minutes=1))
+
+    # EventBridge delivers out of order: the close first, then a retry of the older open.
+    invoke("ec2_events", closed)
+    invoke("ec2_events", opened)
+    report = reconcile_fleet(make_ctx(), now=t0)
+
+    health = store.get_worker(worker.id).health
+    assert health is None or health.status == WELL, health
+    assert report.counters["repair_replacements"] == 0
+    assert store.get_worker(worker.id).owner is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="repair replacement ids derive from the worker alone with 3 attempts for its whole life: after "
+    "three repairs that ended before their drain (the replacement later scaled down), a worker sick for "
+    "good is never repaired again (repair_replacement_failed every cycle)",
+)
+def test_given_three_withdrawn_repairs_earlier_then_a_new_sickness_is_still_repaired(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    at = utcnow()
+    for episode in range(3):
+        signal(make_ctx, worker.id, Signal(SICK, HealthSource.REPORTED, "disk full"), at=at)
+        reconcile_fleet(make_ctx(), now=at + timedelta(minutes=6))
+        made = store.get_worker(replacement_id(worker.id, "repair", episode))
+        # The agent withdraws its report: the admission is given back, the replacement stays...
+        signal(
+            make_ctx,
+            worker.id,
+            Signal(WELL, HealthSource.REPORTED, "disk cleaned"),
+            at=at + timedelta(minutes=7),
+        )
+        assert store.get_worker(worker.id).owner is None
+        # ...and the pool, one worker too many, is scaled down by it.
+        store.transition_worker(made, S.TERMINATED, cause=Cause.CONTROL, actor="scale-down")
+        at += timedelta(hours=1)
+
+    signal(make_ctx, worker.id, IMPAIRED, at=at)
+    reports = [reconcile_fleet(make_ctx(), now=at + timedelta(minutes=11 + i)) for i in range(2)]
+
+    assert sum(r.counters["repair_replacement_failed"] for r in reports) == 0, [r.counters for r in reports]
+    assert live_replacement(store, worker.id) is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="health survives a stop and start: a worker stopped while its checks failed comes back on new "
+    "hardware and is replaced in the first cycle on its stale `since`, before discovery reads it again",
+)
+def test_given_a_worker_stopped_while_impaired_when_it_runs_again_then_it_is_not_repaired_at_once(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    t0 = utcnow()
+    signal(make_ctx, worker.id, IMPAIRED, at=t0)
+    stopped = store.transition_worker(store.get_worker(worker.id), S.STOPPED, cause=Cause.EC2, actor="test")
+    # A warm start hours later: EC2 moves a started machine to other hardware.
+    store.transition_worker(stopped, S.RUNNING, cause=Cause.EC2, actor="test")
+
+    report = reconcile_fleet(make_ctx(), now=t0 + timedelta(hours=3))
+
+    assert report.counters["repair_replacements"] == 0, report.counters
+    assert store.get_worker(worker.id).owner is None
 
 
 def retirement(not_before: datetime, event_id: str = "instance-event-0a1b2c") -> Signal:

@@ -111,6 +111,14 @@ class DisruptionHeld(Conflict):
         return {**super().details(), "why": self.why}
 
 
+class NoLongerDue(Conflict):
+    """The worker read afresh is no longer what the disruption was decided on (a repair's worker healthy
+    again): the admitting write is not made."""
+
+    def __init__(self, worker_id: str, current_status: str | None, why: str) -> None:
+        super().__init__("worker", worker_id, current_status, f"worker {worker_id}: {why}")
+
+
 class PoolNotActive(Conflict):
     """A new worker (or a voluntary disruption) asked of a pool that is draining or inactive."""
 

@@ -7,7 +7,8 @@ from enum import StrEnum
 from typing import TypeVar
 
 from fleetkeeper.domain.lifecycle import ACCEPTS_INSTANCES, PoolStatus
-from fleetkeeper.domain.models import Pool, WorkerSummary
+from fleetkeeper.domain.models import Pool, Worker, WorkerSummary
+from fleetkeeper.domain.repair import Health
 
 W = TypeVar("W", bound=WorkerSummary)
 
@@ -19,10 +20,20 @@ class PlacementStrategy(StrEnum):
     SPREAD = "spread"
 
 
+def sickness(worker: WorkerSummary) -> Health | None:
+    """The worker's health when it says the worker is sick, known only from a worker item (an index
+    summary holds no health): a sick or retiring machine takes no new instance, whatever the source."""
+    health = worker.health if isinstance(worker, Worker) else None
+    return health if health is not None and health.unhealthy else None
+
+
 def refusal_reason(worker: WorkerSummary, pool: Pool | None) -> str | None:
     """Why this worker cannot take an instance now, or None when it can."""
     if worker.status != ACCEPTS_INSTANCES:
         return f"worker {worker.id} is {worker.status}, only RUNNING workers accept instances"
+    sick = sickness(worker)
+    if sick is not None:
+        return f"worker {worker.id} is unhealthy ({sick.source}): {sick.reason or '-'}"
     if pool is not None and pool.status != PoolStatus.ACTIVE:
         return f"pool {pool.name} is {pool.status}"
     if worker.active_instances >= worker.capacity:
@@ -31,8 +42,11 @@ def refusal_reason(worker: WorkerSummary, pool: Pool | None) -> str | None:
 
 
 def rank_candidates(workers: Iterable[W], strategy: PlacementStrategy = PlacementStrategy.PACK) -> list[W]:
-    """Workers with free room, best first for the strategy; ties broken by id for determinism."""
-    eligible = [w for w in workers if w.status == ACCEPTS_INSTANCES and w.free_slots > 0]
+    """Workers with free room and not known unhealthy, best first for the strategy; ties broken by id for
+    determinism."""
+    eligible = [
+        w for w in workers if w.status == ACCEPTS_INSTANCES and w.free_slots > 0 and sickness(w) is None
+    ]
     if strategy is PlacementStrategy.PACK:
         return sorted(eligible, key=lambda w: (w.free_slots, w.id))
     return sorted(eligible, key=lambda w: (-w.free_slots, w.id))

@@ -1,13 +1,14 @@
 """Repair: a worker whose machine is sick or retiring is replaced before it hurts a session
 (docs/repair.md).
 
-A worker's `health` is the latest signal that counts: an EC2 scheduled event (AWS's date), a failed
-status check, a machine that does not answer, or what its own agent reports. `observe` folds a new
-signal into it; a signal clears only what its own source said, and a scheduled event outranks the
-others, because its date is fixed. A repair is due once the signal has lasted its pool's toleration
-(a scheduled event at once). The brake stops a pool's repairs while more than `max_unhealthy_percent`
-of its members are unhealthy: that many at once is a systemic fault that replacement would only make
-worse. `plan_repair` says how a due repair goes through the door: an ordinary `repair`, held by the pool's
+A worker's `health` keeps each source's unhealthy signal: an EC2 scheduled event (AWS's date), a
+failed status check, a machine that does not answer, or what its own agent reports. `observe` folds a
+new signal into it; a signal clears only what its own source said, the worker is unhealthy while any
+source says so, and a scheduled event's signal counts first, because its date is fixed. A repair is
+due once a signal has lasted its pool's toleration (a scheduled event at once). The brake stops a
+pool's repairs while more than `max_unhealthy_percent` of its members are unhealthy: that many at once
+is a systemic fault that replacement would only make worse; one sick worker alone is always repaired.
+`plan_repair` says how a due repair goes through the door: an ordinary `repair`, held by the pool's
 budgets like any other, and for a scheduled event (which the brake does not hold: AWS retires the
 machine whatever we decide) imposed from its latest start on, when waiting longer would let the drain
 run past the margin before NotBefore.
@@ -75,14 +76,24 @@ class ScheduledEvent(_Record):
     event_id: str | None = Field(default=None, max_length=2048)
 
 
+class Standing(_Record):
+    """One source's unhealthy signal that stands: what it said, since when, and its event."""
+
+    reason: str | None = Field(default=None, max_length=MAX_REASON)
+    since: _When
+    event: ScheduledEvent | None = None
+
+
 class Health(_Record):
-    """A worker's health: the signal that counts now and since when."""
+    """A worker's health: the signal that counts now and since when, and every source's unhealthy
+    signal that stands (`signals`), so that one source clearing never drops another's."""
 
     status: HealthStatus
     source: HealthSource
     reason: str | None = Field(default=None, max_length=MAX_REASON)
     since: _When
     event: ScheduledEvent | None = None
+    signals: dict[HealthSource, Standing] = Field(default_factory=dict)
 
     @property
     def unhealthy(self) -> bool:
@@ -91,6 +102,12 @@ class Health(_Record):
     @property
     def scheduled(self) -> bool:
         return self.unhealthy and self.source == HealthSource.SCHEDULED_EVENT
+
+    def standing(self) -> dict[HealthSource, Standing]:
+        """Each source's unhealthy signal; a record written before `signals` was kept holds its one."""
+        if self.signals or not self.unhealthy:
+            return dict(self.signals)
+        return {self.source: Standing(reason=self.reason, since=self.since, event=self.event)}
 
 
 @dataclass(frozen=True)
@@ -148,34 +165,36 @@ class RepairPolicy(_Record):
 def observe(current: Health | None, signal: Signal, now: datetime) -> Health | None:
     """The worker's health after `signal`; `current` itself when nothing changes (no write needed).
 
-    An unhealthy signal keeps the `since` of the same source's standing one; it does not replace
-    another source's, but a scheduled event replaces any. A healthy signal clears only its own source's
-    unhealthy record (a scheduled event's, only the same event ending); nothing is recorded for a healthy
-    signal about a worker never found unhealthy."""
+    Each source's unhealthy signal stands until that source says healthy (a scheduled event's, only the
+    same event ending), keeping its `since`; the worker is unhealthy while any stands. The one that
+    counts is a scheduled event's (its date is fixed), else the oldest. Nothing is recorded for a
+    healthy signal about a worker never found unhealthy."""
+    standing = current.standing() if current is not None else {}
+    found = standing.get(signal.source)
     if signal.status == HealthStatus.HEALTHY:
-        if current is None or not current.unhealthy or current.source != signal.source:
+        if found is None or _other_event(found.event, signal.event):
             return current
-        if _other_event(current.event, signal.event):
+        del standing[signal.source]
+    else:
+        reason = _cut(signal.reason)
+        if found is not None and (found.reason, found.event) == (reason, signal.event):
             return current
+        since = found.since if found is not None else now
+        standing[signal.source] = Standing(reason=reason, since=since, event=signal.event)
+    if not standing:
         return Health(
             status=HealthStatus.HEALTHY, source=signal.source, reason=_cut(signal.reason), since=now
         )
-    if current is not None and current.unhealthy:
-        if current.source == signal.source:
-            same = current.reason == _cut(signal.reason) and current.event == signal.event
-            return (
-                current
-                if same
-                else current.model_copy(update={"reason": _cut(signal.reason), "event": signal.event})
-            )
-        if signal.source != HealthSource.SCHEDULED_EVENT:
-            return current
+    source, counts = min(
+        standing.items(), key=lambda pair: (pair[0] != HealthSource.SCHEDULED_EVENT, pair[1].since)
+    )
     return Health(
         status=HealthStatus.UNHEALTHY,
-        source=signal.source,
-        reason=_cut(signal.reason),
-        since=now,
-        event=signal.event,
+        source=source,
+        reason=counts.reason,
+        since=counts.since,
+        event=counts.event,
+        signals=standing,
     )
 
 
@@ -194,8 +213,10 @@ def _cut(reason: str | None) -> str | None:
 
 
 def repair_due(health: Health | None, policy: RepairPolicy, now: datetime) -> bool:
-    """Whether the worker is to be repaired now: unhealthy for its source's toleration."""
-    return health is not None and health.unhealthy and now >= health.since + policy.toleration(health.source)
+    """Whether the worker is to be repaired now: one of its sources unhealthy for its toleration."""
+    if health is None or not health.unhealthy:
+        return False
+    return any(now >= found.since + policy.toleration(source) for source, found in health.standing().items())
 
 
 @dataclass(frozen=True)
@@ -208,7 +229,9 @@ class Brake:
 
     @property
     def holds(self) -> bool:
-        return self.unhealthy * 100 > self.max_percent * self.members
+        # One sick worker is never a systemic fault: a pool of fewer than five would otherwise never be
+        # repaired, one sick member being more than 20 % of it.
+        return self.unhealthy > 1 and self.unhealthy * 100 > self.max_percent * self.members
 
     @property
     def detail(self) -> str:

@@ -31,7 +31,7 @@ from fleetkeeper.domain.admission import (
     unsettled,
 )
 from fleetkeeper.domain.disruption import MEMBERS, DisruptionReason, Waiting, pool_of_scope
-from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.errors import NoLongerDue, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.models import Owner, Worker, utcnow
 from fleetkeeper.domain.rollouts import ACTIVE
@@ -43,6 +43,26 @@ from fleetkeeper.store.disruption import BudgetTaken, read_counts
 # What the actor's write does with the owner the door admitted: it writes it, with the claim, in the
 # same conditional write that starts the disruption (or, admitted ahead, alone).
 Start = Callable[[Worker, Owner, Claim | None], Worker]
+# What the worker read afresh must still be for a disruption decided earlier: None when it is, else why
+# it is not.
+Expect = Callable[[Worker], str | None]
+
+
+def expecting(start: Start, expect: Expect | None) -> Start:
+    """`start`, refused with NoLongerDue when the worker read afresh fails `expect`. The write `start`
+    makes is conditional on that read's version, so the check holds up to the write itself."""
+    if expect is None:
+        return start
+
+    def checked(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
+        why = expect(current)
+        if why is not None:
+            raise NoLongerDue(current.id, current.status, why)
+        return start(current, owner, claim)
+
+    return checked
+
+
 ATTEMPTS: Final = CONFLICT_ATTEMPTS
 
 
@@ -270,10 +290,16 @@ def door(ctx: Context, now: datetime | None = None) -> Iterator[Door]:
 
 
 def hold_ahead(
-    ctx: Context, door_: Door, worker: Worker | str, ask: Ask, *, action: str = "drain"
+    ctx: Context,
+    door_: Door,
+    worker: Worker | str,
+    ask: Ask,
+    *,
+    action: str = "drain",
+    expect: Expect | None = None,
 ) -> Worker | Held:
     """Admit a disruption whose start comes later (a surge's drain once its replacement runs): the owner
-    alone is written now, counted in the budgets from now."""
+    alone is written now, counted in the budgets from now (NoLongerDue when the worker fails `expect`)."""
 
     def own(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
         if current.owner == owner:
@@ -287,4 +313,4 @@ def hold_ahead(
             claim=claim,
         )
 
-    return door_.admit(worker, ask, own, action=action)
+    return door_.admit(worker, ask, expecting(own, expect), action=action)

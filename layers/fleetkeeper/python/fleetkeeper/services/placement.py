@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import Instance, WorkerSummary, new_id
-from fleetkeeper.domain.placement import PlacementStrategy, rank_candidates, refusal_reason
+from fleetkeeper.domain.placement import PlacementStrategy, W, rank_candidates, refusal_reason
 from fleetkeeper.store.repository import FleetStore
 
 # How many candidates one request tries before giving up; each try is one transaction.
@@ -61,12 +62,13 @@ def place_instance(
     candidates = candidate_workers(store, template=template, pool=pool)
 
     ranked = rank_candidates(candidates, strategy)
-    if not ranked:
+    tried = healthy_first(store, ranked, MAX_PLACEMENT_TRIES)
+    if not tried:
         scope = " and ".join(f"{k} {v}" for k, v in (("template", template), ("pool", pool)) if v)
-        why = "no RUNNING worker" if not candidates else "every RUNNING worker is full"
+        why = "no RUNNING worker" if not candidates else "every RUNNING worker is full or unhealthy"
         raise CapacityUnavailable(f"{why} for {scope}")
     last_refusal: Conflict | None = None
-    for candidate in ranked[:MAX_PLACEMENT_TRIES]:
+    for candidate in tried:
         try:
             return store.place_instance(instance, candidate, actor=actor)
         except Conflict as refusal:
@@ -75,9 +77,22 @@ def place_instance(
             # it and raises Unavailable (retryable) if it persists, rather than report "no capacity".
             last_refusal = refusal
     raise CapacityUnavailable(
-        f"no worker accepted the instance after {min(len(ranked), MAX_PLACEMENT_TRIES)} tries"
+        f"no worker accepted the instance after {len(tried)} tries"
         + (f"; last refusal: {last_refusal.message}" if last_refusal else "")
     )
+
+
+def healthy_first(store: FleetStore, ranked: Sequence[W], limit: int) -> list[W]:
+    """The first `limit` ranked candidates whose health does not say they are sick, their health read
+    a chunk of `limit` at a time, as far down the ranking as it takes."""
+    chosen: list[W] = []
+    for start in range(0, len(ranked), limit):
+        chunk = ranked[start : start + limit]
+        sick = store.unhealthy_workers([w.id for w in chunk])
+        chosen += [w for w in chunk if w.id not in sick]
+        if len(chosen) >= limit:
+            break
+    return chosen[:limit]
 
 
 def candidate_workers(store: FleetStore, *, template: str | None, pool: str | None) -> list[WorkerSummary]:

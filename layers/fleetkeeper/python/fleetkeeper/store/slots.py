@@ -25,6 +25,8 @@ from fleetkeeper.domain.lifecycle import (
     check_instance_transition,
 )
 from fleetkeeper.domain.models import AuditEvent, DrainOutcome, Instance, Worker, WorkerSummary, utcnow
+from fleetkeeper.domain.placement import refusal_reason, sickness
+from fleetkeeper.domain.repair import HealthStatus
 from fleetkeeper.store import keys
 from fleetkeeper.store.codec import deserialize, load_record, serialize
 from fleetkeeper.store.instances import InstanceRepository
@@ -35,6 +37,11 @@ from fleetkeeper.store.table import Refusal, validated_copy
 # still read, and emptied as those instances end, but no longer written.
 ACTIVE_IDS = "active_instance_ids"
 SLOT_PREFIX = "SLOT#"
+# A worker whose health says it is sick takes no new instance (domain/placement.sickness): the condition
+# rides on the worker item, as exact as the status and capacity beside it.
+NOT_SICK = "(attribute_not_exists(#health.#hstatus) OR #health.#hstatus <> :sick)"
+SICK_NAMES = {"#health": "health", "#hstatus": "status"}
+SICK_VALUES = {":sick": {"S": str(HealthStatus.UNHEALTHY)}}
 
 
 def slot_key(worker_id: str, instance_id: str) -> dict[str, str]:
@@ -71,12 +78,18 @@ class SlotTransactions(InstanceRepository):
                 "Key": serialize(keys.worker_key(worker.id)),
                 "UpdateExpression": "SET active_instances = active_instances + :one, "
                 "#v = #v + :one, updated_at = :now",
-                "ConditionExpression": "#s = :running AND active_instances < #cap",
-                "ExpressionAttributeNames": {"#s": "status", "#v": "version", "#cap": "capacity"},
+                "ConditionExpression": f"#s = :running AND active_instances < #cap AND {NOT_SICK}",
+                "ExpressionAttributeNames": {
+                    "#s": "status",
+                    "#v": "version",
+                    "#cap": "capacity",
+                    **SICK_NAMES,
+                },
                 "ExpressionAttributeValues": {
                     ":one": {"N": "1"},
                     ":running": {"S": str(ACCEPTS_INSTANCES)},
                     ":now": {"S": now.isoformat()},
+                    **SICK_VALUES,
                 },
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
@@ -299,16 +312,18 @@ class SlotTransactions(InstanceRepository):
                 "Key": serialize(keys.worker_key(target.id)),
                 "UpdateExpression": "SET active_instances = active_instances + :one, "
                 "#v = #v + :one, updated_at = :now",
-                "ConditionExpression": "#s = :running AND active_instances < #cap AND #tpl = :tpl AND "
-                + same_pool,
+                "ConditionExpression": f"#s = :running AND active_instances < #cap AND {NOT_SICK} AND "
+                "#tpl = :tpl AND " + same_pool,
                 "ExpressionAttributeNames": {
                     "#s": "status",
                     "#v": "version",
                     "#cap": "capacity",
                     "#tpl": "template",
                     "#pool": "pool",
+                    **SICK_NAMES,
                 },
                 "ExpressionAttributeValues": {
+                    **SICK_VALUES,
                     ":one": {"N": "1"},
                     ":running": {"S": str(ACCEPTS_INSTANCES)},
                     ":now": {"S": now.isoformat()},
@@ -414,6 +429,8 @@ def _worker_refuses(worker_id: str, current: dict[str, Any] | None) -> Exception
             worker.status,
             f"worker {worker_id} is {worker.status}; only RUNNING workers accept instances",
         )
+    if sickness(worker) is not None:
+        return Conflict("worker", worker_id, worker.status, str(refusal_reason(worker, None)))
     return Conflict(
         "worker",
         worker_id,

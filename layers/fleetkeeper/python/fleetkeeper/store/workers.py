@@ -19,6 +19,7 @@ from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
+from fleetkeeper.domain.repair import HealthStatus
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
@@ -98,6 +99,15 @@ class WorkerRepository(MachineKeyRepository):
                 items = [item for part in parts for item in part]
         found = {w.id: w for w in (load_record(Worker, item) for item in items)}
         return [found[i] for i in dict.fromkeys(worker_ids) if i in found]
+
+    def unhealthy_workers(self, worker_ids: Collection[str]) -> set[str]:
+        """Which of these workers their health says are unhealthy, read eventually consistent (enough to
+        pass them over: the placing transaction's condition decides)."""
+        items = self._batch_get_items(
+            [keys.worker_key(i) for i in sorted(worker_ids)], consistent=False, projection=("id", "health")
+        )
+        healths = [(str(i["id"]["S"]), deserialize(i).get("health") or {}) for i in items]
+        return {id_ for id_, health in healths if health.get("status") == HealthStatus.UNHEALTHY}
 
     def worker_statuses(self, worker_ids: Collection[str]) -> dict[str, WorkerStatus]:
         """The status of each of these workers now, strongly consistent; unknown ids are left out."""

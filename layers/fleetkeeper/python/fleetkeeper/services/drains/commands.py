@@ -198,11 +198,13 @@ def open_drain(
     timeout_seconds: int | None = None,
     then: DrainThen = DrainThen.STOP,
     reschedule: bool = True,
+    expect: admission.Expect | None = None,
 ) -> Worker | Held:
     """The drain of one worker through `door`: the worker as its drain started, or what holds it back.
 
     The write that admits the disruption is the one that starts the drain (RUNNING → DRAINING with its
-    record and its owner), so no one else can take the worker in between."""
+    record and its owner), so no one else can take the worker in between; a worker that fails `expect`
+    on that write's read is not drained (NoLongerDue)."""
     now = utcnow()
 
     def mark_draining(worker: Worker, owner: Owner, claim: Claim | None) -> Worker:
@@ -238,7 +240,7 @@ def open_drain(
             worker, changes, actor=actor, action="WorkerDrainRestarted", reason=reason, claim=claim
         )
 
-    worker = door.admit(worker_id, ask, mark_draining)
+    worker = door.admit(worker_id, ask, admission.expecting(mark_draining, expect))
     if isinstance(worker, Held):
         return worker
     record = drain_of(worker)

@@ -51,11 +51,14 @@ def targets_for(ctx: Context, worker: Worker) -> dict[str, WorkerSummary]:
         pool = ctx.store.find_pool(worker.pool)
         if pool is None or pool.status != PoolStatus.ACTIVE:
             return {}
-    return {
-        w.id: w
+    found = [
+        w
         for w in candidate_workers(ctx.store, template=worker.template, pool=worker.pool)
         if w.id != worker.id and w.pool == worker.pool
-    }
+    ]
+    # A sick worker takes no moved instance either; the move's condition refuses one that fell sick since.
+    sick = ctx.store.unhealthy_workers([w.id for w in found]) if found else set()
+    return {w.id: w for w in found if w.id not in sick}
 
 
 def plan_moves(ctx: Context, worker: Worker) -> list[Instance]:

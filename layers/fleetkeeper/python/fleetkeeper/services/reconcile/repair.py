@@ -1,10 +1,10 @@
 """The reconcile cycle's repairs: the due ones proposed to the door, surge-first as expiry's
-(services/reconcile/replacement.py), a pool's brake judged over the cycle's members of it
-(docs/repair.md)."""
+(services/reconcile/replacement.py), a pool's brake judged over all its members, whichever shard
+holds them (docs/repair.md)."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Final
@@ -12,6 +12,7 @@ from typing import Final
 from aws_lambda_powertools.metrics import MetricUnit
 
 from fleetkeeper.domain.admission import Held, WaitReason
+from fleetkeeper.domain.disruption import MEMBERS
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.repair import (
@@ -28,7 +29,7 @@ from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile import replacement
-from fleetkeeper.services.repair import ask_for
+from fleetkeeper.services.repair import ask_for, repairing
 
 PURPOSE: Final = "repair"
 # Repairs one cycle (one shard) starts or advances at most, scheduled events first by their date.
@@ -67,9 +68,9 @@ def repair_workers(
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> dict[str, str]:
-    """Propose the cycle's due repairs to the door, each isolated; the brake is judged per pool over the
-    cycle's members of it (a shard's share, when the reconciler is sharded). Returns the pools whose
-    brake held a repair, with the brake's words."""
+    """Propose the cycle's due repairs to the door, each isolated, at most MAX_REPAIRS_PER_CYCLE of
+    those the brake lets through; the brake is judged per pool over all its members. Returns the pools
+    whose brake held a repair, with the brake's words."""
     pools: dict[str | None, RepairPolicy] = {}
     templates: dict[str, int] = {}
 
@@ -86,26 +87,28 @@ def repair_workers(
         return templates[name]
 
     candidates = _candidates(workers, policy, now)
-    if len(candidates) > MAX_REPAIRS_PER_CYCLE:
-        counters["repair_deferred"] += len(candidates) - MAX_REPAIRS_PER_CYCLE
-    members: dict[str | None, list[tuple[WorkerStatus, Health | None]]] = defaultdict(list)
-    for worker in workers:
-        members[worker.pool].append((worker.status, worker.health))
+    # The brake over each pool with a due repair, its members read once, fleet-wide: a shard's share of
+    # a pool is no measure of it.
+    brakes = {pool: brake(_members(ctx, pool), policy(pool)) for pool in {w.pool for w, _ in candidates}}
     blocked: dict[str | None, str] = {}
+    started = 0
     with admission.door(ctx, now) as door:
-        for worker, health in candidates[:MAX_REPAIRS_PER_CYCLE]:
-            if time_left() < margin_seconds:
-                counters["repair_deferred"] += 1
-                continue
-            held = brake(members[worker.pool], policy(worker.pool))
+        for worker, health in candidates:
+            held = brakes[worker.pool]
             plan = plan_repair(health, held, drain_timeout(worker.template), now)
             ask = ask_for(plan)
+            # Before the cap: a braked pool's repairs take none of the cycle's places.
             if plan.braked:
                 blocked[worker.pool] = held.detail
                 counters[f"repair_held_{WaitReason.REPAIR_BRAKE}"] += 1
                 door.record_held(worker, ask, Held(WaitReason.REPAIR_BRAKE, held.detail), "drain")
-                door.release(worker.id, ask)  # an admission made before the brake held, if any
+                if repairing(worker):
+                    door.release(worker.id, ask)  # an admission made before the brake held
                 continue
+            if started >= MAX_REPAIRS_PER_CYCLE or time_left() < margin_seconds:
+                counters["repair_deferred"] += 1
+                continue
+            started += 1
             if plan.imposed:
                 counters["repair_imposed"] += 1
             try:
@@ -121,6 +124,7 @@ def repair_workers(
                         timeout_seconds=plan.timeout_seconds,
                         wait_running=True,
                         start_by=plan.start_by,
+                        expect=_still_sick(health),
                     ),
                     counters,
                     now=now,
@@ -131,6 +135,37 @@ def repair_workers(
     counters["repair_blocked_pools"] += len(blocked)
     metrics.add_metric(name=METRIC_REPAIR_BLOCKED, unit=MetricUnit.Count, value=len(blocked))
     return {pool: detail for pool, detail in blocked.items() if pool is not None}
+
+
+def _still_sick(decided: Health) -> admission.Expect:
+    """The repair's check on the worker its admitting and draining writes read: the signal it was
+    decided on still counts (same source, same `since`); a report withdrawn or an event closed since
+    the cycle read the worker stops it before the write."""
+
+    def check(worker: Worker) -> str | None:
+        health = worker.health
+        if (
+            health is not None
+            and health.unhealthy
+            and (health.source, health.since)
+            == (
+                decided.source,
+                decided.since,
+            )
+        ):
+            return None
+        return "its health changed since the repair was decided"
+
+    return check
+
+
+def _members(ctx: Context, pool: str | None) -> list[tuple[WorkerStatus, Health | None]]:
+    """The pool's workers fleet-wide, each as its status and health: listed by the pool's index, read
+    from their items (eventually consistent: the brake is a proportion, not an exact decision)."""
+    if pool is None:
+        return []
+    listed = [w.id for w in ctx.store.workers_in_pool(pool) if w.status in MEMBERS]
+    return [(w.status, w.health) for w in ctx.store.get_workers(listed, consistent=False)]
 
 
 def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetime) -> str:

@@ -11,7 +11,8 @@
    once the replacement is RUNNING, or at `start_by` whatever the replacement does.
 
 Counters are named `<counted_as>_<what>`: `_held_<why>`, `_changed`, `_replacements`,
-`_replacement_exists`, `_replacement_failed`, `_waiting_replacement`, `_drains`, `_drain_refused`.
+`_replacement_exists`, `_replacement_failed`, `_waiting_replacement`, `_drains`, `_drain_refused`,
+`_no_longer_due` (the worker read afresh failed the plan's `expect`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from datetime import datetime
 from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Held, WaitReason
-from fleetkeeper.domain.errors import Conflict, PoolNotActive
+from fleetkeeper.domain.errors import Conflict, NoLongerDue, PoolNotActive
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 from fleetkeeper.observability import logger
@@ -66,6 +67,8 @@ class Replacement:
     timeout_seconds: int | None = None
     wait_running: bool = False
     start_by: datetime | None = None
+    # What the worker must still be when its admission and its drain are written (a repair: sick).
+    expect: admission.Expect | None = None
 
 
 def replace(
@@ -81,7 +84,12 @@ def replace(
     prefix = plan.counted_as
     ask = plan.ask
     # The caller read the worker before: the door reads it afresh; its admission holds it meanwhile.
-    admitted = admission.hold_ahead(ctx, door, worker_id, ask)
+    try:
+        admitted = admission.hold_ahead(ctx, door, worker_id, ask, expect=plan.expect)
+    except NoLongerDue:
+        counters[f"{prefix}_no_longer_due"] += 1
+        door.release(worker_id, ask)  # an admission an earlier cycle made ahead, if any
+        return
     if isinstance(admitted, Held):
         counters[f"{prefix}_held_{admitted.why}"] += 1
         door.release(worker_id, ask)  # an admission an earlier cycle made ahead, if any
@@ -108,16 +116,23 @@ def replace(
     if plan.wait_running and not late and made is not None and made.status != WorkerStatus.RUNNING:
         counters[f"{prefix}_waiting_replacement"] += 1
         return
-    started = drains.open_drain(
-        ctx,
-        door,
-        worker_id,
-        ask,
-        actor=ask.actor,
-        reason=plan.reason,
-        timeout_seconds=plan.timeout_seconds,
-        then=plan.then,
-    )
+    try:
+        started = drains.open_drain(
+            ctx,
+            door,
+            worker_id,
+            ask,
+            actor=ask.actor,
+            reason=plan.reason,
+            timeout_seconds=plan.timeout_seconds,
+            then=plan.then,
+            expect=plan.expect,
+        )
+    except NoLongerDue:
+        # Healthy again since the cycle read it: the replacement stays, scale-down judges it.
+        counters[f"{prefix}_no_longer_due"] += 1
+        door.release(worker_id, ask)
+        return
     if isinstance(started, Held):
         # Protected or its pool closed meanwhile: the admission made ahead is given back now, not at
         # its lease's end. The replacement stays; the pool's scale-down judges it as any other worker.
