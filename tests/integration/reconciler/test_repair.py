@@ -422,13 +422,6 @@ def test_given_a_retirement_closed_before_its_late_open_event_then_the_worker_is
     assert store.get_worker(worker.id).owner is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="repair replacement ids derive from the worker alone with 3 attempts for its whole life: after "
-    "three repairs that ended before their drain (the replacement later scaled down), a worker sick for "
-    "good is never repaired again (repair_replacement_failed every cycle)",
-)
 def test_given_three_withdrawn_repairs_earlier_then_a_new_sickness_is_still_repaired(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
 ) -> None:
@@ -455,6 +448,26 @@ def test_given_three_withdrawn_repairs_earlier_then_a_new_sickness_is_still_repa
 
     assert sum(r.counters["repair_replacement_failed"] for r in reports) == 0, [r.counters for r in reports]
     assert live_replacement(store, worker.id) is not None
+
+
+def test_given_every_replacement_of_one_sickness_ended_then_its_repair_waits_for_an_operator(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    at = utcnow()
+    signal(make_ctx, worker.id, IMPAIRED, at=at)
+    for attempt in range(3):
+        report = reconcile_fleet(make_ctx(), now=at + timedelta(minutes=11 + attempt))
+        assert report.counters["repair_replacements"] == 1, report.counters
+        made = store.get_worker(replacement_id(worker.id, "repair", attempt))
+        store.transition_worker(made, S.TERMINATED, cause=Cause.CONTROL, actor="test")
+
+    report = reconcile_fleet(make_ctx(), now=at + timedelta(minutes=14))
+
+    assert (report.counters["repair_replacement_failed"], report.counters["repair_replacements"]) == (1, 0)
+    assert live_replacement(store, worker.id) is None
+    assert store.get_worker(worker.id).owner is None
+    assert drains_started == []
 
 
 @pytest.mark.xfail(

@@ -103,6 +103,11 @@ class Health(_Record):
     def scheduled(self) -> bool:
         return self.unhealthy and self.source == HealthSource.SCHEDULED_EVENT
 
+    @property
+    def sick_since(self) -> datetime:
+        """When the worker's sickness began: its oldest standing signal (`since` when healthy)."""
+        return min((found.since for found in self.standing().values()), default=self.since)
+
     def standing(self) -> dict[HealthSource, Standing]:
         """Each source's unhealthy signal; a record written before `signals` was kept holds its one."""
         if self.signals or not self.unhealthy:
