@@ -380,13 +380,6 @@ def test_given_a_report_withdrawn_while_the_cycle_repairs_then_the_healthy_worke
     assert report.counters["repair_no_longer_due"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="apply_scheduled_change keeps no per-worker record of an event's close and no event time: a "
-    "late redelivery of the 'upcoming' Health event after its 'closed' one marks the worker unhealthy "
-    "again, and the reconciler replaces a worker whose retirement AWS cancelled",
-)
 @pytest.mark.usefixtures("handler_context")
 def test_given_a_retirement_closed_before_its_late_open_event_then_the_worker_is_not_repaired(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
@@ -470,12 +463,6 @@ def test_given_every_replacement_of_one_sickness_ended_then_its_repair_waits_for
     assert drains_started == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="health survives a stop and start: a worker stopped while its checks failed comes back on new "
-    "hardware and is replaced in the first cycle on its stale `since`, before discovery reads it again",
-)
 def test_given_a_worker_stopped_while_impaired_when_it_runs_again_then_it_is_not_repaired_at_once(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
 ) -> None:
