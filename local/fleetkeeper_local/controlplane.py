@@ -62,6 +62,12 @@ TOOLING_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:role/fleetkeeper-local-tooling"
 WORKER_AGENT_CALLER = f"arn:aws:iam::{LOCAL_ACCOUNT}:role/fleetkeeper-local-worker-agent"
 
 
+def worker_agent_session(instance_id: str) -> str:
+    """How API Gateway names a machine's agent calling with its instance profile: a session of the
+    worker-agent role named after the instance."""
+    return f"arn:aws:sts::{LOCAL_ACCOUNT}:assumed-role/fleetkeeper-local-worker-agent/{instance_id}"
+
+
 def drain_definition(function_arn: str) -> str:
     """The ASL file with its one substitution resolved, exactly as CDK does at deploy time."""
     text = (project_root() / ASL_PATH).read_text()

@@ -1,11 +1,16 @@
-"""POST /api/v1/workers/{id}/health: a worker's agent (or tooling) reports its machine's health, which
-GET /api/v1/workers/{id} shows; everyone else gets 403."""
+"""POST /api/v1/workers/{id}/health: a worker's agent (its own worker only) or tooling (any worker)
+reports its machine's health, which GET /api/v1/workers/{id} shows; everyone else gets 403."""
 
 from __future__ import annotations
 
 import pytest
 
-from fleetkeeper_local.controlplane import DEFAULT_CALLER, TOOLING_CALLER, WORKER_AGENT_CALLER
+from fleetkeeper_local.controlplane import (
+    DEFAULT_CALLER,
+    TOOLING_CALLER,
+    WORKER_AGENT_CALLER,
+    worker_agent_session,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +21,10 @@ def test_given_the_worker_agent_then_a_report_is_recorded_and_shown(control_plan
     worker = running_worker()
 
     status, body = control_plane.api(
-        "POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=WORKER_AGENT_CALLER
+        "POST",
+        f"/api/v1/workers/{worker.id}/health",
+        SICK,
+        caller=worker_agent_session(worker.ec2_instance_id),
     )
 
     assert status == 200, body
@@ -60,6 +68,31 @@ def test_given_an_operator_then_the_health_route_answers_403_and_records_nothing
     assert control_plane.ctx.store.get_worker(worker.id).health is None
 
 
+@pytest.mark.parametrize("whose", ["another machine", "the role itself"])
+def test_given_a_worker_agent_not_of_the_worker_then_403_names_why_and_records_nothing(
+    control_plane, running_worker, whose
+) -> None:
+    worker, other = running_worker(), running_worker()
+    agent = worker_agent_session(other.ec2_instance_id) if whose == "another machine" else WORKER_AGENT_CALLER
+
+    status, body = control_plane.api("POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=agent)
+
+    assert (status, body["error"]) == (403, "FORBIDDEN"), body
+    assert "may report only on its own worker" in body["message"]
+    assert worker.ec2_instance_id in body["message"]
+    assert control_plane.ctx.store.get_worker(worker.id).health is None
+
+
+def test_given_tooling_then_it_reports_on_any_worker(control_plane, running_worker) -> None:
+    worker = running_worker()
+
+    status, body = control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=TOOLING_CALLER
+    )
+
+    assert (status, body["health"]["status"], body["health"]["source"]) == (200, "unhealthy", "reported")
+
+
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
@@ -73,7 +106,10 @@ def test_given_a_bad_body_then_422_names_the_field(control_plane, running_worker
     worker = running_worker()
 
     status, body = control_plane.api(
-        "POST", f"/api/v1/workers/{worker.id}/health", payload, caller=WORKER_AGENT_CALLER
+        "POST",
+        f"/api/v1/workers/{worker.id}/health",
+        payload,
+        caller=worker_agent_session(worker.ec2_instance_id),
     )
 
     assert status == 422, body
@@ -82,7 +118,7 @@ def test_given_a_bad_body_then_422_names_the_field(control_plane, running_worker
 
 def test_given_an_unknown_worker_then_404(control_plane) -> None:
     status, body = control_plane.api(
-        "POST", "/api/v1/workers/w-nope/health", SICK, caller=WORKER_AGENT_CALLER
+        "POST", "/api/v1/workers/w-nope/health", SICK, caller=worker_agent_session("i-0123456789abcdef0")
     )
 
     assert (status, body["error"]) == (404, "NOT_FOUND")

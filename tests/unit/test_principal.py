@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetkeeper.api.principal import is_one_of, principal_of
+from fleetkeeper.api.principal import is_one_of, principal_of, session_name
 
 GC_ROLE = "arn:aws:iam::123456789012:role/platform/fleetkeeper-gc"
 ADMIN_USER = "arn:aws:iam::123456789012:user/fleet-admin-tool"
@@ -50,3 +50,19 @@ def test_given_no_tooling_principals_then_nobody_is_one_of_them():
 
 def test_given_a_role_arn_then_its_path_is_not_part_of_who_it_is():
     assert principal_of(GC_ROLE) == ("aws", "123456789012", "role", "fleetkeeper-gc")
+
+
+@pytest.mark.parametrize(
+    ("caller", "session"),
+    [
+        # An instance profile's session is named after its instance.
+        (
+            "arn:aws:sts::123456789012:assumed-role/fleetkeeper-agent/i-0123456789abcdef0",
+            "i-0123456789abcdef0",
+        ),
+        ("arn:aws:iam::123456789012:role/fleetkeeper-agent", None),
+        (ADMIN_USER, None),
+    ],
+)
+def test_a_role_session_is_named_and_nothing_else_has_a_session(caller: str, session: str | None) -> None:
+    assert session_name(caller) == session

@@ -24,6 +24,7 @@ from fleetkeeper.domain.repair import (
     observe_all,
     plan_repair,
     repair_due,
+    stopped,
 )
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -137,6 +138,49 @@ def test_given_a_scheduled_event_when_another_event_ends_then_it_stands() -> Non
     assert other is sick
     assert same is not None
     assert same.status == WELL
+
+
+def test_given_an_event_closed_when_an_older_word_opening_it_comes_then_it_is_stale() -> None:
+    arn = "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/e-1"
+    event = ScheduledEvent(code="instance-retirement", not_before=T0 + timedelta(days=3), event_id=arn)
+    closed = observe(None, Signal(WELL, Src.SCHEDULED_EVENT, "closed", event, at=T0), T0)
+
+    late_open = observe(
+        closed, Signal(SICK, Src.SCHEDULED_EVENT, "upcoming", event, at=T0 - timedelta(minutes=9)), T0
+    )
+    reopened = observe(
+        closed, Signal(SICK, Src.SCHEDULED_EVENT, "upcoming", event, at=T0 + timedelta(minutes=1)), T0
+    )
+
+    assert closed is not None
+    assert (closed.status, closed.heard) == (WELL, {arn: T0})
+    assert late_open is closed
+    # Within one second a close outranks an open, whichever came first.
+    assert observe(closed, Signal(SICK, Src.SCHEDULED_EVENT, "upcoming", event, at=T0), T0) is closed
+    opened = observe(None, Signal(SICK, Src.SCHEDULED_EVENT, "upcoming", event, at=T0), T0)
+    same_second = observe(opened, Signal(WELL, Src.SCHEDULED_EVENT, "closed", event, at=T0), T0)
+    assert same_second is not None
+    assert same_second.status == WELL
+    assert reopened is not None
+    assert reopened.status == SICK
+
+
+def test_given_a_stop_then_the_checks_signals_are_cleared_and_a_report_stands() -> None:
+    sick = observe_all(
+        None,
+        [Signal(SICK, Src.STATUS_CHECK, "impaired"), Signal(SICK, Src.REPORTED, "disk full")],
+        T0,
+    )
+    only_checks = observe(None, Signal(SICK, Src.UNREACHABLE, "insufficient-data"), T0)
+
+    after = stopped(sick, T0 + timedelta(hours=1))
+    cleared = stopped(only_checks, T0 + timedelta(hours=1))
+
+    assert after is not None
+    assert (after.status, set(after.standing())) == (SICK, {Src.REPORTED})
+    assert cleared is not None
+    assert cleared.status == WELL
+    assert stopped(None, T0) is None
 
 
 @pytest.mark.parametrize(

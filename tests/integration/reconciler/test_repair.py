@@ -380,13 +380,6 @@ def test_given_a_report_withdrawn_while_the_cycle_repairs_then_the_healthy_worke
     assert report.counters["repair_no_longer_due"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="apply_scheduled_change keeps no per-worker record of an event's close and no event time: a "
-    "late redelivery of the 'upcoming' Health event after its 'closed' one marks the worker unhealthy "
-    "again, and the reconciler replaces a worker whose retirement AWS cancelled",
-)
 @pytest.mark.usefixtures("handler_context")
 def test_given_a_retirement_closed_before_its_late_open_event_then_the_worker_is_not_repaired(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
@@ -422,13 +415,6 @@ def test_given_a_retirement_closed_before_its_late_open_event_then_the_worker_is
     assert store.get_worker(worker.id).owner is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="repair replacement ids derive from the worker alone with 3 attempts for its whole life: after "
-    "three repairs that ended before their drain (the replacement later scaled down), a worker sick for "
-    "good is never repaired again (repair_replacement_failed every cycle)",
-)
 def test_given_three_withdrawn_repairs_earlier_then_a_new_sickness_is_still_repaired(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
 ) -> None:
@@ -457,12 +443,26 @@ def test_given_three_withdrawn_repairs_earlier_then_a_new_sickness_is_still_repa
     assert live_replacement(store, worker.id) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="health survives a stop and start: a worker stopped while its checks failed comes back on new "
-    "hardware and is replaced in the first cycle on its stale `since`, before discovery reads it again",
-)
+def test_given_every_replacement_of_one_sickness_ended_then_its_repair_waits_for_an_operator(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    worker, *_ = pool_of(store, ec2, 8)
+    at = utcnow()
+    signal(make_ctx, worker.id, IMPAIRED, at=at)
+    for attempt in range(3):
+        report = reconcile_fleet(make_ctx(), now=at + timedelta(minutes=11 + attempt))
+        assert report.counters["repair_replacements"] == 1, report.counters
+        made = store.get_worker(replacement_id(worker.id, "repair", attempt))
+        store.transition_worker(made, S.TERMINATED, cause=Cause.CONTROL, actor="test")
+
+    report = reconcile_fleet(make_ctx(), now=at + timedelta(minutes=14))
+
+    assert (report.counters["repair_replacement_failed"], report.counters["repair_replacements"]) == (1, 0)
+    assert live_replacement(store, worker.id) is None
+    assert store.get_worker(worker.id).owner is None
+    assert drains_started == []
+
+
 def test_given_a_worker_stopped_while_impaired_when_it_runs_again_then_it_is_not_repaired_at_once(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
 ) -> None:

@@ -17,7 +17,7 @@ _IAM_PRINCIPAL: Final = re.compile(
     r"^arn:(?P<partition>aws[a-z-]*):iam::(?P<account>\d{12}):(?P<kind>role|user)/(?:[^/]+/)*(?P<name>[^/]+)$"
 )
 _ROLE_SESSION: Final = re.compile(
-    r"^arn:(?P<partition>aws[a-z-]*):sts::(?P<account>\d{12}):assumed-role/(?P<name>[^/]+)/[^/]+$"
+    r"^arn:(?P<partition>aws[a-z-]*):sts::(?P<account>\d{12}):assumed-role/(?P<name>[^/]+)/(?P<session>[^/]+)$"
 )
 
 
@@ -38,6 +38,13 @@ def principal_of(arn: str) -> tuple[str, str, str, str] | None:
     if session:
         return session["partition"], session["account"], "role", session["name"]
     return None
+
+
+def session_name(arn: str) -> str | None:
+    """The session name of a role session's ARN (an instance profile's is its instance id); None for
+    anything else."""
+    session = _ROLE_SESSION.match(arn)
+    return session["session"] if session else None
 
 
 def is_one_of(caller_arn: str, principals: Iterable[str]) -> bool:

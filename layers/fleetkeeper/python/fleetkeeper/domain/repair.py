@@ -40,6 +40,8 @@ MIN_REPAIR_DRAIN: Final = timedelta(minutes=1)
 MAX_REASON = 500
 # Scheduled event codes AWS uses (DescribeInstanceStatus `Code`, or a Health event type code).
 MAX_EVENT_CODE = 128
+# Events whose newest AWS Health word a worker keeps (`Health.heard`): a machine has few in its life.
+MAX_HEARD = 16
 
 
 def _utc(value: datetime) -> datetime:
@@ -94,6 +96,8 @@ class Health(_Record):
     since: _When
     event: ScheduledEvent | None = None
     signals: dict[HealthSource, Standing] = Field(default_factory=dict)
+    # When AWS Health last spoke of each event, by its ARN, closed ones too: an older word is stale.
+    heard: dict[str, _When] = Field(default_factory=dict)
 
     @property
     def unhealthy(self) -> bool:
@@ -102,6 +106,11 @@ class Health(_Record):
     @property
     def scheduled(self) -> bool:
         return self.unhealthy and self.source == HealthSource.SCHEDULED_EVENT
+
+    @property
+    def sick_since(self) -> datetime:
+        """When the worker's sickness began: its oldest standing signal (`since` when healthy)."""
+        return min((found.since for found in self.standing().values()), default=self.since)
 
     def standing(self) -> dict[HealthSource, Standing]:
         """Each source's unhealthy signal; a record written before `signals` was kept holds its one."""
@@ -118,6 +127,8 @@ class Signal:
     source: HealthSource
     reason: str | None = None
     event: ScheduledEvent | None = None
+    # When the source said it, for a word that carries its time (an AWS Health event).
+    at: datetime | None = None
 
 
 def _toleration(text: str) -> str:
@@ -167,23 +178,43 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
 
     Each source's unhealthy signal stands until that source says healthy (a scheduled event's, only the
     same event ending), keeping its `since`; the worker is unhealthy while any stands. The one that
-    counts is a scheduled event's (its date is fixed), else the oldest. Nothing is recorded for a
-    healthy signal about a worker never found unhealthy."""
+    counts is a scheduled event's (its date is fixed), else the oldest. A timed word on an event older
+    than the last one heard of it is stale (events arrive out of order). Nothing is recorded for a
+    healthy signal about a worker never found unhealthy, but when it names the time of its event."""
     standing = current.standing() if current is not None else {}
+    heard = dict(current.heard) if current is not None else {}
+    event_id = signal.event.event_id if signal.event is not None else None
+    if signal.at is not None and event_id is not None:
+        last = heard.get(event_id)
+        # EventBridge times are whole seconds: within one, a close outranks an open, AWS reopens nothing.
+        if last is not None and (
+            signal.at < last or (signal.at == last and signal.status == HealthStatus.UNHEALTHY)
+        ):
+            return current
+        heard[event_id] = signal.at
+        heard = dict(sorted(heard.items(), key=lambda pair: pair[1])[-MAX_HEARD:])
     found = standing.get(signal.source)
     if signal.status == HealthStatus.HEALTHY:
-        if found is None or _other_event(found.event, signal.event):
-            return current
-        del standing[signal.source]
+        if found is not None and not _other_event(found.event, signal.event):
+            del standing[signal.source]
     else:
         reason = _cut(signal.reason)
-        if found is not None and (found.reason, found.event) == (reason, signal.event):
-            return current
-        since = found.since if found is not None else now
-        standing[signal.source] = Standing(reason=reason, since=since, event=signal.event)
+        if found is None or (found.reason, found.event) != (reason, signal.event):
+            since = found.since if found is not None else now
+            standing[signal.source] = Standing(reason=reason, since=since, event=signal.event)
+    if current is None and not standing and not heard:
+        return None
+    if current is not None and (standing, heard) == (current.standing(), current.heard):
+        return current
     if not standing:
+        if current is not None and not current.unhealthy:
+            return current.model_copy(update={"heard": heard})
         return Health(
-            status=HealthStatus.HEALTHY, source=signal.source, reason=_cut(signal.reason), since=now
+            status=HealthStatus.HEALTHY,
+            source=signal.source,
+            reason=_cut(signal.reason),
+            since=now,
+            heard=heard,
         )
     source, counts = min(
         standing.items(), key=lambda pair: (pair[0] != HealthSource.SCHEDULED_EVENT, pair[1].since)
@@ -195,6 +226,16 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         since=counts.since,
         event=counts.event,
         signals=standing,
+        heard=heard,
+    )
+
+
+def stopped(current: Health | None, now: datetime) -> Health | None:
+    """The worker's health once its machine stopped: a start moves it to other hardware, so what its
+    status checks said (failed, or silent) no longer stands."""
+    gone = (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE)
+    return observe_all(
+        current, [Signal(HealthStatus.HEALTHY, source, "machine stopped") for source in gone], now
     )
 
 

@@ -266,15 +266,17 @@ def apply_scheduled_change(
     not_before: datetime | None,
     closed: bool,
     event_id: str,
+    at: datetime | None = None,
 ) -> EventResult:
     """Record an AWS Health scheduled change on each affected worker's health (services/repair.py): the
     reconciler replaces the worker before `not_before`; a closed change (completed or cancelled) ends a
-    repair whose drain has not started. Harmless when repeated: an unchanged health is not written."""
+    repair whose drain has not started. Harmless when repeated: an unchanged health is not written, and
+    a word on the event no newer (`at`) than the worker last heard of it is stale."""
     event = ScheduledEvent(code=code, not_before=not_before, event_id=event_id)
     status = HealthStatus.HEALTHY if closed else HealthStatus.UNHEALTHY
     when = not_before.isoformat() if not_before is not None else "an unknown date"
     reason = f"{code}: {'closed' if closed else 'scheduled'}, not before {when}"
-    signal = Signal(status, HealthSource.SCHEDULED_EVENT, reason, event)
+    signal = Signal(status, HealthSource.SCHEDULED_EVENT, reason, event, at=at)
     recorded: list[str] = []
     for instance_id in instance_ids:
         worker = find_worker_of(ctx, instance_id, region)
@@ -320,6 +322,7 @@ def handle(
             not_before=event.not_before,
             closed=event.detail.status_code == "closed",
             event_id=event.detail.event_arn,
+            at=event.time,
         )
     if isinstance(event, Ec2RebalanceEvent):
         return apply_rebalance_recommendation(

@@ -19,7 +19,7 @@ from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
-from fleetkeeper.domain.repair import HealthStatus
+from fleetkeeper.domain.repair import HealthStatus, stopped
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
@@ -358,9 +358,12 @@ class WorkerRepository(MachineKeyRepository):
         now = utcnow()
         wanted = (changes or {}).get("owner", worker.owner)
         owner = settled(worker, target, wanted, cause=cause, actor=actor, now=now)
+        # A stopped machine starts on other hardware: its checks' signals no longer stand.
+        health = stopped(worker.health, now) if target == WorkerStatus.STOPPED else worker.health
         updated = validated_copy(
             worker,
             {
+                "health": health,
                 **(changes or {}),
                 "owner": owner,
                 "status": target,

@@ -10,7 +10,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 
 from fleetkeeper.api.errors import JSON, Forbidden, responses
 from fleetkeeper.api.params import PageToken, WorkerId
-from fleetkeeper.api.principal import caller, is_one_of
+from fleetkeeper.api.principal import caller, is_one_of, session_name
 from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import (
     CreateWorkerRequest,
@@ -139,7 +139,9 @@ def put_do_not_disrupt(worker_id: WorkerId, body: DoNotDisruptRequest) -> Worker
     summary="Report a worker's health, as its agent sees it",
     description="`unhealthy` (with a reason, at most 500 characters) starts a repair once it has stood "
     "for the pool's `repair.reported` toleration (docs/repair.md); `healthy` withdraws it. Allowed to "
-    "the stage's worker-agent and tooling principals only (403 to others). 404 if there is no such worker; "
+    "the stage's worker-agent and tooling principals only (403 to others); a worker agent's session, "
+    "named after its instance as an instance profile's is, may report on its own worker only (403 "
+    "otherwise). 404 if there is no such worker; "
     "409 if it is TERMINATED; 422 names a field of the wrong form.",
     responses=responses({200: ("the worker, with its health", WorkerView)}, 403, 404, 409),
 )
@@ -149,7 +151,19 @@ def post_health(worker_id: WorkerId, body: HealthRequest) -> WorkerView:
     settings = context.settings
     # The gateway's resource policy denies the route to everyone else too (infra/api.py); this is the
     # check for a spelling of the path that reaches the route through another resource.
-    if not is_one_of(actor, (*settings.worker_agent_principals, *settings.tooling_principals)):
+    if is_one_of(actor, settings.tooling_principals):
+        pass
+    elif is_one_of(actor, settings.worker_agent_principals):
+        # One machine's agent must not make another worker sick: an instance profile's session is
+        # named after its instance.
+        worker = context.store.get_worker(worker_id)
+        session = session_name(actor)
+        if session is None or session != worker.ec2_instance_id:
+            raise Forbidden(
+                f"{actor} may report only on its own worker: its session {session or '(none)'} is not "
+                f"worker {worker.id}'s instance {worker.ec2_instance_id or '(none)'}"
+            )
+    else:
         raise Forbidden(
             f"{actor} may not report a worker's health: only the stage's worker-agent and tooling "
             "principals may (api.worker_agent_principals, api.tooling_principals)"

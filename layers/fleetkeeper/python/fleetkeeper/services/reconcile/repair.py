@@ -125,6 +125,7 @@ def repair_workers(
                         wait_running=True,
                         start_by=plan.start_by,
                         expect=_still_sick(health),
+                        episode_since=health.sick_since,
                     ),
                     counters,
                     now=now,

@@ -6,7 +6,9 @@
 2. A new worker of the same template, pool and region, its id derived from the old one's and the
    purpose, so an attempt repeated after a crash finds the replacement it made instead of making a
    second. One that ended (its launch failed, it was terminated) does not count: the next id of the
-   sequence is tried, at most MAX_REPLACEMENT_ATTEMPTS of them.
+   sequence is tried, until MAX_REPLACEMENT_ATTEMPTS of them ended in this episode (`episode_since`):
+   a repair that ended before its drain leaves its replacement to scale-down, and a later sickness of
+   the same worker is a new episode with attempts of its own.
 3. The drain of the old worker, through the same door as the same owner: at once, or (`wait_running`)
    once the replacement is RUNNING, or at `start_by` whatever the replacement does.
 
@@ -31,7 +33,8 @@ from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains, workers
 from fleetkeeper.services.context import Context
 
-# Replacements of one worker that may end before it is drained; then it waits for an operator.
+# Replacements of one worker that may end before it is drained, in one episode; then it waits for an
+# operator.
 MAX_REPLACEMENT_ATTEMPTS: Final = 3
 # A replacement in one of these can no longer take the old worker's place.
 _ENDED: Final = frozenset({WorkerStatus.FAILED, WorkerStatus.TERMINATING, WorkerStatus.TERMINATED})
@@ -69,6 +72,9 @@ class Replacement:
     start_by: datetime | None = None
     # What the worker must still be when its admission and its drain are written (a repair: sick).
     expect: admission.Expect | None = None
+    # When this episode began (a repair: the sickness); ended replacements made before it belong to an
+    # earlier episode and use up none of this one's attempts. None: every one counts.
+    episode_since: datetime | None = None
 
 
 def replace(
@@ -145,10 +151,12 @@ def replace(
 def ensure_replacement(
     ctx: Context, worker: Worker, plan: Replacement, counters: Counter[str]
 ) -> Worker | None:
-    """Make the worker's replacement, or find the live one an earlier attempt made; None when every
-    attempt's replacement has ended."""
-    for attempt in range(MAX_REPLACEMENT_ATTEMPTS):
+    """Make the worker's replacement, or find the live one an earlier attempt made; None when the
+    episode's every attempt has ended."""
+    ended = attempt = 0
+    while ended < MAX_REPLACEMENT_ATTEMPTS:
         new_id = replacement_id(worker.id, plan.purpose, attempt)
+        attempt += 1
         try:
             made = workers.create_worker(
                 ctx.store,
@@ -167,7 +175,11 @@ def ensure_replacement(
         except Conflict:
             found = ctx.store.find_worker(new_id)
             if found is None or found.status in _ENDED:
-                continue  # it cannot take the place: the next id of the sequence
+                # It cannot take the place: the next id of the sequence.
+                since = plan.episode_since
+                earlier = found is not None and since is not None and found.created_at < since
+                ended += 0 if earlier else 1
+                continue
             counters[f"{plan.counted_as}_replacement_exists"] += 1  # an earlier attempt made it
             return found
         counters[f"{plan.counted_as}_replacements"] += 1
