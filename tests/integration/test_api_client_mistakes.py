@@ -132,6 +132,10 @@ def test_given_a_boolean_query_parameter_other_than_true_or_false_then_422_names
         status, body = control_plane.api(method, path, query={name: value})
         expected = [{"field": f"query.{name}", "reason": "true or false"}]
         assert (status, body["details"]) == (422, expected), (method, path, name)
+
+
+def test_given_true_or_false_in_a_boolean_query_parameter_then_it_is_accepted(control_plane):
+    for method, path, name in _query_parameters("boolean"):
         for accepted in ("true", "false"):
             assert control_plane.api(method, path, query={name: accepted})[0] != 422, (path, name, accepted)
 
@@ -145,6 +149,10 @@ def test_given_an_integer_query_parameter_not_in_digits_then_422_names_it(contro
         status, body = control_plane.api(method, path, query={name: value})
         expected = [{"field": f"query.{name}", "reason": "a whole number written with the digits 0-9"}]
         assert (status, body["details"]) == (422, expected), (method, path, name)
+
+
+def test_given_digits_in_an_integer_query_parameter_then_they_are_accepted(control_plane):
+    for method, path, name in _query_parameters("integer"):
         assert control_plane.api(method, path, query={name: "5"})[0] != 422, (path, name)
 
 
