@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from fleetkeeper.domain.lead_time import LeadKind, coming_up
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 
@@ -329,7 +330,13 @@ def _stopped(worker: Worker, obs: Observation | None, now: datetime, timeout: ti
         if drift is not None:
             return drift
     if worker.desired_status == _S.RUNNING and obs is not None and obs.state == "stopped":
-        return Step(Outcome.REQUEUE, "desired RUNNING", target=_S.STARTING, call=Ec2Call.START)
+        return Step(
+            Outcome.REQUEUE,
+            "desired RUNNING",
+            target=_S.STARTING,
+            call=Ec2Call.START,
+            changes=coming_up(LeadKind.START, now),
+        )
     return Step(Outcome.SKIP, "stays stopped")
 
 

@@ -20,7 +20,7 @@ from fleetkeeper.domain.reconcile import (
 )
 from fleetkeeper.domain.scale_down import Verdict
 from fleetkeeper.observability import logger
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import drain_hooks, lead_time
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
 
@@ -114,6 +114,8 @@ def apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counter
         updated = ctx.store.transition_worker(
             worker, step.target, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes
         )
+        if not lead_time.record(ctx, worker, updated):
+            counters["lead_time_samples_lost"] += 1
         if step.cause == Cause.EC2:
             release_stopped_worker(ctx, updated, actor=ACTOR)
     if step.drift:
