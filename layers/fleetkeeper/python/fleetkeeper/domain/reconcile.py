@@ -20,6 +20,8 @@ _S = WorkerStatus
 
 BACKOFF_BASE_SECONDS = 1
 BACKOFF_MAX_SECONDS = 60
+CAPACITY_BACKOFF_BASE_SECONDS = 60
+CAPACITY_BACKOFF_MAX_SECONDS = 15 * 60
 # A launch claim older than this is from a reconciler that died mid-launch.
 LAUNCH_CLAIM_TTL = timedelta(minutes=5)
 # A drain record without an execution and without a deadline of its own gets this long to empty.
@@ -64,6 +66,14 @@ def backoff_seconds(attempts: int) -> int:
     if attempts >= 6:  # 2^6 > 60: avoid computing huge powers for long-failing workers
         return BACKOFF_MAX_SECONDS
     return int(min(BACKOFF_BASE_SECONDS * 2 ** max(attempts, 0), BACKOFF_MAX_SECONDS))
+
+
+def capacity_backoff_seconds(attempts: int) -> int:
+    """After EC2 had no capacity (or the account no quota): 1 min x 2^n, capped at 15 min. Capacity
+    comes back in minutes or hours, not seconds; asking sooner only spends the RunInstances budget."""
+    if attempts >= 4:  # 60 x 2^4 > 900
+        return CAPACITY_BACKOFF_MAX_SECONDS
+    return int(min(CAPACITY_BACKOFF_BASE_SECONDS * 2 ** max(attempts, 0), CAPACITY_BACKOFF_MAX_SECONDS))
 
 
 def next_attempt_at(now: datetime, attempts: int) -> datetime:
