@@ -17,6 +17,7 @@ from fleetkeeper.services import catalog
 from fleetkeeper.services.context import Context, default_context
 from fleetkeeper.settings import get_settings
 from fleetkeeper_local.controlplane import activate, provision
+from fleetkeeper_local.ec2_time import Delays
 from fleetkeeper_local.stack import LocalStack, free_port
 
 # The template the drain benchmarks' workers are of.
@@ -30,7 +31,8 @@ def bench_stack(*, log_level: str = "WARNING", metrics: bool = False) -> Iterato
     Metrics are off unless asked for: the benchmarks count what they measure themselves, and the EMF
     lines would only slow the loops they time.
     """
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port()).start()
+    # Machines boot at once: the benchmarks time the control plane, not an emulated boot.
+    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port(), ec2_delays=Delays(0.0, 0.0)).start()
     saved = dict(os.environ)
     try:
         os.environ.update(stack.environment())

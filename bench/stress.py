@@ -67,6 +67,7 @@ from fleetkeeper_local.controlplane import (
     provision,
     refresh_process_caches,
 )
+from fleetkeeper_local.ec2_time import Delays
 from fleetkeeper_local.event_shapes import schedule_input
 from fleetkeeper_local.images import register_template_images
 from fleetkeeper_local.invocation import invoke
@@ -1110,7 +1111,8 @@ def run(options: Options) -> Report:
     log_path.write_bytes(b"")
     print(f"API instance log: {log_path}", flush=True)
     booting = time.monotonic()
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port())
+    # Machines boot at once: the stress run's figures are the control plane's, not an emulated boot's.
+    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port(), ec2_delays=Delays(0.0, 0.0))
     table = f"fk-stress-{uuid.uuid4().hex[:8]}"
     with ExitStack() as cleanup:
         start_stack(stack)

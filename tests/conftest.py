@@ -16,6 +16,7 @@ from fleetkeeper.settings import get_settings
 from fleetkeeper.store import machine_keys
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.aws_rules import AwsRules
+from fleetkeeper_local.ec2_time import Delays
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.stack import LocalStack, free_port
 from tests.clients import forget_shared_clients, shared_client
@@ -67,7 +68,8 @@ def local_stack() -> Iterator[LocalStack]:
     Every AWS request a function makes on it is evaluated against the policies that function deploys
     with (fleetkeeper_local.iam); a request its role would not allow fails as on AWS.
     """
-    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port())
+    # Machines run at once, as moto's do: a test that wants boot time asks for it (ec2_time.delayed).
+    stack = LocalStack(dynamodb_port=free_port(), moto_port=free_port(), ec2_delays=Delays(0.0, 0.0))
     stack.start()
     saved = {k: os.environ.get(k) for k in stack.environment()}
     os.environ.update(stack.environment())

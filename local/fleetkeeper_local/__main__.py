@@ -15,6 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetkeeper_local.ec2_time import (
+    DEFAULT_LAUNCH_SECONDS,
+    DEFAULT_START_SECONDS,
+    LAUNCH_ENVIRONMENT,
+    START_ENVIRONMENT,
+)
 from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.policies import TemplateState, template_path, template_state
 from fleetkeeper_local.stack import (
@@ -99,6 +105,11 @@ class Synthesis:
 def run(args: argparse.Namespace) -> int:
     for key, value in (VERBOSE_POWERTOOLS if args.verbose else QUIET_POWERTOOLS).items():
         os.environ.setdefault(key, value)
+    # The emulated machines' boot times (ec2_time.py reads them when the stack starts moto).
+    if args.launch_seconds is not None:
+        os.environ[LAUNCH_ENVIRONMENT] = str(args.launch_seconds)
+    if args.start_seconds is not None:
+        os.environ[START_ENVIRONMENT] = str(args.start_seconds)
     api_port = int(os.environ.get(API_PORT_ENVIRONMENT, DEFAULT_API_PORT))
     if args.data_dir is not None:
         os.environ[DATA_DIR_ENV] = str(args.data_dir)
@@ -159,6 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_parser.add_argument("--workload-seed", type=int, default=None, help="seed, to repeat a simulation")
     run_parser.add_argument(
+        "--launch-seconds",
+        type=float,
+        default=None,
+        help=f"how long a launched machine is pending (or {LAUNCH_ENVIRONMENT}; default "
+        f"{DEFAULT_LAUNCH_SECONDS:g} s)",
+    )
+    run_parser.add_argument(
+        "--start-seconds",
+        type=float,
+        default=None,
+        help=f"how long a started machine is pending (or {START_ENVIRONMENT}; default "
+        f"{DEFAULT_START_SECONDS:g} s)",
+    )
+    run_parser.add_argument(
         "--verbose",
         action="store_true",
         help="also print the functions' INFO logs and their EMF metric lines",
@@ -174,15 +199,22 @@ def main(argv: list[str] | None = None) -> int:
     publish_parser.set_defaults(handler=publish_image)
     simulate_parser = commands.add_parser(
         "simulate",
-        help="on a running `make run`: make a health signal happen to a machine (docs/repair.md)",
+        help="on a running `make run`: make a health signal happen to a machine (docs/repair.md), or "
+        "an instance type run out of capacity (docs/fault-injection.md)",
     )
     simulate_parser.add_argument(
         "signal",
-        choices=["retirement", "impair", "silence", "recover"],
+        choices=["retirement", "impair", "silence", "recover", "ice"],
         help="retirement: a scheduled event; impair: failed status checks; silence: no status at all; "
-        "recover: checks pass and a scheduled event is cancelled",
+        "recover: checks pass and a scheduled event is cancelled; ice: RunInstances and StartInstances "
+        "of the instance type answer InsufficientInstanceCapacity",
     )
-    simulate_parser.add_argument("instance_id", help="the machine, e.g. i-0123456789abcdef0")
+    simulate_parser.add_argument(
+        "instance_id", help="the machine, e.g. i-0123456789abcdef0; for ice the instance type, e.g. m5.large"
+    )
+    simulate_parser.add_argument(
+        "--off", action="store_true", help="ice: the instance type has capacity again"
+    )
     simulate_parser.add_argument(
         "--in", dest="within", default="2h", help="retirement: how far ahead its NotBefore is (default 2h)"
     )

@@ -161,7 +161,8 @@ def ec2_server_error(rate: float, **kw: Any) -> Fault:
 
 
 def ec2_no_capacity(rate: float, **kw: Any) -> Fault:
-    return Fault("ec2", "InsufficientInstanceCapacity", frozenset({"RunInstances"}), rate, **kw)
+    # EC2 answers it with a 500 (ec2_time.py marks an instance type out of capacity for every caller).
+    return Fault("ec2", "InsufficientInstanceCapacity", frozenset({"RunInstances"}), rate, status=500, **kw)
 
 
 _TOKEN_ANSWERS = frozenset({"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"})

@@ -13,6 +13,7 @@ from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, 
 from fleetkeeper.services import catalog, instances, placement, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import ec2_time
 from fleetkeeper_local.controlplane import ensure_worker_profile
 from fleetkeeper_local.images import stock_image
 
@@ -108,7 +109,9 @@ def seed_demo_fleet(ctx: Context, ec2: Any, region: str) -> SeededFleet:
             store, template=template_name, region=region, pool=pool, actor=SEED_ACTOR
         )
         if running:
-            launched = _launch(ec2, worker, images[template_name])
+            # The demo fleet stands for machines that run already: no boot to wait for.
+            with ec2_time.instant():
+                launched = _launch(ec2, worker, images[template_name])
             worker = store.transition_worker(
                 worker,
                 WorkerStatus.PROVISIONING,

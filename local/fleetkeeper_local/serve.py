@@ -292,15 +292,21 @@ def publish_image(args: argparse.Namespace) -> int:
 
 
 def simulate(args: argparse.Namespace) -> int:
-    """A health signal on one machine of the running local stack (docs/repair.md, "Locally")."""
+    """A health signal on one machine of the running local stack (docs/repair.md, "Locally"), or an
+    instance type out of capacity (docs/fault-injection.md)."""
     from fleetkeeper.domain.durations import parse_duration  # noqa: PLC0415
-    from fleetkeeper_local import health  # noqa: PLC0415
+    from fleetkeeper_local import ec2_time, health  # noqa: PLC0415
 
     stack = LocalStack.from_environ()
     os.environ.update(stack.environment())
     ec2 = boto3.client("ec2", region_name=args.region)
     try:
-        if args.signal == "retirement":
+        if args.signal == "ice":
+            ec2_time.set_capacity(ec2, args.instance_id, available=args.off)
+            print(
+                f"{args.instance_id} in {args.region}: " + ("capacity again" if args.off else "no capacity")
+            )
+        elif args.signal == "retirement":
             within = parse_duration(args.within)
             if within is None:
                 print(f"error: --in {args.within!r} is not a duration such as 2h or 90m", file=sys.stderr)

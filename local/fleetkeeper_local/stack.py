@@ -24,9 +24,12 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetkeeper_local import dynamodb_jvm
+
+if TYPE_CHECKING:
+    from fleetkeeper_local.ec2_time import Delays
 
 API_PORT_ENVIRONMENT = "FLEETKEEPER_API_PORT"
 DEFAULT_API_PORT = 8080
@@ -188,6 +191,8 @@ class LocalStack:
     dynamodb_port: int = DEFAULT_DYNAMODB_PORT
     moto_port: int = DEFAULT_MOTO_PORT
     data_dir: Path | None = None  # None keeps DynamoDB Local in memory
+    # How long emulated machines take to boot (ec2_time.py); None: the environment's, else 3 s and 2 s.
+    ec2_delays: Delays | None = None
     _dynamodb: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _moto: Any = field(default=None, init=False, repr=False)  # moto's ThreadedMotoServer
     _dynamodb_admin: Any = field(default=None, init=False, repr=False)
@@ -296,7 +301,7 @@ class LocalStack:
             raise
 
     def _start_moto(self) -> None:
-        from fleetkeeper_local import health, machines  # noqa: PLC0415 - moto loads here, not at import
+        from fleetkeeper_local import ec2_time, health, machines  # noqa: PLC0415 - moto loads here, not at import
         from fleetkeeper_local.moto_server import MotoServer  # noqa: PLC0415
 
         # werkzeug logs every request moto serves; that drowns everything else in the console.
@@ -308,6 +313,10 @@ class LocalStack:
         machines.install()
         # Scheduled events and failed status checks a command simulates (health.py).
         health.install()
+        # Machines take time to boot, and an instance type may lack capacity (ec2_time.py).
+        ec2_time.install()
+        if self.ec2_delays is not None:
+            ec2_time.configure(self.ec2_delays)
         _parse_each_definition_once()
         _wait_for_http(f"{self.moto_endpoint}/moto-api/", timeout=STARTUP_TIMEOUT_SECONDS)
         self.configure_moto(

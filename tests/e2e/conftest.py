@@ -16,8 +16,14 @@ from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.stack import free_port
 
 ROOT = Path(__file__).parents[2]
-# Short local schedules: a new worker is launched and seen running within a few seconds.
-FAST_SCHEDULES = {"FLEETKEEPER_LOCAL_RECONCILE_SECONDS": "1", "FLEETKEEPER_LOCAL_EVENT_PUMP_SECONDS": "0.5"}
+# Short local schedules, and machines that boot at once: a new worker is launched and seen running
+# within a few seconds.
+FAST_SCHEDULES = {
+    "FLEETKEEPER_LOCAL_RECONCILE_SECONDS": "1",
+    "FLEETKEEPER_LOCAL_EVENT_PUMP_SECONDS": "0.5",
+    "FLEETKEEPER_LOCAL_LAUNCH_SECONDS": "0",
+    "FLEETKEEPER_LOCAL_START_SECONDS": "0",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

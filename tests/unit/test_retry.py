@@ -52,6 +52,11 @@ def test_given_a_transient_aws_error_then_it_is_retryable(error: Exception) -> N
         client_error("AccessDeniedException", 403),
         client_error("ResourceNotFoundException"),
         client_error("InsufficientInstanceCapacity"),
+        # EC2 answers no capacity with a 500; it is final all the same, as is running out of quota.
+        client_error("InsufficientInstanceCapacity", 500),
+        client_error("InstanceLimitExceeded"),
+        client_error("VcpuLimitExceeded"),
+        client_error("Unsupported"),
         client_error("TransactionCanceledException", reasons=["ConditionalCheckFailed", "None"]),
         # A failed condition decides the outcome even when another item also met a conflict.
         client_error(

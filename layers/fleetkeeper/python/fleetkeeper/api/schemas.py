@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
@@ -22,6 +23,7 @@ from pydantic import (
 from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
+from fleetkeeper.domain.lead_time import LeadTime
 from fleetkeeper.domain.lifecycle import InstanceState, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import (
     MAX_DRAIN_TIMEOUT_SECONDS,
@@ -709,6 +711,28 @@ class TemplateView(BaseModel):
     @classmethod
     def of(cls, template: WorkerTemplate) -> TemplateView:
         return cls.model_validate(template.model_dump())
+
+
+class LeadTimeView(BaseModel):
+    """How long the template's workers take to come up (domain/lead_time.py)."""
+
+    launch_seconds: float = Field(description="p95 of the last 50 launches to RUNNING, else 600 (10 min)")
+    start_seconds: float = Field(description="p95 of the last 50 starts to RUNNING, else 120 (2 min)")
+    samples_launch: int = Field(description="launches measured (the last 50 are kept)")
+    samples_start: int = Field(description="starts measured (the last 50 are kept)")
+    source: Literal["measured", "default"] = Field(
+        description="measured: both figures from at least 5 samples; default: one or both are the default"
+    )
+
+    @classmethod
+    def of(cls, lead: LeadTime) -> LeadTimeView:
+        return cls.model_validate(asdict(lead))
+
+
+class TemplateDetail(TemplateView):
+    """One template, with its measured lead time."""
+
+    lead_time: LeadTimeView
 
 
 class TemplateList(BaseModel):

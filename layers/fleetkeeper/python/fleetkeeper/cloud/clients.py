@@ -12,6 +12,7 @@ a lock; the clients themselves are.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
 from typing import Any, Final
@@ -20,6 +21,8 @@ import boto3
 import botocore.loaders
 import botocore.session
 from botocore.config import Config
+
+from fleetkeeper.cloud.retry import CAPACITY_CODES
 
 # The most threads one invocation runs on one shared client: the reconcile cycle's worker steps
 # (services/reconcile/cycle.py PARALLELISM); the operations' steps (services/operations.py) run after
@@ -82,7 +85,20 @@ def client(service: str, region: str | None = None, *, retries: RetryLayer | Non
 @cache
 def _client(service: str, region: str | None, layer: RetryLayer) -> Any:
     with _SESSION_LOCK:
-        return _session().client(service, region_name=region, config=_CONFIGS[layer])  # type: ignore[call-overload]
+        created = _session().client(service, region_name=region, config=_CONFIGS[layer])  # type: ignore[call-overload]
+    if layer is RetryLayer.SDK:
+        created.meta.events.register_first(f"needs-retry.{service}", _capacity_is_final)
+    return created
+
+
+def _capacity_is_final(response: tuple[Any, Mapping[str, Any]] | None = None, **_: Any) -> bool | None:
+    """botocore's `needs-retry`: no SDK retry of a capacity error (cloud/retry.CAPACITY_CODES), which its
+    standard mode would send four more times for the 500 EC2 answers it with. False, not None: botocore
+    takes the first answer that is not None, and False stops the retry whatever later handlers say."""
+    if response is None:
+        return None
+    code = response[1].get("Error", {}).get("Code")
+    return False if code in CAPACITY_CODES else None
 
 
 def reset_clients() -> None:

@@ -2,15 +2,47 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
+from fleetkeeper.cloud.retry import CAPACITY_CODES, error_code
 from fleetkeeper.domain.repair import EventReading, StatusReading
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
+
+T = TypeVar("T")
+
+
+class CapacityError(ClientError):
+    """EC2 had no capacity for the instance type, or the account no quota, for a launch or a start
+    (cloud/retry.CAPACITY_CODES): final for this attempt. It is the AWS error itself, typed, so whoever
+    meets it can say why capacity is blocked with EC2's own code and message."""
+
+    def __init__(self, cause: ClientError, operation: str, instance_type: str | None = None) -> None:
+        super().__init__(cause.response, operation)
+        self.instance_type = instance_type
+
+    @property
+    def code(self) -> str:
+        return str(self.response.get("Error", {}).get("Code", ""))
+
+    @property
+    def aws_message(self) -> str:
+        return str(self.response.get("Error", {}).get("Message", ""))
+
+
+def capacity_refused(call: Callable[[], T], operation: str, instance_type: str | None = None) -> T:
+    """Run an EC2 launch or start; a capacity refusal comes out as a CapacityError."""
+    try:
+        return call()
+    except ClientError as exc:
+        if error_code(exc) in CAPACITY_CODES:
+            raise CapacityError(exc, operation, instance_type) from exc
+        raise
+
 
 # DescribeInstances returns at most 1000 instances a page.
 DESCRIBE_PAGE_SIZE = 1000
@@ -182,14 +214,16 @@ class Ec2Gateway:
             request["KeyName"] = key_name
         if instance_profile:
             request["IamInstanceProfile"] = {"Name": instance_profile}
-        response = self._client.run_instances(**request)
+        response = capacity_refused(
+            lambda: self._client.run_instances(**request), "RunInstances", instance_type
+        )
         return Ec2Instance.from_api(response["Instances"][0])
 
     def stop(self, instance_id: str) -> None:
         self._client.stop_instances(InstanceIds=[instance_id])
 
     def start(self, instance_id: str) -> None:
-        self._client.start_instances(InstanceIds=[instance_id])
+        capacity_refused(lambda: self._client.start_instances(InstanceIds=[instance_id]), "StartInstances")
 
     def terminate(self, instance_id: str) -> None:
         self._client.terminate_instances(InstanceIds=[instance_id])

@@ -62,6 +62,12 @@ TRANSIENT_CODES = frozenset(
         "TransactionConflictException",
     }
 )
+# EC2 has no capacity for the instance type, or the account no quota, for a launch or a start. Sending
+# the same request again soon meets the same answer, though EC2 answers InsufficientInstanceCapacity with
+# a 500: final for the attempt, never retried here nor by the SDK (cloud/clients.py).
+CAPACITY_CODES = frozenset(
+    {"InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded", "Unsupported"}
+)
 # The per-item reasons of a cancelled DynamoDB transaction that a second attempt can clear. Any other
 # reason (a failed condition, a validation error, an item collection too large) is final.
 RETRYABLE_CANCELLATION_REASONS = frozenset(
@@ -119,6 +125,8 @@ def is_retryable(exc: BaseException) -> bool:
             str(r.get("Code")) for r in cancellation_reasons(exc) if r.get("Code") not in (None, NO_REASON)
         ]
         return bool(reasons) and all(r in RETRYABLE_CANCELLATION_REASONS for r in reasons)
+    if code in CAPACITY_CODES:
+        return False
     if code in THROTTLING_CODES or code in TRANSIENT_CODES:
         return True
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")

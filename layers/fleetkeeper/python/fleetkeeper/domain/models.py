@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from fleetkeeper.domain.disruption import DisruptionPolicy
+from fleetkeeper.domain.lead_time import LeadKind
 from fleetkeeper.domain.lifecycle import (
     ACTIVE_INSTANCE_STATES,
     InstanceState,
@@ -245,6 +246,10 @@ class Worker(WorkerSummary):
     image_id: str | None = Field(default=None, max_length=64)
     instance_type: str | None = Field(default=None, max_length=64)
     launched_at: UtcDatetime | None = None
+    # While PROVISIONING or STARTING: what the worker is coming up from and since when, so the move to
+    # RUNNING times the template's lead time (domain/lead_time.py); cleared by any other move.
+    lead_kind: LeadKind | None = None
+    lead_since: UtcDatetime | None = None
     # A pinned launch: the image and instance type to launch instead of the template's newest image and
     # its instance type (a rollback restores what a rollout replaced; docs/rollouts.md). Drift still
     # compares the machine with the template.

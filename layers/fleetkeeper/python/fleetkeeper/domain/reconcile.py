@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from fleetkeeper.domain.lead_time import LeadKind, coming_up
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 
@@ -19,6 +20,8 @@ _S = WorkerStatus
 
 BACKOFF_BASE_SECONDS = 1
 BACKOFF_MAX_SECONDS = 60
+CAPACITY_BACKOFF_BASE_SECONDS = 60
+CAPACITY_BACKOFF_MAX_SECONDS = 15 * 60
 # A launch claim older than this is from a reconciler that died mid-launch.
 LAUNCH_CLAIM_TTL = timedelta(minutes=5)
 # A drain record without an execution and without a deadline of its own gets this long to empty.
@@ -63,6 +66,14 @@ def backoff_seconds(attempts: int) -> int:
     if attempts >= 6:  # 2^6 > 60: avoid computing huge powers for long-failing workers
         return BACKOFF_MAX_SECONDS
     return int(min(BACKOFF_BASE_SECONDS * 2 ** max(attempts, 0), BACKOFF_MAX_SECONDS))
+
+
+def capacity_backoff_seconds(attempts: int) -> int:
+    """After EC2 had no capacity (or the account no quota): 1 min x 2^n, capped at 15 min. Capacity
+    comes back in minutes or hours, not seconds; asking sooner only spends the RunInstances budget."""
+    if attempts >= 4:  # 60 x 2^4 > 900
+        return CAPACITY_BACKOFF_MAX_SECONDS
+    return int(min(CAPACITY_BACKOFF_BASE_SECONDS * 2 ** max(attempts, 0), CAPACITY_BACKOFF_MAX_SECONDS))
 
 
 def next_attempt_at(now: datetime, attempts: int) -> datetime:
@@ -329,7 +340,13 @@ def _stopped(worker: Worker, obs: Observation | None, now: datetime, timeout: ti
         if drift is not None:
             return drift
     if worker.desired_status == _S.RUNNING and obs is not None and obs.state == "stopped":
-        return Step(Outcome.REQUEUE, "desired RUNNING", target=_S.STARTING, call=Ec2Call.START)
+        return Step(
+            Outcome.REQUEUE,
+            "desired RUNNING",
+            target=_S.STARTING,
+            call=Ec2Call.START,
+            changes=coming_up(LeadKind.START, now),
+        )
     return Step(Outcome.SKIP, "stays stopped")
 
 

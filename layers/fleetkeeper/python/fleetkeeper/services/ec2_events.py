@@ -27,7 +27,7 @@ from fleetkeeper.domain.models import DrainThen, Worker, utcnow
 from fleetkeeper.domain.reconcile import CONSISTENT_STATUSES, Observation, follow_ec2, is_stale_evidence
 from fleetkeeper.domain.repair import HealthSource, HealthStatus, ScheduledEvent, Signal
 from fleetkeeper.observability import emit_counters, logger
-from fleetkeeper.services import drain_hooks, repair
+from fleetkeeper.services import drain_hooks, lead_time, repair
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import finish_retirement, release_stopped_worker, retire_worker
 from fleetkeeper.triggers import (
@@ -185,6 +185,7 @@ def _move(
         reason=reason,
         changes={**changes, "status_reason": reason},
     )
+    lead_time.record(ctx, worker, moved)
     release_stopped_worker(ctx, moved, actor=ACTOR)
 
 

@@ -10,6 +10,7 @@ from fleetkeeper.cloud.retry import retry_conflicts
 from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolNotActive
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Owner, Worker, new_id
+from fleetkeeper.services import lead_time
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import finish_retirement, retire_worker
 from fleetkeeper.store.repository import FleetStore
@@ -142,9 +143,11 @@ def record_observed_status(
                 reason=reason or "worker terminated",
                 changes=changes,
             )
-        return ctx.store.transition_worker(
+        moved = ctx.store.transition_worker(
             worker, status, cause=Cause.EC2, actor=actor, reason=reason, changes={"status_reason": reason}
         )
+        lead_time.record(ctx, worker, moved)
+        return moved
 
     retry_conflicts(apply)
     return ctx.store.get_worker(worker_id)

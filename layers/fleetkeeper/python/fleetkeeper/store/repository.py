@@ -11,7 +11,8 @@ Where each part lives:
 - store/counters.py: the exact worker counts per scope and status, kept by the worker writes;
 - store/layout.py and store/migration.py: which index layout the table is in, and the steps that
   migrate a table written by an earlier release;
-- store/drain_marks.py: the drain sweep's marks (when it last called Step Functions for a drain).
+- store/drain_marks.py: the drain sweep's marks (when it last called Step Functions for a drain);
+- store/lead_times.py: each template's lead-time samples.
 
 Concurrency rules: docs/data-model.md.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 from fleetkeeper.store.audit import AuditRepository
 from fleetkeeper.store.catalog import CatalogRepository
 from fleetkeeper.store.drain_marks import DrainMarkRepository
+from fleetkeeper.store.lead_times import LeadTimeRepository
 from fleetkeeper.store.migration import MigrationRepository
 from fleetkeeper.store.operations import OperationRepository
 from fleetkeeper.store.slots import SlotTransactions
@@ -38,5 +40,6 @@ class FleetStore(
     OperationRepository,
     MigrationRepository,
     DrainMarkRepository,
+    LeadTimeRepository,
 ):
     """Repository over the single fleetkeeper table; services reach every entity through `ctx.store`."""

@@ -16,6 +16,7 @@ from fleetkeeper.domain.admission import Claim, counted, settled
 from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolNotActive, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
+from fleetkeeper.domain.lead_time import settled_lead
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.domain.reconcile import newest_per_worker
@@ -364,6 +365,7 @@ class WorkerRepository(MachineKeyRepository):
             worker,
             {
                 "health": health,
+                **settled_lead(worker, target),
                 **(changes or {}),
                 "owner": owner,
                 "status": target,

@@ -7,20 +7,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from fleetkeeper.cloud.ec2 import CapacityError
 from fleetkeeper.domain.errors import Conflict, NotFound
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Drift, Worker
+from fleetkeeper.domain.models import DrainThen, Drift, Worker, utcnow
 from fleetkeeper.domain.reconcile import (
     BACKOFF_MAX_SECONDS,
     Ec2Call,
     Observation,
     Outcome,
     Step,
+    capacity_backoff_seconds,
     next_attempt_at,
 )
 from fleetkeeper.domain.scale_down import Verdict
 from fleetkeeper.observability import logger
-from fleetkeeper.services import drain_hooks
+from fleetkeeper.services import drain_hooks, lead_time
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
 
@@ -93,8 +95,39 @@ def apply_step(ctx: Context, worker: Worker, step: Step, counters: Counter[str])
     """The step's transition (conditional on the version read), then its EC2 call on the machine."""
     current = apply_transition(ctx, worker, step, counters)
     if step.call is not None and current.ec2_instance_id:
-        call_ec2(ctx, current, step.call)
+        try:
+            call_ec2(ctx, current, step.call)
+        except CapacityError as refused:
+            if step.call is not Ec2Call.START:
+                raise
+            return start_refused(ctx, current, refused, worker.reconcile_attempts, counters)
     return step.outcome
+
+
+def start_refused(
+    ctx: Context, worker: Worker, refused: CapacityError, attempts: int, counters: Counter[str]
+) -> Outcome:
+    """EC2 had no capacity to start the machine: it is still stopped, and so is the worker again (EC2's
+    word), waiting out the capacity backoff before the next StartInstances."""
+    reason = f"StartInstances refused: {refused.code}: {refused.aws_message}"[:500]
+    now = utcnow()
+    ctx.store.transition_worker(
+        worker,
+        WorkerStatus.STOPPED,
+        cause=Cause.EC2,
+        actor=ACTOR,
+        reason=reason,
+        changes={
+            "status_reason": reason,
+            "reconcile_attempts": attempts + 1,
+            "next_reconcile_at": now + timedelta(seconds=capacity_backoff_seconds(attempts)),
+            "last_reconcile_error": reason,
+        },
+    )
+    counters["capacity_errors"] += 1
+    counters["retries_scheduled"] += 1
+    logger.warning("start refused for capacity", worker_id=worker.id, code=refused.code)
+    return Outcome.RETRY
 
 
 def apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counter[str]) -> Worker:
@@ -114,6 +147,8 @@ def apply_transition(ctx: Context, worker: Worker, step: Step, counters: Counter
         updated = ctx.store.transition_worker(
             worker, step.target, cause=step.cause, actor=ACTOR, reason=step.reason, changes=changes
         )
+        if not lead_time.record(ctx, worker, updated):
+            counters["lead_time_samples_lost"] += 1
         if step.cause == Cause.EC2:
             release_stopped_worker(ctx, updated, actor=ACTOR)
     if step.drift:
@@ -142,22 +177,31 @@ def call_ec2(ctx: Context, worker: Worker, call: Ec2Call) -> None:
 
 
 def back_off(
-    ctx: Context, worker: Worker, now: datetime, error: str, counters: Counter[str], *, final: bool = False
+    ctx: Context,
+    worker: Worker,
+    now: datetime,
+    error: str,
+    counters: Counter[str],
+    *,
+    final: bool = False,
+    capacity: bool = False,
 ) -> None:
     """Persist the RETRY backoff on the worker so the next invocation honours it.
 
     A final error (one that sending the same request again cannot clear) waits the longest backoff at
-    once instead of climbing to it: the worker is looked at again, but not in a tight loop.
+    once instead of climbing to it: the worker is looked at again, but not in a tight loop. A capacity
+    error (final too) climbs the capacity backoff, minutes apart.
     """
     try:
         fresh = ctx.store.get_worker(worker.id)
         if fresh.version != worker.version and fresh.status != worker.status:
             return  # it moved on meanwhile; the backoff belongs to a state that is gone
-        retry_at = (
-            now + timedelta(seconds=BACKOFF_MAX_SECONDS)
-            if final
-            else next_attempt_at(now, fresh.reconcile_attempts)
-        )
+        if capacity:
+            retry_at = now + timedelta(seconds=capacity_backoff_seconds(fresh.reconcile_attempts))
+        elif final:
+            retry_at = now + timedelta(seconds=BACKOFF_MAX_SECONDS)
+        else:
+            retry_at = next_attempt_at(now, fresh.reconcile_attempts)
         ctx.store.update_worker(
             fresh,
             {
@@ -167,7 +211,7 @@ def back_off(
                 "launch_claimed_at": None,
                 # A refused launch started nothing: the next one picks the newest image afresh. Any
                 # other failure may have lost a launch that went through: it is repeated as it was.
-                **(LAUNCH_FORGOTTEN if final else {}),
+                **(LAUNCH_FORGOTTEN if final or capacity else {}),
             },
             actor=ACTOR,
             action="ReconcileRetry",

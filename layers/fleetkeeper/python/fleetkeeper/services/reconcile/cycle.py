@@ -26,7 +26,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError
 
 from fleetkeeper.cloud import retry
-from fleetkeeper.cloud.ec2 import Ec2Instance
+from fleetkeeper.cloud.ec2 import CapacityError, Ec2Instance
 from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metrics
 from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
 from fleetkeeper.domain.lifecycle import WorkerStatus
@@ -508,6 +508,12 @@ def _worker_failed(
         exc_info=error if not from_region else None,
     )
     try:
+        if isinstance(error, CapacityError):
+            # No capacity or no quota: not the worker's fault, and no reason to give it up. It waits the
+            # capacity backoff and launches when EC2 has room again (docs/lifecycle.md).
+            counters["capacity_errors"] += 1
+            back_off(ctx, worker, now, reason, counters, capacity=True)
+            return Outcome.RETRY
         if item.step.call is Ec2Call.LAUNCH and _is_aws_error(error) and not retryable:
             # EC2 refused the launch (a bad AMI or subnet, a denied call, no capacity): it is tried again
             # at the longest backoff, and given up after MAX_REFUSED_LAUNCHES refusals in a row. The

@@ -12,6 +12,7 @@ from typing import Any
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.launch import refused_instance_type
+from fleetkeeper.domain.lead_time import LeadKind, coming_up
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, Outcome, Step, launch_may_have_run
@@ -227,6 +228,8 @@ def _provisioned(
             **LAUNCH_FORGOTTEN,
             **reset_backoff(worker),
             **launched,
+            # The lead time runs from the RunInstances that started it (an adopted machine's own launch).
+            **coming_up(LeadKind.LAUNCH, (instance.launch_time or now) if adopted else now),
         },
     )
     counters["provisioned_count"] += 1
