@@ -64,12 +64,14 @@ def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
 
 @router.put(
     "/api/v1/pools/<name>",
-    summary="Create a pool or update its description, status, budgets or repair settings",
+    summary="Create a pool or update its description, status, budgets, repair or capacity settings",
     description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
-    "`disruption` replaces the budgets whole and `repair` its repair settings (docs/repair.md). 409 if "
+    "`disruption` replaces the budgets whole, `repair` its repair settings (docs/repair.md) and "
+    "`capacity` its capacity policy (docs/capacity.md). 409 if "
     "the pool is draining and the body changes its status (cancel the drain first); 422 names a field "
     "of the wrong form, such as a budget's `max`, "
-    "`schedule`, `duration` or `timezone`.",
+    "`schedule`, `duration` or `timezone`, or a capacity policy's unknown template or headroom that "
+    "`max_workers` cannot hold.",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
 def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
@@ -81,6 +83,7 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         status=PoolStatus(body.status) if body.status else None,
         disruption=body.disruption,
         repair=body.repair,
+        capacity=body.capacity,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
     return Response(status_code=status, content_type=JSON, body=pool_view(pool))
