@@ -18,8 +18,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.schedules import ScheduledWindow
 from fleetkeeper.domain.values import WholeNumber
 
@@ -259,18 +260,136 @@ def capacity_target(
 
 @dataclass(frozen=True)
 class Shortfall:
-    """What scale-out does for a target: warm workers to start and workers to create."""
+    """What scale-out does for a target: warm workers to start, and workers to create, of which `warm`
+    are to be stopped once RUNNING (they refill the warm set)."""
 
     start: int
     create: int
+    warm: int
 
 
-def shortfall(target: Target, *, running: int, launching: int, warm: int) -> Shortfall:
-    """Workers to bring up towards `target`: the RUNNING ones missing, not already launching or
-    starting, taken from the `warm` STOPPED workers first and created for the rest; plus new workers to
-    fill the warm set (they are launched and then stopped). The cap holds at the write, not here."""
+def shortfall(target: Target, *, running: int, launching: int, stopping: int, stopped: int) -> Shortfall:
+    """Workers to bring up towards `target`. The RUNNING ones missing (not already launching or
+    starting) come from the STOPPED workers first; new ones are created for the rest and for a warm set
+    short of `target.warm`. A new warm worker launches like any other and counts as launching until it
+    stops, so what is created is what the pool lacks in all (RUNNING, launching, stopping and stopped
+    against the target's workers and warm together): a launch is never asked for twice. The cap holds
+    at the write, not here."""
     missing = max(target.workers - running - launching, 0)
-    start = min(missing, warm)
-    warm_left = warm - start
-    create = (missing - start) + max(target.warm - warm_left, 0)
-    return Shortfall(start=start, create=create)
+    start = min(missing, stopped)
+    create = max(target.workers + target.warm - running - launching - stopping - stopped, 0)
+    to_run = min(create, missing - start)
+    return Shortfall(start=start, create=create, warm=create - to_run)
+
+
+# ---- membership: what max_workers counts -----------------------------------------------------------
+
+# A worker of a pool counts against its max_workers in every status but these: its machine is gone, or
+# was never made (a FAILED worker's leftover machine is terminated by its own retirement).
+NOT_MEMBERS: Final = frozenset({WorkerStatus.TERMINATED, WorkerStatus.FAILED})
+
+
+def member_moves(
+    before: tuple[str | None, WorkerStatus] | None, after: tuple[str | None, WorkerStatus]
+) -> dict[str, int]:
+    """How a write moves the pools' member counts: (pool, status) before it (None: a new worker) and
+    after it; -1 on the pool it leaves, +1 on the pool it joins."""
+    moves: dict[str, int] = {}
+    if before is not None and before[0] is not None and before[1] not in NOT_MEMBERS:
+        moves[before[0]] = moves.get(before[0], 0) - 1
+    if after[0] is not None and after[1] not in NOT_MEMBERS:
+        moves[after[0]] = moves.get(after[0], 0) + 1
+    return {pool: delta for pool, delta in moves.items() if delta}
+
+
+# ---- blocked: capacity EC2 will not give now -------------------------------------------------------
+
+
+class BlockedReason(StrEnum):
+    """Why scale-out waits for a pool (docs/capacity.md, "Blocked")."""
+
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    QUOTA = "quota"
+    THROTTLED = "throttled"
+
+
+# EC2 error codes that say capacity cannot be had now, and what each means: retrying at once only
+# repeats the refusal (and, throttled, makes it worse).
+_BLOCKING: Final = {
+    "InsufficientInstanceCapacity": BlockedReason.INSUFFICIENT_CAPACITY,
+    "InsufficientHostCapacity": BlockedReason.INSUFFICIENT_CAPACITY,
+    "InsufficientCapacity": BlockedReason.INSUFFICIENT_CAPACITY,
+    "InstanceLimitExceeded": BlockedReason.QUOTA,
+    "VcpuLimitExceeded": BlockedReason.QUOTA,
+    "MaxSpotInstanceCountExceeded": BlockedReason.QUOTA,
+    "RequestLimitExceeded": BlockedReason.THROTTLED,
+    "Throttling": BlockedReason.THROTTLED,
+    "ThrottlingException": BlockedReason.THROTTLED,
+}
+# The first backoff is about a cycle; each refusal in a row doubles it, up to half an hour.
+BLOCKED_BACKOFF: Final = timedelta(minutes=1)
+MAX_BLOCKED_BACKOFF: Final = timedelta(minutes=30)
+
+
+def blocked_reason(aws_error: str | None) -> BlockedReason | None:
+    """The reason an EC2 error code blocks scale-out, None for an error that does not."""
+    return _BLOCKING.get(aws_error or "")
+
+
+class Blocked(_Record):
+    """Scale-out of a pool waits: EC2 refused a launch for want of capacity, a quota or its rate."""
+
+    reason: BlockedReason
+    aws_error: str = Field(max_length=128)
+    message: str | None = Field(default=None, max_length=500)
+    since: AwareDatetime
+    retry_at: AwareDatetime
+    refusals: int = Field(default=1, ge=1)
+
+
+def blocked_after(
+    current: Blocked | None, aws_error: str, message: str | None, now: datetime
+) -> Blocked | None:
+    """The pool's `blocked` after EC2 refused a launch with `aws_error` at `now`; `current` itself while
+    its backoff still runs (several launches refused in one cycle are one refusal), None when the error
+    blocks nothing."""
+    reason = blocked_reason(aws_error)
+    if reason is None:
+        return current
+    if current is not None and now < current.retry_at:
+        return current
+    refusals = 1 if current is None else current.refusals + 1
+    wait = min(BLOCKED_BACKOFF * 2 ** (refusals - 1), MAX_BLOCKED_BACKOFF)
+    return Blocked(
+        reason=reason,
+        aws_error=aws_error,
+        message=(message or "")[:500] or None,
+        since=current.since if current is not None else now,
+        retry_at=now + wait,
+        refusals=refusals,
+    )
+
+
+class LastCycle(_Record):
+    """What scale-out last did for a pool."""
+
+    at: AwareDatetime
+    target: int = Field(ge=0)
+    warm_target: int = Field(ge=0)
+    # None: no target was set (the pool is not active, or its template is gone; `note` says which).
+    rule: Rule | None = None
+    schedule: int | None = None
+    started: int = Field(default=0, ge=0)
+    created: int = Field(default=0, ge=0)
+    # New workers the cap refused: the pool was full when the write came.
+    refused_at_cap: int = Field(default=0, ge=0)
+    note: str | None = Field(default=None, max_length=500)
+
+
+class CapacityState(_Record):
+    """A pool's scale-out state, kept apart from the pool item so that writing it every cycle never
+    moves the pool's version (which disruption claims check)."""
+
+    version: int = Field(default=0, ge=0)
+    blocked: Blocked | None = None
+    last_cycle: LastCycle | None = None

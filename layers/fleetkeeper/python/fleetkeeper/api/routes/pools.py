@@ -13,7 +13,7 @@ from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import Pool
-from fleetkeeper.services import catalog, disruption
+from fleetkeeper.services import capacity, catalog, disruption
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.disruption import BudgetExceeded
 
@@ -60,6 +60,18 @@ def get_pool(name: ResourceName) -> PoolView:
 )
 def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
     return disruption.pool_view(default_context(), name)
+
+
+@router.get(
+    "/api/v1/pools/<name>/capacity",
+    summary="Read what a pool's capacity policy sees and does now",
+    description="The pool's RUNNING, launching, stopping and warm workers, its free slots, the target now "
+    "and the rule that sets it, what the last reconcile cycle's scale-out did, and whether scale-out "
+    "is blocked and why (docs/capacity.md). 404 if there is no such pool.",
+    responses=responses({200: ("the pool's capacity now", capacity.PoolCapacityView)}, 404),
+)
+def get_pool_capacity(name: ResourceName) -> capacity.PoolCapacityView:
+    return capacity.pool_view(default_context(), name)
 
 
 @router.put(
