@@ -74,3 +74,25 @@ def test_given_a_bad_capacity_policy_when_put_then_422_names_the_field(
     assert status == 422, body
     assert [d["field"] for d in body["details"]][:1] == [field]
     assert control_plane.api("GET", "/api/v1/pools/labs")[0] == 404  # nothing was created
+
+
+def test_given_a_pool_with_a_policy_when_its_capacity_is_read_then_the_target_and_its_rule_show(
+    control_plane: Any,
+) -> None:
+    control_plane.api("PUT", "/api/v1/templates/lab-small", LAB_SMALL)
+    control_plane.api(
+        "PUT", "/api/v1/pools/labs", {"capacity": {**POLICY, "schedules": [], "min_workers": 2}}
+    )
+
+    status, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+
+    assert status == 200, view
+    assert (view["running"], view["warm"], view["members"], view["free_slots"]) == (0, 0, 0, 0)
+    # min_workers 2 against a headroom of 4 slots (one worker of 4): min_workers sets it.
+    assert (view["target"]["workers"], view["target"]["rule"], view["target"]["warm"]) == (
+        2,
+        "min_workers",
+        1,
+    )
+    assert (view["blocked"], view["last_cycle"], view["lead_time_seconds"]) == (None, None, 600)
+    assert control_plane.api("GET", "/api/v1/pools/none/capacity")[0] == 404
