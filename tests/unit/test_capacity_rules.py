@@ -10,13 +10,19 @@ from pydantic import ValidationError
 
 from fleetkeeper.domain.capacity import (
     DEFAULT_LAUNCH_LEAD,
+    BlockedReason,
     CapacityPolicy,
     Rule,
+    Shortfall,
+    blocked_after,
+    blocked_reason,
     capacity_target,
     launch_lead,
+    member_moves,
     problems,
     shortfall,
 )
+from fleetkeeper.domain.lifecycle import WorkerStatus
 
 BERLIN_MORNINGS = {"schedule": "0 8 * * *", "duration": "2h", "timezone": "Europe/Berlin"}
 
@@ -182,21 +188,51 @@ def test_given_rules_that_tie_then_the_first_named_sets_the_target() -> None:
 
 
 def test_given_a_target_then_the_shortfall_starts_warm_workers_before_creating_any() -> None:
+    at = datetime(2025, 1, 6, tzinfo=UTC)
     target = capacity_target(
-        policy(min_workers=6, warm_workers=1),
-        datetime(2025, 1, 6, tzinfo=UTC),
-        running=2,
-        free_slots=0,
-        slots_per_worker=4,
+        policy(min_workers=6, warm_workers=1), at, running=2, free_slots=0, slots_per_worker=4
     )
 
-    # 4 missing, 1 launching already: 3 to bring up, 2 of them warm; then the warm set is refilled.
-    found = shortfall(target, running=2, launching=1, warm=2)
-    assert (found.start, found.create) == (2, 1 + 1)
-    assert shortfall(target, running=6, launching=0, warm=1) == shortfall(
-        target, running=7, launching=0, warm=1
+    # 4 missing, 1 launching already: 3 to bring up, 2 of them warm; one created to run, one to refill.
+    found = shortfall(target, running=2, launching=1, stopping=0, stopped=2)
+    assert (found.start, found.create, found.warm) == (2, 2, 1)
+    # At target with its warm worker (stopped or still stopping): nothing to do.
+    assert shortfall(target, running=6, launching=0, stopping=0, stopped=1) == Shortfall(0, 0, 0)
+    assert shortfall(target, running=6, launching=0, stopping=1, stopped=0) == Shortfall(0, 0, 0)
+    # A warm worker being launched counts as launching: it is never asked for twice.
+    assert shortfall(target, running=6, launching=1, stopping=0, stopped=0).create == 0
+
+
+def test_given_a_worker_joining_or_leaving_a_pool_then_its_member_count_moves_once() -> None:
+    assert member_moves(None, ("labs", WorkerStatus.PENDING)) == {"labs": 1}
+    assert member_moves(("labs", WorkerStatus.RUNNING), ("labs", WorkerStatus.STOPPED)) == {}
+    assert member_moves(("labs", WorkerStatus.TERMINATING), ("labs", WorkerStatus.TERMINATED)) == {"labs": -1}
+    assert member_moves(("labs", WorkerStatus.PENDING), ("labs", WorkerStatus.FAILED)) == {"labs": -1}
+    assert member_moves(("labs", WorkerStatus.TERMINATED), ("labs", WorkerStatus.RUNNING)) == {"labs": 1}
+    assert member_moves(None, (None, WorkerStatus.PENDING)) == {}
+
+
+def test_given_capacity_refusals_in_a_row_then_the_backoff_doubles_and_other_errors_block_nothing() -> None:
+    now = datetime(2025, 1, 6, tzinfo=UTC)
+    first = blocked_after(None, "InsufficientInstanceCapacity", "no m5.large", now)
+    assert first is not None
+    assert (first.reason, first.retry_at - now, first.refusals) == (
+        BlockedReason.INSUFFICIENT_CAPACITY,
+        timedelta(minutes=1),
+        1,
     )
-    assert (shortfall(target, running=6, launching=0, warm=1).create) == 0
+    # A second refusal within the backoff is the same one.
+    assert blocked_after(first, "InsufficientInstanceCapacity", None, now + timedelta(seconds=30)) == first
+    later = now + timedelta(minutes=2)
+    second = blocked_after(first, "VcpuLimitExceeded", None, later)
+    assert second is not None
+    assert (second.reason, second.retry_at - later, second.since) == (
+        BlockedReason.QUOTA,
+        timedelta(minutes=2),
+        now,
+    )
+    assert blocked_after(None, "InvalidAMIID.NotFound", None, now) is None
+    assert blocked_reason("RequestLimitExceeded") == BlockedReason.THROTTLED
 
 
 def test_the_launch_lead_is_the_stated_default_until_measured() -> None:
