@@ -28,6 +28,14 @@ ORPHANS_TERMINATED: Final = "OrphansTerminated"
 ORPHAN_GC_HELD_BACK: Final = "OrphanGcHeldBack"
 # Per reconcile cycle: the pools whose repair brake held a repair (docs/repair.md).
 REPAIR_BLOCKED: Final = "RepairBlocked"
+# 1 per launch EC2 refused for capacity, quota or rate, which blocks its pool's scale-out (docs/capacity.md).
+CAPACITY_BLOCKED: Final = "CapacityBlocked"
+# Per reconcile cycle and pool (with a `pool` dimension): the target, free slots and warm workers. Not
+# fleet metrics: the dashboard's fleet graphs (ALL_METRICS) leave them out; read them per pool.
+CAPACITY_TARGET: Final = "CapacityTarget"
+CAPACITY_FREE_SLOTS: Final = "CapacityFreeSlots"
+CAPACITY_WARM: Final = "CapacityWarm"
+CAPACITY_GAUGES: Final = (CAPACITY_TARGET, CAPACITY_FREE_SLOTS, CAPACITY_WARM)
 RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
 RECONCILE_ERRORS: Final = "ReconcileErrors"
 # 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.
@@ -84,6 +92,7 @@ ALL_METRICS: Final = (
     ORPHANS_TERMINATED,
     ORPHAN_GC_HELD_BACK,
     REPAIR_BLOCKED,
+    CAPACITY_BLOCKED,
     RECONCILE_DURATION_MS,
     RECONCILE_ERRORS,
     RECONCILE_HEARTBEAT,

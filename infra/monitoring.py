@@ -139,6 +139,20 @@ class Monitoring(Construct):
             datapoints_to_alarm=1,
             missing=cw.TreatMissingData.NOT_BREACHING,
         )
+        # Sent only when EC2 refuses a launch for capacity, quota or rate: missing is not breaching.
+        self._alarm(
+            "capacity-blocked",
+            fleet_metric(metrics.CAPACITY_BLOCKED, statistic="Sum"),
+            description=(
+                "EC2 refused a scale-out launch for capacity, quota or rate: the pool's scale-out backs "
+                "off (docs/runbook.md, CapacityBlocked; `fleetkeeper pool capacity NAME`)."
+            ),
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+        )
         self._any(
             "state-machine-failed",
             state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),
@@ -224,6 +238,7 @@ class Monitoring(Construct):
                     fleet_metric(metrics.REPAIR_BLOCKED, statistic="Maximum").with_(
                         label="pools whose repair brake holds"
                     ),
+                    fleet_metric(metrics.CAPACITY_BLOCKED).with_(label="launches refused for capacity"),
                 ],
             ),
             cw.GraphWidget(

@@ -61,11 +61,12 @@ app.command("cancel-drain")(drains.cancel_drain)
 # pools.py
 app.command("pools")(pools.list_pools)
 pool_app = _group(
-    "pool", "One pool: `drain`, `cancel-drain`, `disruption`. List them with `fleetkeeper pools`."
+    "pool", "One pool: `drain`, `cancel-drain`, `disruption`, `capacity`. List them with `fleetkeeper pools`."
 )
 pool_app.command("drain")(pools.drain)
 pool_app.command("cancel-drain")(pools.cancel_drain)
 pool_app.command("disruption")(pools.disruption)
+pool_app.command("capacity")(pools.capacity)
 # instances.py
 app.command("instances")(instances.list_instances)
 app.command("place")(instances.place)

@@ -56,6 +56,7 @@ def test_given_the_alarms_then_each_concern_of_the_issue_has_one(dev):
         "before-stop-operation-failed",
         "orphan-gc-breaker-tripped",
         "repair-blocked",
+        "capacity-blocked",
         "state-machine-failed",
         "api-5xx-rate",
         "reconcile-not-running",

@@ -247,6 +247,7 @@ def test_given_a_bad_timeout_option_then_usage_exit_2():
         ["pool", "drain"],
         ["pool", "cancel-drain"],
         ["pool", "disruption"],
+        ["pool", "capacity"],
         ["orphans", "show"],
         ["orphans", "held-back"],
         ["orphans", "confirm"],
@@ -597,7 +598,7 @@ def test_given_a_narrow_terminal_then_worker_ids_print_whole_and_other_columns_g
     ("group", "commands"),
     [
         ("worker", {"show"}),
-        ("pool", {"drain", "cancel-drain", "disruption"}),
+        ("pool", {"drain", "cancel-drain", "disruption", "capacity"}),
         ("rollout", {"start", "status", "pause", "resume", "cancel", "rollback"}),
     ],
 )
@@ -769,6 +770,45 @@ def test_given_pool_disruption_then_budgets_reasons_and_waiting_workers_are_show
     assert "budget 1" in scale_down
     assert "blocked" in scale_down
     assert "w-8bb9fe4038174019" in output
+
+
+CAPACITY_VIEW: dict[str, Any] = {
+    "pool": "labs",
+    "policy": {"template": "lab", "max_workers": 6},
+    "at": "2026-03-02T09:30:00+00:00",
+    "running": 2,
+    "launching": 1,
+    "stopping": 0,
+    "warm": 1,
+    "members": 4,
+    "free_slots": 3,
+    "lead_time_seconds": 600,
+    "target": {
+        "workers": 6, "warm": 0, "rule": "schedule", "schedule": 0, "active_schedules": [0],
+        "headroom_slots": 40, "wanted": 12, "capped": True, "bookings_due": 0,
+    },
+    "last_cycle": {
+        "at": "2026-03-02T09:29:00+00:00", "target": 6, "warm_target": 0, "rule": "schedule", "schedule": 0,
+        "started": 1, "created": 0, "refused_at_cap": 0, "note": None,
+    },
+    "blocked": {
+        "reason": "insufficient_capacity", "aws_error": "InsufficientInstanceCapacity", "message": None,
+        "since": "2026-03-02T09:20:00+00:00", "retry_at": "2026-03-02T09:36:00+00:00", "refusals": 3,
+    },
+}  # fmt: skip
+
+
+def test_given_pool_capacity_then_counts_target_rule_and_blocked_reason_are_shown(server: str):
+    Recorder.answer = (200, CAPACITY_VIEW)
+
+    exit_code, output = run("--api", server, "pool", "capacity", "labs")
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == ("GET", "/api/v1/pools/labs/capacity", None)
+    assert "2 running, 1 launching, 1 warm, 3 free slots; 4 of 6 members" in output
+    assert "target: 6 running (capped from 12 by max_workers), 0 warm, set by schedule 0" in output
+    assert "started 1, created 0" in output
+    assert "BLOCKED: insufficient_capacity (InsufficientInstanceCapacity)" in output
 
 
 def test_given_a_drain_beyond_a_budget_then_the_cli_says_which_one(server: str):

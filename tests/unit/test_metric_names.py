@@ -6,7 +6,7 @@ import inspect
 
 from fleetkeeper.services import discovery, reconcile, rollouts
 from fleetkeeper.services.drains import watchdog
-from fleetkeeper.services.reconcile import repair
+from fleetkeeper.services.reconcile import capacity, repair
 from fleetkeeper.services.rollouts import engine, step
 from infra import metrics as dashboard
 
@@ -30,6 +30,16 @@ def test_given_discovery_then_its_orphan_metric_is_the_dashboards():
 def test_given_the_repair_brake_then_its_metric_is_the_one_the_alarm_watches():
     assert repair.METRIC_REPAIR_BLOCKED == dashboard.REPAIR_BLOCKED
     assert dashboard.REPAIR_BLOCKED in dashboard.ALL_METRICS
+
+
+def test_given_scale_out_then_its_metrics_are_the_ones_the_alarm_and_dashboard_name():
+    assert capacity.METRIC_BLOCKED == dashboard.CAPACITY_BLOCKED
+    assert (
+        capacity.METRIC_TARGET,
+        capacity.METRIC_FREE_SLOTS,
+        capacity.METRIC_WARM,
+    ) == dashboard.CAPACITY_GAUGES
+    assert dashboard.CAPACITY_BLOCKED in dashboard.ALL_METRICS
 
 
 def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():

@@ -1,5 +1,5 @@
-"""`fleetkeeper pools`, `pool drain`, `pool cancel-drain` and `pool disruption`: pools, their drains and
-their disruption budgets."""
+"""`fleetkeeper pools`, `pool drain`, `pool cancel-drain`, `pool disruption` and `pool capacity`: pools,
+their drains, their disruption budgets and their capacity."""
 
 from __future__ import annotations
 
@@ -162,3 +162,43 @@ def disruption(
 ) -> None:
     """Show a pool's disruption budgets: which apply now and until when, what is in use, what waits."""
     run(ctx, output, lambda c: c.get(f"/api/v1/pools/{name}/disruption"), _print_disruption)
+
+
+def _print_capacity(view: dict[str, Any]) -> None:
+    policy = view["policy"]
+    console.print(
+        f"pool {view['pool']} at {when(view['at'])} UTC: {view['running']} running, {view['launching']} "
+        f"launching, {view['warm']} warm, {view['free_slots']} free slots; {view['members']} of "
+        f"{policy.get('max_workers') if policy.get('max_workers') is not None else 'no cap'} members",
+        markup=False,
+    )
+    target = view.get("target")
+    if target is None:
+        console.print("no capacity policy with a template: scale-out does nothing", markup=False)
+    else:
+        rule = target["rule"] if target.get("schedule") is None else f"schedule {target['schedule']}"
+        capped = f" (capped from {target['wanted']} by max_workers)" if target["capped"] else ""
+        console.print(
+            f"target: {target['workers']} running{capped}, {target['warm']} warm, set by {rule}", markup=False
+        )
+    last = view.get("last_cycle")
+    if last:
+        did = f"started {last['started']}, created {last['created']}, refused at cap {last['refused_at_cap']}"
+        note = f" ({last['note']})" if last.get("note") else ""
+        console.print(f"last cycle {when(last['at'])}: {did}{note}", markup=False)
+    blocked = view.get("blocked")
+    if blocked:
+        console.print(
+            f"BLOCKED: {blocked['reason']} ({blocked['aws_error']}) since {when(blocked['since'])}, "
+            f"retry at {when(blocked['retry_at'])}, {blocked['refusals']} refusals in a row",
+            markup=False,
+        )
+
+
+def capacity(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="pool name")],
+    output: OutputOption = None,
+) -> None:
+    """Show a pool's capacity: its workers and free slots, the target and its rule, what scale-out did."""
+    run(ctx, output, lambda c: c.get(f"/api/v1/pools/{name}/capacity"), _print_capacity)

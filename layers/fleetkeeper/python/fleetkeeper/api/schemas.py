@@ -20,6 +20,7 @@ from pydantic import (
     WrapValidator,
 )
 
+from fleetkeeper.domain.capacity import CapacityPolicy
 from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
@@ -434,6 +435,11 @@ class PoolRequest(Request):
         description="when the pool's sick workers are replaced, and the brake's share, replaced whole; a "
         "field left out of it takes its default (docs/repair.md)",
     )
+    capacity: CapacityPolicy | None = Field(
+        default=None,
+        description="what the reconciler keeps running and warm in the pool, replaced whole; {} removes it "
+        "(docs/capacity.md)",
+    )
 
 
 class PoolDrainRequest(Request):
@@ -760,6 +766,7 @@ class PoolView(BaseModel):
     )
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
     repair: RepairPolicy = Field(default_factory=RepairPolicy)
+    capacity: CapacityPolicy = Field(default_factory=CapacityPolicy)
     budget_exceeded: BudgetExceeded | None = Field(
         default=None,
         description="in a drain's answer: the pool budget its workers' drains go beyond (never a refusal)",

@@ -28,21 +28,19 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
 
-from fleetkeeper.domain.durations import DURATION_PATTERN, parse_duration
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.windows import HORIZON, CronWindow, Window, check_duration, check_schedule, zone_of
+from fleetkeeper.domain.schedules import ScheduledWindow
+from fleetkeeper.domain.windows import HORIZON, Window
 
 
 class DisruptionReason(StrEnum):
@@ -107,8 +105,8 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_enum_values=False)
 
 
-class Budget(_Record):
-    """One budget of a pool (see the module's docstring)."""
+class Budget(ScheduledWindow):
+    """One budget of a pool (see the module's docstring); its window fields are ScheduledWindow's."""
 
     max: BudgetMax = Field(
         description=f'a count (0 to {MAX_BUDGET_COUNT:,}) or a percentage of the pool\'s members ("0%" to '
@@ -121,23 +119,6 @@ class Budget(_Record):
         max_length=len(ALL_REASONS),
         description="the voluntary disruptions it holds back; all of them when left out",
     )
-    schedule: str | None = Field(
-        default=None,
-        max_length=200,
-        description="a five-field cron expression (minute hour day month weekday) when windows start",
-        examples=["0 9 * * mon-fri"],
-    )
-    # Checked even when left out, so that a schedule without a duration names the missing field.
-    duration: str | None = Field(
-        default=None,
-        max_length=32,
-        validate_default=True,
-        description="how long each window lasts: 8h, 90m, 1h30m, 1d (1m to 366d); required with a schedule",
-        json_schema_extra={"pattern": DURATION_PATTERN},
-    )
-    timezone: str | None = Field(
-        default=None, max_length=64, description="the IANA time zone of the schedule; UTC by default"
-    )
 
     @field_validator("reasons")
     @classmethod
@@ -145,49 +126,6 @@ class Budget(_Record):
         if value is not None and len(set(value)) != len(value):
             raise ValueError("names a reason twice")
         return value
-
-    @field_validator("schedule")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        return None if value is None else check_schedule(value)
-
-    @field_validator("duration")
-    @classmethod
-    def _window(cls, value: str | None, info: ValidationInfo) -> str | None:
-        # A schedule that failed its own check is absent from info.data: nothing to pair with then.
-        if "schedule" in info.data and (info.data["schedule"] is None) != (value is None):
-            if value is None:
-                raise ValueError("required with a schedule: how long each window lasts, e.g. 8h")
-            raise ValueError("only applies to a schedule")
-        if value is None:
-            return None
-        check_duration(value)
-        return value.strip()
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return None
-        zone_of(value)
-        if info.data.get("schedule", "") is None:
-            raise ValueError("only applies to a schedule")
-        return value
-
-    @property
-    def window_length(self) -> timedelta | None:
-        return parse_duration(self.duration) if self.duration else None
-
-    @property
-    def zone(self) -> ZoneInfo:
-        return zone_of(self.timezone or "UTC")
-
-    @property
-    def windows(self) -> CronWindow | None:
-        """Its cron windows; None without a schedule (it always applies)."""
-        if self.schedule is None or self.duration is None:
-            return None
-        return _cron_window(self.schedule, self.duration, self.timezone or "UTC")
 
     def covers(self, reason: DisruptionReason) -> bool:
         return self.reasons is None or reason in self.reasons
@@ -198,15 +136,6 @@ class Budget(_Record):
             return self.max
         percent = int(self.max.removesuffix("%"))
         return math.ceil(percent * members / 100)
-
-    def window_at(self, at: datetime) -> Window:
-        return window_at(self, at)
-
-
-@lru_cache(maxsize=1024)
-def _cron_window(schedule: str, duration: str, timezone: str) -> CronWindow:
-    # Made once per budget's fields: a pool's view and `blocked_until` ask each budget dozens of times.
-    return CronWindow(schedule, check_duration(duration), timezone)
 
 
 class DisruptionPolicy(_Record):
@@ -220,8 +149,7 @@ class DisruptionPolicy(_Record):
 
 def window_at(budget: Budget, at: datetime) -> Window:
     """The budget's window at `at` (domain/windows.py); a budget without a schedule always applies."""
-    windows = budget.windows
-    return Window(active=True) if windows is None else windows.window_at(at)
+    return budget.window_at(at)
 
 
 # ---- assessing a pool ------------------------------------------------------------------------------

@@ -130,6 +130,18 @@ class PoolNotActive(Conflict):
         )
 
 
+class PoolFull(Conflict):
+    """A new worker asked of a pool that has `max_workers` members already (domain/capacity.py)."""
+
+    code = "POOL_FULL"
+
+    def __init__(self, pool: str, max_workers: int) -> None:
+        super().__init__(
+            "pool", pool, None, f"pool {pool} has max_workers ({max_workers}) workers: it takes no new one"
+        )
+        self.max_workers = max_workers
+
+
 class DrainFinishing(Conflict):
     """A cancel, a deadline move or a force that came after Finish began: the worker is empty, its
     before-stop operations (e.g. releasing the license) and its stop have started, and none of these

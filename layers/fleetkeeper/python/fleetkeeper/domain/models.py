@@ -9,6 +9,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from fleetkeeper.domain.capacity import CapacityPolicy
 from fleetkeeper.domain.disruption import DisruptionPolicy
 from fleetkeeper.domain.lead_time import LeadKind
 from fleetkeeper.domain.lifecycle import (
@@ -352,6 +353,8 @@ class Pool(Record):
     disruption: DisruptionPolicy = Field(default_factory=DisruptionPolicy)
     # When its sick workers are replaced, and when too many are sick to try (domain/repair.py).
     repair: RepairPolicy = Field(default_factory=RepairPolicy)
+    # What the reconciler keeps running and warm in the pool (domain/capacity.py).
+    capacity: CapacityPolicy = Field(default_factory=CapacityPolicy)
     version: int = Field(default=0, ge=0)
 
 

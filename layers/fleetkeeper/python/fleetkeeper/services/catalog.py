@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 
 from fleetkeeper.cloud.retry import retry_conflicts
+from fleetkeeper.domain.capacity import CapacityPolicy
+from fleetkeeper.domain.capacity import problems as capacity_problems
 from fleetkeeper.domain.disruption import DisruptionPolicy
-from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.errors import Conflict, InvalidInput
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import NAME_PATTERN, Pool, WorkerTemplate
 from fleetkeeper.domain.repair import RepairPolicy
@@ -43,9 +45,13 @@ def put_pool(
     status: PoolStatus | None = None,
     disruption: DisruptionPolicy | None = None,
     repair: RepairPolicy | None = None,
+    capacity: CapacityPolicy | None = None,
 ) -> tuple[Pool, bool]:
     """Create the pool or update it; returns (pool, created). Draining goes through the drain API only.
-    None leaves a field as it is; `disruption` replaces the budgets whole, `repair` its settings whole."""
+    None leaves a field as it is; `disruption` replaces the budgets whole, `repair` and `capacity` their
+    settings whole."""
+    if capacity is not None:
+        check_capacity(store, capacity)
     existing = store.find_pool(name)
     if existing is None:
         pool = Pool(
@@ -54,6 +60,7 @@ def put_pool(
             status=status or PoolStatus.ACTIVE,
             disruption=disruption or DisruptionPolicy(),
             repair=repair or RepairPolicy(),
+            capacity=capacity or CapacityPolicy(),
         )
         return store.create_pool(pool, actor=actor), True
 
@@ -75,8 +82,21 @@ def put_pool(
             changes["disruption"] = disruption
         if repair is not None and repair != current.repair:
             changes["repair"] = repair
+        if capacity is not None and capacity != current.capacity:
+            changes["capacity"] = capacity
         if not changes:
             return current
         return store.save_pool(current, changes, actor=actor, action="PoolUpdated")
 
     return retry_conflicts(update), False
+
+
+def check_capacity(store: FleetStore, policy: CapacityPolicy) -> None:
+    """A capacity policy names a known template whose workers can hold what it asks (InvalidInput)."""
+    if policy.template is None:
+        return
+    template = store.find_template(policy.template)
+    if template is None:
+        raise InvalidInput("capacity.template", f"unknown template '{policy.template}'")
+    for field, reason in capacity_problems(policy, template.capacity):
+        raise InvalidInput(field, reason)

@@ -14,6 +14,7 @@ from fleetkeeper.cloud.metrics import MetricsGateway
 from fleetkeeper.cloud.workflows import Workflows
 from fleetkeeper.settings import Settings, get_settings
 from fleetkeeper.store.breakers import BreakerStore
+from fleetkeeper.store.capacity import CapacityStore
 from fleetkeeper.store.disruption import WaitingStore
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper.store.rollouts import RolloutStore
@@ -56,6 +57,11 @@ class Context:
     def waiting(self) -> WaitingStore:
         """What waits on each pool's disruption budgets."""
         return WaitingStore(client("dynamodb"), self.settings.table_name)
+
+    @property
+    def capacity(self) -> CapacityStore:
+        """Pools' member counts and scale-out state."""
+        return CapacityStore(client("dynamodb"), self.settings.table_name)
 
     @property
     def rollouts(self) -> RolloutStore:

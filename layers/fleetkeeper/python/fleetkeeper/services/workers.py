@@ -28,11 +28,15 @@ def create_worker(
     pinned_image_id: str | None = None,
     pinned_instance_type: str | None = None,
     owner: Owner | None = None,
+    desired_status: WorkerStatus | None = None,
+    reason: str | None = None,
 ) -> Worker:
     """The one door for new workers: a new PENDING worker of a known template, in a known pool that is
     ACTIVE (PoolNotActive, 409, otherwise; checked again by the write itself); the reconciler launches
     it (from `pinned_image_id` and as `pinned_instance_type` when given, else as the template says).
     `owner` holds it for whoever made it (a rollout's replacement), so nothing else disrupts it.
+    A pool with a capacity policy takes it only below its `max_workers` (PoolFull, 409, checked by the
+    write on the pool's exact member count); `desired_status` STOPPED makes a warm worker.
 
     `regions` are those the stage manages (settings.regions): a worker anywhere else would stay PENDING
     for ever, its launch refused every cycle (on AWS the role may only launch in those regions)."""
@@ -42,12 +46,14 @@ def create_worker(
     known_template = store.find_template(template)
     if known_template is None:
         raise InvalidInput("template", f"unknown template '{template}'")
+    max_members: int | None = None
     if pool is not None:
         found = store.find_pool(pool)
         if found is None:
             raise InvalidInput("pool", f"unknown pool '{pool}'")
         if found.status != PoolStatus.ACTIVE:
             raise PoolNotActive(pool, str(found.status))
+        max_members = found.capacity.max_workers
     worker = Worker(
         id=worker_id or new_id("w"),
         template=template,
@@ -58,8 +64,9 @@ def create_worker(
         pinned_image_id=pinned_image_id,
         pinned_instance_type=pinned_instance_type,
         owner=owner,
+        desired_status=desired_status,
     )
-    return store.create_worker(worker, actor=actor, active_pool=True)
+    return store.create_worker(worker, actor=actor, reason=reason, active_pool=True, max_members=max_members)
 
 
 def set_desired_status(store: FleetStore, worker_id: str, desired: WorkerStatus, *, actor: str) -> Worker:

@@ -13,8 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from fleetkeeper.domain.admission import Claim, counted, settled
+from fleetkeeper.domain.capacity import member_moves
 from fleetkeeper.domain.drift import current_drift
-from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolNotActive, StaleWrite
+from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolFull, PoolNotActive, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lead_time import settled_lead
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus, check_transition
@@ -24,6 +25,7 @@ from fleetkeeper.domain.repair import HealthStatus, stopped
 from fleetkeeper.domain.sharding import BUCKETS, WHOLE_FLEET, Shard
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.store import keys
+from fleetkeeper.store.capacity import member_updates
 from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize, serialize_value
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
 from fleetkeeper.store.disruption import BudgetTaken, PoolMoved, count_updates
@@ -195,10 +197,17 @@ class WorkerRepository(MachineKeyRepository):
         return None
 
     def create_worker(
-        self, worker: Worker, *, actor: str, reason: str | None = None, active_pool: bool = False
+        self,
+        worker: Worker,
+        *,
+        actor: str,
+        reason: str | None = None,
+        active_pool: bool = False,
+        max_members: int | None = None,
     ) -> Worker:
-        """Store a new worker, counted in its cell; fails with Conflict if the id is taken (imports rely
-        on that). With `active_pool`, only into a pool that is active when it commits (PoolNotActive)."""
+        """Store a new worker, counted in its cell and its pool's members; fails with Conflict if the id
+        is taken (imports rely on that). With `active_pool`, only into a pool that is active when it
+        commits (PoolNotActive); with `max_members`, only while the pool has fewer members (PoolFull)."""
         if counted(worker.owner):
             raise ValueError("a new worker is never being disrupted: its owner can only hold it")
         now = utcnow()
@@ -224,6 +233,15 @@ class WorkerRepository(MachineKeyRepository):
             *self.machine_key_put(stored),
         ]
         refusals: dict[int, Refusal] = {0: refuse}
+        joins = member_moves(None, (stored.pool, stored.status))
+        if joins and worker.pool is not None:
+            full_pool = worker.pool
+
+            def full(_: dict[str, Any] | None) -> Exception:
+                return PoolFull(full_pool, max_members or 0)
+
+            refusals[len(items)] = full
+            items.extend(member_updates(self.table_name, joins, below=max_members))
         if active_pool and worker.pool is not None:
             pool = worker.pool
 
@@ -313,11 +331,15 @@ class WorkerRepository(MachineKeyRepository):
             audit = audit.model_copy(
                 update={"details": {**audit.details, **_ownership_details(current, updated, delta, claim)}}
             )
+        members = member_updates(
+            self.table_name, member_moves((current.pool, current.status), (updated.pool, updated.status))
+        )
         for attempt in range(_COUNTING_ATTEMPTS):
             items = [
                 self._worker_update(current, updated, counted_as),
                 self._audit_put(audit),
                 *counter_updates(self.table_name, current.id, moves(counted_as, keys.counted_cell(updated))),
+                *members,
                 *machine_key,
             ]
             refusals = {0: stale} | {

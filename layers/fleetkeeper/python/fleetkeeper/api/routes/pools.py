@@ -13,7 +13,7 @@ from fleetkeeper.api.routes import ResourceRouter
 from fleetkeeper.api.schemas import PoolList, PoolRequest, PoolView
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import Pool
-from fleetkeeper.services import catalog, disruption
+from fleetkeeper.services import capacity, catalog, disruption
 from fleetkeeper.services.context import default_context
 from fleetkeeper.services.disruption import BudgetExceeded
 
@@ -62,14 +62,28 @@ def get_pool_disruption(name: ResourceName) -> disruption.PoolDisruptionView:
     return disruption.pool_view(default_context(), name)
 
 
+@router.get(
+    "/api/v1/pools/<name>/capacity",
+    summary="Read what a pool's capacity policy sees and does now",
+    description="The pool's RUNNING, launching, stopping and warm workers, its free slots, the target now "
+    "and the rule that sets it, what the last reconcile cycle's scale-out did, and whether scale-out "
+    "is blocked and why (docs/capacity.md). 404 if there is no such pool.",
+    responses=responses({200: ("the pool's capacity now", capacity.PoolCapacityView)}, 404),
+)
+def get_pool_capacity(name: ResourceName) -> capacity.PoolCapacityView:
+    return capacity.pool_view(default_context(), name)
+
+
 @router.put(
     "/api/v1/pools/<name>",
-    summary="Create a pool or update its description, status, budgets or repair settings",
+    summary="Create a pool or update its description, status, budgets, repair or capacity settings",
     description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
-    "`disruption` replaces the budgets whole and `repair` its repair settings (docs/repair.md). 409 if "
+    "`disruption` replaces the budgets whole, `repair` its repair settings (docs/repair.md) and "
+    "`capacity` its capacity policy (docs/capacity.md). 409 if "
     "the pool is draining and the body changes its status (cancel the drain first); 422 names a field "
     "of the wrong form, such as a budget's `max`, "
-    "`schedule`, `duration` or `timezone`.",
+    "`schedule`, `duration` or `timezone`, or a capacity policy's unknown template or headroom that "
+    "`max_workers` cannot hold.",
     responses=responses({200: ("the pool, updated", PoolView), 201: ("the pool, created", PoolView)}, 409),
 )
 def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
@@ -81,6 +95,7 @@ def put_pool(name: ResourceName, body: PoolRequest) -> Response[PoolView]:
         status=PoolStatus(body.status) if body.status else None,
         disruption=body.disruption,
         repair=body.repair,
+        capacity=body.capacity,
     )
     status = HTTPStatus.CREATED if created else HTTPStatus.OK
     return Response(status_code=status, content_type=JSON, body=pool_view(pool))

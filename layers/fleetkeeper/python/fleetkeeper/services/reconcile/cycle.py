@@ -29,6 +29,7 @@ from fleetkeeper.cloud import retry
 from fleetkeeper.cloud.ec2 import CapacityError, Ec2Instance
 from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metrics
 from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
+from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import (
@@ -47,6 +48,7 @@ from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
 from fleetkeeper.services.reconcile import provisioning
 from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
+from fleetkeeper.services.reconcile.capacity import launch_refused, scale_out
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
 from fleetkeeper.services.reconcile.images import NewestImages
@@ -263,7 +265,7 @@ def _run_cycle(
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
-    _after_steps(ctx, work, workers, report, now=now, remaining=remaining)
+    _after_steps(ctx, work, workers, report, now=now, remaining=remaining, counts=read.counts)
     if shard.leads:
         _lead_steps(ctx, work, report, remaining)
 
@@ -280,6 +282,7 @@ def _after_steps(
     *,
     now: datetime,
     remaining: Callable[[], float],
+    counts: FleetCounts,
 ) -> None:
     """What follows the workers' own steps, so it never delays them, each on its own: a failure waits a
     cycle and holds none of the others back."""
@@ -313,6 +316,20 @@ def _after_steps(
             ),
         ),
         ("repairing sick workers", "repair_errors", repair),
+        (
+            # After repairs and expiry, whose replacements it then counts as launching.
+            "scaling out",
+            "capacity_errors",
+            lambda: scale_out(
+                ctx,
+                counts,
+                now,
+                counters,
+                owns=report.shard.owns,
+                time_left=remaining,
+                margin_seconds=SAFETY_MARGIN_SECONDS,
+            ),
+        ),
         (
             "worker operations",
             "operation_errors",
@@ -510,10 +527,17 @@ def _worker_failed(
     try:
         if isinstance(error, CapacityError):
             # No capacity or no quota: not the worker's fault, and no reason to give it up. It waits the
-            # capacity backoff and launches when EC2 has room again (docs/lifecycle.md).
+            # capacity backoff and launches when EC2 has room again (docs/lifecycle.md); its pool's
+            # scale-out backs off too (docs/capacity.md).
             counters["capacity_errors"] += 1
+            if launch_refused(ctx, worker, error.code, reason, now):
+                counters["launches_refused_for_capacity"] += 1
             back_off(ctx, worker, now, reason, counters, capacity=True)
             return Outcome.RETRY
+        if item.step.call is Ec2Call.LAUNCH and launch_refused(
+            ctx, worker, retry.error_code(error), reason, now
+        ):
+            counters["launches_refused_for_capacity"] += 1
         if item.step.call is Ec2Call.LAUNCH and _is_aws_error(error) and not retryable:
             # EC2 refused the launch (a bad AMI or subnet, a denied call, no capacity): it is tried again
             # at the longest backoff, and given up after MAX_REFUSED_LAUNCHES refusals in a row. The

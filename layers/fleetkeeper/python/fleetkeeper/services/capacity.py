@@ -1,0 +1,149 @@
+"""What a pool's capacity policy sees and wants now: read once, for scale-out and for its view."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from pydantic import BaseModel, Field
+
+from fleetkeeper.domain.capacity import (
+    Blocked,
+    CapacityPolicy,
+    LastCycle,
+    Rule,
+    Target,
+    capacity_target,
+    launch_lead,
+)
+from fleetkeeper.domain.disruption import pool_of_scope
+from fleetkeeper.domain.fleet_counts import FleetCounts
+from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Pool, Worker, utcnow
+from fleetkeeper.services.context import Context
+
+LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+
+
+def pool_counts(counts: FleetCounts, pool: str) -> Counter[WorkerStatus]:
+    """The pool's workers by status, whatever their template."""
+    found: Counter[WorkerStatus] = Counter()
+    for (scope, status), count in counts.cells.items():
+        if pool_of_scope(scope) == pool:
+            found[status] += count
+    return found
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """A pool's workers as its policy counts them, and the target now.
+
+    `launching` counts workers being launched or started, STOPPED ones already asked to start among
+    them; `warm` the STOPPED workers not asked to start and held by no one."""
+
+    running: int
+    launching: int
+    stopping: int
+    warm: list[Worker]
+    free_slots: int
+    target: Target
+
+
+def assess_pool(
+    ctx: Context, pool: Pool, slots_per_worker: int, counts: FleetCounts, now: datetime
+) -> PoolCapacity:
+    """The pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers,
+    its STOPPED workers read from their items, and its target at `now`."""
+    by_status = pool_counts(counts, pool.name)
+    running = by_status[WorkerStatus.RUNNING]
+    free_slots = sum(w.free_slots for w in ctx.store.placement_candidates(template=None, pool=pool.name))
+    ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status == WorkerStatus.STOPPED]
+    stopped = [
+        w for w in ctx.store.get_workers(ids) if w.status == WorkerStatus.STOPPED and w.pool == pool.name
+    ]
+    waking = sum(1 for w in stopped if w.desired_status == WorkerStatus.RUNNING)
+    return PoolCapacity(
+        running=running,
+        launching=sum(by_status[s] for s in LAUNCHING) + waking,
+        stopping=by_status[WorkerStatus.STOPPING],
+        warm=[w for w in stopped if w.desired_status != WorkerStatus.RUNNING and w.owner is None],
+        free_slots=free_slots,
+        target=capacity_target(
+            pool.capacity, now, running=running, free_slots=free_slots, slots_per_worker=slots_per_worker
+        ),
+    )
+
+
+class TargetView(BaseModel):
+    workers: int = Field(description="RUNNING workers wanted now, capped by max_workers")
+    warm: int = Field(description="STOPPED workers wanted now, within what max_workers leaves")
+    rule: Rule = Field(
+        description="the rule that sets `workers`: min_workers, headroom, schedule or bookings"
+    )
+    schedule: int | None = Field(default=None, description="the schedule's index when `rule` is schedule")
+    active_schedules: list[int] = Field(description="the schedules whose window applies now")
+    headroom_slots: int = Field(description="free slots wanted now (the policy's, raised by its schedules)")
+    wanted: int = Field(description="what the rule asked before the cap")
+    capped: bool = Field(description="max_workers cut the target")
+    bookings_due: int = Field(default=0, description="slots bookings need within the lead time")
+
+
+class PoolCapacityView(BaseModel):
+    """`GET /api/v1/pools/{name}/capacity`: what its capacity policy sees and does (docs/capacity.md)."""
+
+    pool: str
+    policy: CapacityPolicy
+    at: datetime
+    running: int
+    launching: int = Field(description="being launched or started (STOPPED workers asked to start included)")
+    stopping: int
+    warm: int = Field(description="STOPPED workers ready to start")
+    members: int = Field(
+        description="the pool's workers max_workers counts: every status but TERMINATED and FAILED"
+    )
+    free_slots: int = Field(description="free slots on the pool's RUNNING workers")
+    lead_time_seconds: int = Field(description="how long before it is needed a worker is asked for")
+    target: TargetView | None = Field(description="null while the pool has no policy or its template is gone")
+    last_cycle: LastCycle | None = Field(description="what the last reconcile cycle's scale-out did")
+    blocked: Blocked | None = Field(
+        description="scale-out waits: EC2 refused launches for capacity, quota or rate"
+    )
+
+
+def pool_view(ctx: Context, name: str) -> PoolCapacityView:
+    """The pool's capacity now (NotFound for no such pool)."""
+    pool = ctx.store.get_pool(name)
+    now = utcnow()
+    policy = pool.capacity
+    template = ctx.store.find_template(policy.template) if policy.template else None
+    found = assess_pool(ctx, pool, template.capacity if template else 1, ctx.store.fleet_counts(), now)
+    state = ctx.capacity.state(name)
+    target = found.target
+    return PoolCapacityView(
+        pool=name,
+        policy=policy,
+        at=now,
+        running=found.running,
+        launching=found.launching,
+        stopping=found.stopping,
+        warm=len(found.warm),
+        members=ctx.capacity.members(name),
+        free_slots=found.free_slots,
+        lead_time_seconds=int(launch_lead(policy.template).total_seconds()),
+        target=None
+        if template is None
+        else TargetView(
+            workers=target.workers,
+            warm=target.warm,
+            rule=target.rule,
+            schedule=target.schedule,
+            active_schedules=list(target.schedules),
+            headroom_slots=target.headroom_slots,
+            wanted=target.wanted,
+            capped=target.capped,
+        ),
+        last_cycle=state.last_cycle,
+        blocked=state.blocked,
+    )
