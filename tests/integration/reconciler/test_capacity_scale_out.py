@@ -166,3 +166,32 @@ def test_given_no_capacity_for_the_launches_then_the_pool_is_blocked_and_waits_f
     )
     after = reconcile_fleet(ctx, now=blocked.retry_at + timedelta(seconds=1))
     assert after.counters["capacity_workers_created"] == 1
+
+
+def test_given_a_blocked_pool_whose_refused_worker_still_waits_then_blocked_outlives_the_pools_backoff(
+    store: FleetStore, ctx: Context, lab_image: str
+) -> None:
+    capacity_pool(store, min_workers=1)
+    reconcile_fleet(ctx)  # creates the worker
+    no_capacity = faults.ec2_no_capacity(1.0, limit=1)
+    with faults.FaultPlan(seed=62, faults=[no_capacity]).installed():
+        reconcile_fleet(ctx, now=utcnow() + timedelta(seconds=1))
+    blocked = ctx.capacity.state("labs").blocked
+    assert blocked is not None
+    # The worker's own capacity backoff outlasts the pool's (15 minutes against 16, 30 in later rounds).
+    waiting = live_members(store)[0]
+    store.update_worker(
+        waiting,
+        {"next_reconcile_at": blocked.retry_at + timedelta(minutes=10)},
+        actor="test",
+        action="LongerBackoff",
+    )
+
+    later = reconcile_fleet(ctx, now=blocked.retry_at + timedelta(seconds=1))
+
+    # Nothing RUNNING yet, the only worker still PENDING on EC2's refusal: the pool is not at its target.
+    assert store.get_worker(waiting.id).status == WorkerStatus.PENDING
+    assert later.counters["capacity_workers_created"] == 0
+    still = ctx.capacity.state("labs").blocked
+    assert still is not None
+    assert (still.aws_error, still.refusals) == ("InsufficientInstanceCapacity", 1)

@@ -129,7 +129,9 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
     counters["capacity_workers_woken"] += started
     counters["capacity_workers_created"] += created
     counters["capacity_refused_at_cap"] += refused
-    settled = need.start == 0 and need.create == 0
+    # At its target once the workers are RUNNING and warm, not merely asked for: a worker still
+    # waiting on EC2's refusal covers the shortfall, yet the pool stays blocked.
+    at_target = found.running >= target.workers and len(warm) >= target.warm
     _record(
         ctx,
         pool,
@@ -138,8 +140,8 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
         started=started,
         created=created,
         refused=refused,
-        clear_blocked=settled,
-        note="at target" if settled else None,
+        clear_blocked=at_target,
+        note="at target" if at_target else None,
     )
 
 
