@@ -19,7 +19,7 @@ from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.capacity import scale_out
 from fleetkeeper.store.repository import FleetStore
-from fleetkeeper_local import faults
+from fleetkeeper_local import ec2_time, faults
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.support import ensure_template
 
@@ -195,3 +195,25 @@ def test_given_a_blocked_pool_whose_refused_worker_still_waits_then_blocked_outl
     still = ctx.capacity.state("labs").blocked
     assert still is not None
     assert (still.aws_error, still.refusals) == ("InsufficientInstanceCapacity", 1)
+
+
+def test_given_no_capacity_to_start_the_warm_worker_then_the_pool_is_blocked_with_ec2s_error(
+    store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
+) -> None:
+    worker = live_worker(pool="labs")
+    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
+    store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    capacity_pool(store, min_workers=1)
+    reconcile_fleet(ctx)  # wakes the warm worker
+    ec2_time.set_capacity(ec2, "m5.large", available=False)
+
+    refused = reconcile_fleet(ctx, now=utcnow() + timedelta(seconds=1))
+
+    assert refused.counters["capacity_errors"] == 1
+    assert store.get_worker(worker.id).status == WorkerStatus.STOPPED
+    blocked = ctx.capacity.state("labs").blocked
+    assert blocked is not None
+    assert (blocked.reason, blocked.aws_error) == (
+        BlockedReason.INSUFFICIENT_CAPACITY,
+        "InsufficientInstanceCapacity",
+    )

@@ -24,6 +24,7 @@ from fleetkeeper.domain.scale_down import Verdict
 from fleetkeeper.observability import logger
 from fleetkeeper.services import drain_hooks, lead_time
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.reconcile.capacity import launch_refused
 from fleetkeeper.services.worker_exit import release_stopped_worker, retire_worker
 
 ACTOR = "reconciler"
@@ -126,6 +127,8 @@ def start_refused(
     )
     counters["capacity_errors"] += 1
     counters["retries_scheduled"] += 1
+    # A warm worker that cannot start is capacity the pool lacks, as a refused launch is.
+    launch_refused(ctx, worker, refused.code, reason, now)
     logger.warning("start refused for capacity", worker_id=worker.id, code=refused.code)
     return Outcome.RETRY
 

@@ -199,8 +199,9 @@ def _gauges(pool: str, target: Target, free_slots: int, warm: int) -> None:
 
 
 def launch_refused(ctx: Context, worker: Worker, aws_error: str | None, message: str, now: datetime) -> bool:
-    """Record that EC2 refused `worker`'s launch for want of capacity, a quota or its rate: its pool's
-    scale-out backs off (docs/capacity.md, "Blocked"). False when the error blocks nothing."""
+    """Record that EC2 refused `worker`'s launch (or a warm worker's start) for want of capacity, a quota
+    or its rate: its pool's scale-out backs off (docs/capacity.md, "Blocked"). False when the error
+    blocks nothing."""
     if worker.pool is None or aws_error is None or blocked_reason(aws_error) is None:
         return False
     ctx.capacity.update_state(
