@@ -217,3 +217,27 @@ def test_given_no_capacity_to_start_the_warm_worker_then_the_pool_is_blocked_wit
         BlockedReason.INSUFFICIENT_CAPACITY,
         "InsufficientInstanceCapacity",
     )
+
+
+def test_given_a_stopped_worker_an_operator_wants_terminated_then_scale_out_never_wakes_it(
+    store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
+) -> None:
+    worker = live_worker(pool="labs")
+    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
+    stopped = store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    capacity_pool(store, min_workers=1)
+    now = utcnow()
+    # Still waiting out a backoff (a start EC2 refused for capacity) when the operator gives it up.
+    store.update_worker(
+        stopped,
+        {"desired_status": WorkerStatus.TERMINATED, "next_reconcile_at": now + timedelta(minutes=10)},
+        actor="test",
+        action="DesiredStatusSet",
+    )
+
+    report = reconcile_fleet(ctx, now=now)
+
+    assert store.get_worker(worker.id).desired_status == WorkerStatus.TERMINATED
+    assert report.counters["capacity_workers_woken"] == 0
+    # It is leaving, not warm: the pool's one RUNNING worker is made anew.
+    assert report.counters["capacity_workers_created"] == 1

@@ -25,6 +25,7 @@ from fleetkeeper.domain.models import Pool, Worker, utcnow
 from fleetkeeper.services.context import Context
 
 LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
+_STAYS_STOPPED: Final = frozenset({None, WorkerStatus.STOPPED})
 
 
 def pool_counts(counts: FleetCounts, pool: str) -> Counter[WorkerStatus]:
@@ -41,7 +42,7 @@ class PoolCapacity:
     """A pool's workers as its policy counts them, and the target now.
 
     `launching` counts workers being launched or started, STOPPED ones already asked to start among
-    them; `warm` the STOPPED workers not asked to start and held by no one."""
+    them; `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one."""
 
     running: int
     launching: int
@@ -68,7 +69,8 @@ def assess_pool(
         running=running,
         launching=sum(by_status[s] for s in LAUNCHING) + waking,
         stopping=by_status[WorkerStatus.STOPPING],
-        warm=[w for w in stopped if w.desired_status != WorkerStatus.RUNNING and w.owner is None],
+        # A STOPPED worker someone wants TERMINATED is leaving: waking it would undo that wish.
+        warm=[w for w in stopped if w.desired_status in _STAYS_STOPPED and w.owner is None],
         free_slots=free_slots,
         target=capacity_target(
             pool.capacity, now, running=running, free_slots=free_slots, slots_per_worker=slots_per_worker
