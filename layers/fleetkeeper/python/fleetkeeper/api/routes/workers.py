@@ -74,7 +74,8 @@ def list_workers(
     summary="Create a worker of a template, PENDING until the reconciler launches it",
     description="Stores a PENDING worker with its template's capacity, in a pool if one is named; the "
     "reconciler launches its machine within a cycle. 422 names an unknown `template` or `pool`, or a "
-    "`region` the stage does not manage; 409 if the worker's id is taken.",
+    "`region` the stage does not manage; 409 if the worker's id is taken, POOL_NOT_ACTIVE if the pool is "
+    "draining or inactive, POOL_FULL if it already has its capacity policy's `max_workers` workers.",
     responses=responses({201: ("the new worker, PENDING", WorkerView)}, 409),
 )
 def create_worker(body: CreateWorkerRequest) -> Response[WorkerView]:
