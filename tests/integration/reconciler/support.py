@@ -107,3 +107,14 @@ def cycle_until(
             return found
         time.sleep(pause)
     raise AssertionError(f"not there in {max_cycles} cycles")
+
+
+def stopped_wanting_to_run(ctx: Any, store: FleetStore, ec2: Any, worker: Worker) -> Worker:
+    """`worker`'s machine stopped from outside, seen STOPPED by a cycle, then asked to run again: the next
+    cycle starts it."""
+    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
+    reconcile_fleet(ctx)
+    stopped = store.get_worker(worker.id)
+    return store.update_worker(
+        stopped, {"desired_status": "RUNNING"}, actor="test", action="DesiredStatusSet"
+    )

@@ -16,7 +16,7 @@ from fleetkeeper_local import ec2_time
 from fleetkeeper_local.ec2_time import Delays
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.conftest import LiveWorkerFactory
-from tests.integration.reconciler.support import ensure_template
+from tests.integration.reconciler.support import ensure_template, stopped_wanting_to_run
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,7 @@ def test_given_a_start_delay_then_a_started_worker_stays_starting_until_it_passe
     ctx: Context, store: FleetStore, ec2: Any, live_worker: LiveWorkerFactory
 ) -> None:
     worker = live_worker()
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    reconcile_fleet(ctx)
-    stopped = store.get_worker(worker.id)
-    store.update_worker(stopped, {"desired_status": S.RUNNING}, actor="test", action="DesiredStatusSet")
+    stopped = stopped_wanting_to_run(ctx, store, ec2, worker)
 
     with ec2_time.delayed(BOOT):
         began = time.monotonic()

@@ -23,7 +23,7 @@ from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import ec2_time
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.conftest import LiveWorkerFactory
-from tests.integration.reconciler.support import ensure_template, instances_tagged
+from tests.integration.reconciler.support import ensure_template, instances_tagged, stopped_wanting_to_run
 
 pytestmark = pytest.mark.integration
 
@@ -94,10 +94,7 @@ def test_given_no_capacity_to_start_a_stopped_worker_then_it_stays_stopped_and_s
     ctx: Context, store: FleetStore, ec2: Any, live_worker: LiveWorkerFactory, sends: dict[str, int]
 ) -> None:
     worker = live_worker()
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    reconcile_fleet(ctx)
-    stopped = store.get_worker(worker.id)
-    store.update_worker(stopped, {"desired_status": S.RUNNING}, actor="test", action="DesiredStatusSet")
+    stopped_wanting_to_run(ctx, store, ec2, worker)
     ec2_time.set_capacity(ec2, "m5.large", available=False)
     now = utcnow()
 

@@ -25,7 +25,7 @@ from fleetkeeper_local.ec2_time import Delays
 from tests.integration.conftest import ControlPlane
 from tests.integration.functions import reconcile_fleet
 from tests.integration.reconciler.conftest import LiveWorkerFactory
-from tests.integration.reconciler.support import ensure_template
+from tests.integration.reconciler.support import ensure_template, stopped_wanting_to_run
 
 pytestmark = pytest.mark.integration
 
@@ -72,10 +72,7 @@ def test_given_a_stopped_worker_started_then_its_start_is_sampled_when_an_ec2_ev
     ctx: Context, store: FleetStore, ec2: Any, live_worker: LiveWorkerFactory
 ) -> None:
     worker = live_worker()
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    reconcile_fleet(ctx)
-    stopped = store.get_worker(worker.id)
-    store.update_worker(stopped, {"desired_status": S.RUNNING}, actor="test", action="DesiredStatusSet")
+    stopped_wanting_to_run(ctx, store, ec2, worker)
     with ec2_time.delayed(BOOT):
         reconcile_fleet(ctx)
         starting = store.get_worker(worker.id)
