@@ -7,16 +7,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from fleetkeeper.domain.capacity import Rule, Target
 from fleetkeeper.domain.errors import InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Worker
+from fleetkeeper.domain.models import Worker, WorkerSummary
 from fleetkeeper.domain.scale_down import (
     Action,
     DisruptionBudget,
     Guard,
     ScaleDownPolicy,
+    booked_within,
     evaluate,
     next_idle_since,
+    scale_in,
 )
 
 NOW = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
@@ -103,3 +106,60 @@ def test_given_cpu_readings_then_idle_since_starts_holds_and_resets():
     assert next_idle_since(NOW - timedelta(minutes=3), 1.0, 5.0, NOW) == NOW - timedelta(minutes=3)
     assert next_idle_since(NOW - timedelta(minutes=3), None, 5.0, NOW) == NOW - timedelta(minutes=3)
     assert next_idle_since(NOW - timedelta(minutes=3), 50.0, 5.0, NOW) is None
+
+
+def running(active: dict[str, int]) -> list[WorkerSummary]:
+    return [
+        WorkerSummary(id=i, template="lab", region="us-east-1", capacity=4, active_instances=n)
+        for i, n in active.items()
+    ]
+
+
+def target(*, floor: int = 0, headroom: int = 0) -> Target:
+    return Target(
+        workers=floor,
+        warm=0,
+        rule=Rule.MIN_WORKERS,
+        wanted=floor,
+        capped=False,
+        headroom_slots=headroom,
+        floor=floor,
+    )
+
+
+def test_given_spare_workers_then_scale_in_takes_the_empty_then_the_least_loaded_never_a_full_one() -> None:
+    pool = running({"w-a": 2, "w-b": 0, "w-c": 4, "w-d": 1, "w-e": 0})
+
+    taken = scale_in(target(), pool, cap=None, kept=lambda _: None)
+
+    assert [w.id for w in taken] == ["w-b", "w-e", "w-d", "w-a"]
+
+
+def test_given_a_headroom_and_a_floor_then_scale_in_stops_where_either_would_be_broken() -> None:
+    pool = running({"w-a": 0, "w-b": 0, "w-c": 0, "w-d": 3})
+
+    # 13 free slots, 6 must stay: one empty worker may go (9 left), a second would leave 5; the busy
+    # one's single free slot may (8 left), its instances finishing while it drains.
+    assert [w.id for w in scale_in(target(headroom=6), pool, cap=None, kept=lambda _: None)] == ["w-a", "w-d"]
+    # Three must stay running, whatever the slots.
+    assert [w.id for w in scale_in(target(floor=3), pool, cap=None, kept=lambda _: None)] == ["w-a"]
+    # Above the cap, the headroom gives way: down to max_workers.
+    assert [w.id for w in scale_in(target(headroom=13), pool, cap=3, kept=lambda _: None)] == ["w-a"]
+
+
+def test_given_a_worker_that_must_stay_then_the_next_one_goes_in_its_place() -> None:
+    pool = running({"w-a": 0, "w-b": 0, "w-c": 0})
+
+    taken = scale_in(
+        target(floor=1), pool, cap=None, kept=lambda w: Guard.DO_NOT_DISRUPT if w.id == "w-a" else None
+    )
+
+    assert [w.id for w in taken] == ["w-b", "w-c"]
+
+
+def test_given_timeslots_then_only_one_within_the_lead_time_books_the_worker() -> None:
+    lead = timedelta(minutes=10)
+    assert booked_within(
+        [NOW + timedelta(hours=2), NOW + timedelta(minutes=9)], NOW, lead
+    ) == NOW + timedelta(minutes=9)
+    assert booked_within([NOW + timedelta(minutes=11), NOW - timedelta(minutes=1)], NOW, lead) is None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fleetkeeper.cloud.clients import client
 from fleetkeeper.domain.capacity import BlockedReason, CapacityPolicy
 from fleetkeeper.domain.errors import PoolFull
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
@@ -18,6 +19,8 @@ from fleetkeeper.domain.models import utcnow
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.capacity import scale_out
+from fleetkeeper.store.capacity import members_key
+from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import ec2_time, faults
 from tests.integration.functions import reconcile_fleet
@@ -241,3 +244,28 @@ def test_given_a_stopped_worker_an_operator_wants_terminated_then_scale_out_neve
     assert report.counters["capacity_workers_woken"] == 0
     # It is leaving, not warm: the pool's one RUNNING worker is made anew.
     assert report.counters["capacity_workers_created"] == 1
+
+
+def test_given_workers_from_before_member_counts_then_the_cycle_recounts_them_and_the_cap_holds(
+    store: FleetStore, ctx: Context, live_worker: Callable[..., Any]
+) -> None:
+    for _ in range(3):
+        live_worker(pool="labs")
+    # As before member counts existed: the workers are in the exact counters, the pool has no count.
+    client("dynamodb").delete_item(TableName=ctx.settings.table_name, Key=serialize(members_key("labs")))
+    capacity_pool(store, min_workers=3)
+    assert ctx.capacity.members("labs") == 0
+
+    report = reconcile_fleet(ctx)
+
+    assert report.counters["capacity_members_recounted"] == 1
+    assert ctx.capacity.members("labs") == 3
+    with pytest.raises(PoolFull):
+        workers.create_worker(store, template="lab", region="us-east-1", pool="labs", actor="test")
+    # Right now: a second recount adds nothing, and the next cycle does not try.
+    assert ctx.capacity.recount_members("labs") == 0
+    again = reconcile_fleet(ctx, now=utcnow() + timedelta(seconds=1))
+    assert (again.counters["capacity_members_recounted"], again.counters["capacity_recounts_deferred"]) == (
+        0,
+        0,
+    )

@@ -202,6 +202,9 @@ class Target:
     schedule: int | None = None
     schedules: tuple[int, ...] = ()
     headroom_slots: int = 0
+    # RUNNING workers the count rules alone keep (min_workers, the active schedules'), capped: what
+    # scale-in never goes below, whatever the free slots.
+    floor: int = 0
 
 
 def _for_slots(slots: int, *, running: int, free_slots: int, slots_per_worker: int) -> int:
@@ -236,8 +239,10 @@ def capacity_target(
     ]
     warm = policy.warm_workers
     headroom = policy.headroom_slots
+    floor = policy.min_workers
     for n in active:
         schedule = policy.schedules[n]
+        floor = max(floor, schedule.min_workers or 0)
         raised = max(schedule.min_workers or 0, for_slots(schedule.headroom_slots or 0))
         candidates.append((raised, Rule.SCHEDULE, n))
         warm = max(warm, schedule.warm_workers or 0)
@@ -255,6 +260,7 @@ def capacity_target(
         schedule=schedule_index,
         schedules=active,
         headroom_slots=headroom,
+        floor=min(floor, cap),
     )
 
 

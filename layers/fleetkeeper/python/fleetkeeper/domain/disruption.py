@@ -52,6 +52,8 @@ class DisruptionReason(StrEnum):
     DRIFT = "drift"
     # A sick worker replaced (domain/repair.py): failed status checks, no answer, its own report.
     REPAIR = "repair"
+    # Capacity above what the pool's capacity policy wants (domain/scale_down.scale_in).
+    UNDERUTILIZED = "underutilized"
 
 
 ALL_REASONS: tuple[DisruptionReason, ...] = tuple(DisruptionReason)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from fleetkeeper.domain.capacity import Target
+from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import InvalidInput
-from fleetkeeper.domain.models import Worker, WorkerSummary
+from fleetkeeper.domain.models import DrainThen, Worker, WorkerSummary
 
 
 class Guard(StrEnum):
@@ -80,9 +82,16 @@ class ScaleDownPolicy:
 
 @dataclass(frozen=True)
 class Verdict:
+    """What scale-down proposes for one worker. Idle scale-down stops (`scale_down`, the stage's
+    minimum); scale-in (`underutilized`) stops or terminates, its floor the serving workers of the
+    worker's template its pool keeps."""
+
     action: Action
     reason: str
     refused_by: Guard | None = None
+    cause: DisruptionReason = DisruptionReason.SCALE_DOWN
+    then: DrainThen = DrainThen.STOP
+    floor: int | None = None
 
 
 def protected_from_disruption(worker: Worker, now: datetime) -> bool:
@@ -134,3 +143,38 @@ def evaluate(
             )
     idle_for = int((now - worker.idle_since).total_seconds())
     return Verdict(action, f"idle for {idle_for}s")
+
+
+def booked_within(starts: Iterable[datetime], now: datetime, lead: timedelta) -> datetime | None:
+    """The first timeslot that starts within `lead` from now, if any: its worker is needed then."""
+    due = [start for start in starts if now <= start <= now + lead]
+    return min(due) if due else None
+
+
+def scale_in(
+    target: Target,
+    running: Sequence[WorkerSummary],
+    *,
+    cap: int | None,
+    kept: Callable[[WorkerSummary], Guard | None],
+) -> list[WorkerSummary]:
+    """The RUNNING workers of a pool with a capacity policy that scale-in proposes, in order: empty
+    ones first, then the least loaded. One goes only while the pool keeps `target.floor` workers and
+    the free slots of the rest hold `target.headroom_slots` (unless the pool is above `cap`). A full
+    worker is never proposed: it holds no headroom, and draining it only delays its reuse. `kept` says
+    why a worker must stay (booked, protected, held), asked only of a worker that could go."""
+    free = sum(w.free_slots for w in running)
+    left = len(running)
+    taken: list[WorkerSummary] = []
+    for worker in sorted(running, key=lambda w: (w.active_instances, -w.free_slots, w.id)):
+        if left - 1 < target.floor:
+            break
+        over_cap = cap is not None and left > cap
+        if worker.free_slots == 0 or (not over_cap and free - worker.free_slots < target.headroom_slots):
+            continue
+        if kept(worker) is not None:
+            continue
+        taken.append(worker)
+        left -= 1
+        free -= worker.free_slots
+    return taken

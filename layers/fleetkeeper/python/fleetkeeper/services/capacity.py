@@ -21,7 +21,7 @@ from fleetkeeper.domain.capacity import (
 from fleetkeeper.domain.disruption import pool_of_scope
 from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Pool, Worker, utcnow
+from fleetkeeper.domain.models import Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.services.context import Context
 
 LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
@@ -42,7 +42,8 @@ class PoolCapacity:
     """A pool's workers as its policy counts them, and the target now.
 
     `launching` counts workers being launched or started, STOPPED ones already asked to start among
-    them; `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one."""
+    them; `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one;
+    `serving` the RUNNING workers as the pool's index lists them (to rank, never to decide)."""
 
     running: int
     launching: int
@@ -50,6 +51,7 @@ class PoolCapacity:
     warm: list[Worker]
     free_slots: int
     target: Target
+    serving: list[WorkerSummary]
 
 
 def assess_pool(
@@ -59,7 +61,8 @@ def assess_pool(
     its STOPPED workers read from their items, and its target at `now`."""
     by_status = pool_counts(counts, pool.name)
     running = by_status[WorkerStatus.RUNNING]
-    free_slots = sum(w.free_slots for w in ctx.store.placement_candidates(template=None, pool=pool.name))
+    serving = ctx.store.placement_candidates(template=None, pool=pool.name)
+    free_slots = sum(w.free_slots for w in serving)
     ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status == WorkerStatus.STOPPED]
     stopped = [
         w for w in ctx.store.get_workers(ids) if w.status == WorkerStatus.STOPPED and w.pool == pool.name
@@ -75,6 +78,7 @@ def assess_pool(
         target=capacity_target(
             pool.capacity, now, running=running, free_slots=free_slots, slots_per_worker=slots_per_worker
         ),
+        serving=serving,
     )
 
 

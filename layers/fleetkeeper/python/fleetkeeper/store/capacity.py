@@ -7,6 +7,12 @@ whatever the concurrency. A creation under a cap carries the condition `members 
 cycles (or shards) racing to the cap cannot both commit the last place; the second is refused
 (PoolFull).
 
+Recount: workers that joined a pool before member counts existed (or were counted by the layout
+migration) are in the exact per-scope counters (store/counters.py) but not in the member count. Every
+worker transaction moves both by the same amount, so their difference is constant between recounts:
+`recount_members` reads it from one consistent snapshot (TransactGetItems of the member item and the
+pool's counter items) and adds it back in one conditional write, exact whatever else writes meanwhile.
+
 State: one small item per pool, `PK = CAPACITY#<pool>`, `SK = STATE` (domain/capacity.CapacityState),
 replaced whole under a condition on the version it was read at.
 """
@@ -16,16 +22,24 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from botocore.exceptions import ClientError
+
 from fleetkeeper.cloud.retry import with_backoff
-from fleetkeeper.domain.capacity import CapacityState
+from fleetkeeper.domain.capacity import NOT_MEMBERS, CapacityState
+from fleetkeeper.domain.disruption import pool_of_scope
 from fleetkeeper.domain.errors import StaleWrite
-from fleetkeeper.store.codec import load_record, record_attributes, serialize, serialize_value
+from fleetkeeper.store.codec import deserialize, load_record, record_attributes, serialize, serialize_value
+from fleetkeeper.store.counters import counter_keys, member_total
 from fleetkeeper.store.table import put_next_version
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
 
 MEMBERS = "members"
+# How many recounts the member item has taken: two recounters of one snapshot cannot both add.
+RECOUNTS = "recounts"
+# A TransactGetItems holds 100 items: the member item and up to this many counter items.
+MAX_RECOUNT_ITEMS = 99
 # Writers of one pool's state take turns; past this many, the write is left out (the next cycle writes).
 STATE_ATTEMPTS = 5
 
@@ -94,6 +108,53 @@ class CapacityStore:
                 continue
             return stored
         return None
+
+    def recount_members(self, pool: str) -> int | None:
+        """Make the pool's member count what its counters say: the correction added (0: it was
+        right), or None when it could not be made exactly now (another recount or a new counter item
+        came between; more counter items than one snapshot holds)."""
+        keys = counter_keys(self._client, self.table_name, lambda scope: pool_of_scope(scope) == pool)
+        if len(keys) > MAX_RECOUNT_ITEMS:
+            return None
+        member_key = serialize(members_key(pool))
+        response = with_backoff(
+            lambda: self._client.transact_get_items(
+                TransactItems=[
+                    {"Get": {"TableName": self.table_name, "Key": key}} for key in [member_key, *keys]
+                ]
+            ),
+            name="TransactGetItems",
+        )
+        got = [deserialize(r["Item"]) if r.get("Item") else {} for r in response["Responses"]]
+        members, recounts = int(got[0].get(MEMBERS, 0)), int(got[0].get(RECOUNTS, 0))
+        correction = member_total(got[1:], NOT_MEMBERS) - members
+        # Counter items are never deleted: the same keys now means none was missing from the snapshot.
+        again = counter_keys(self._client, self.table_name, lambda scope: pool_of_scope(scope) == pool)
+        if len(again) != len(keys):
+            return None
+        if correction == 0:
+            return 0
+        condition = "#r = :g" if recounts else "attribute_not_exists(#r)"
+        values = {":d": serialize_value(correction), ":one": serialize_value(1)}
+        if recounts:
+            values[":g"] = serialize_value(recounts)
+        try:
+            with_backoff(
+                lambda: self._client.update_item(
+                    TableName=self.table_name,
+                    Key=member_key,
+                    UpdateExpression="ADD #m :d, #r :one",
+                    ConditionExpression=condition,
+                    ExpressionAttributeNames={"#m": MEMBERS, "#r": RECOUNTS},
+                    ExpressionAttributeValues=values,
+                ),
+                name="UpdateItem",
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return None
+            raise
+        return correction
 
     def _get(self, key: Mapping[str, str]) -> dict[str, Any]:
         response = with_backoff(

@@ -19,7 +19,7 @@ the counts is one strongly consistent Query per partition key.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.cloud.retry import with_backoff
@@ -93,6 +93,51 @@ def moves(counted_as: str | None, cell: str) -> dict[str, int]:
     if counted_as is not None:
         changes[counted_as] = -1
     return changes
+
+
+def member_total(items: list[dict[str, Any]], not_members: frozenset[WorkerStatus]) -> int:
+    """The workers counter items (plain, deserialized) count in every status but `not_members`."""
+    total = 0
+    for item in items:
+        for name, value in item.items():
+            if (
+                name.startswith(_STATUS_PREFIX)
+                and WorkerStatus(name.removeprefix(_STATUS_PREFIX)) not in not_members
+            ):
+                total += int(value)
+    return total
+
+
+def counter_keys(
+    client: DynamoDBClient, table_name: str, keep: Callable[[str], bool]
+) -> list[dict[str, Any]]:
+    """The keys of the counter items whose scope `keep` wants: one Query per counter partition key."""
+    keys: list[dict[str, Any]] = []
+    for partition in range(COUNTER_PARTITIONS):
+        start: dict[str, Any] | None = None
+        while True:
+            extra = {"ExclusiveStartKey": start} if start else {}
+            response = with_backoff(
+                lambda extra=extra, partition=partition: client.query(  # type: ignore[misc]
+                    TableName=table_name,
+                    KeyConditionExpression="PK = :pk",
+                    ExpressionAttributeValues={":pk": {"S": f"COUNTS#{partition}"}},
+                    ProjectionExpression="PK, SK, #scope",
+                    ExpressionAttributeNames={"#scope": "scope"},
+                    ConsistentRead=True,
+                    **extra,
+                ),
+                name="Query",
+            )
+            keys.extend(
+                {"PK": item["PK"], "SK": item["SK"]}
+                for item in response.get("Items", [])
+                if keep(str(item.get("scope", {}).get("S", "")))
+            )
+            start = response.get("LastEvaluatedKey")
+            if not start:
+                break
+    return keys
 
 
 def read_counts(client: DynamoDBClient, table_name: str) -> FleetCounts:

@@ -17,6 +17,7 @@ from typing import Final
 from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from fleetkeeper.domain.capacity import (
+    NOT_MEMBERS,
     CapacityState,
     LastCycle,
     Target,
@@ -29,7 +30,7 @@ from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Pool, Worker
 from fleetkeeper.observability import NAMESPACE, SERVICE, logger
-from fleetkeeper.services.capacity import assess_pool
+from fleetkeeper.services.capacity import assess_pool, pool_counts
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.workers import create_worker
 
@@ -62,10 +63,26 @@ def scale_out(
             counters["capacity_deferred"] += 1
             return
         try:
+            recount_members(ctx, listed.name, counts, counters)
             _scale_pool(ctx, listed.name, counts, now, counters)
         except Exception:  # one pool's failure waits a cycle; the others go on
             logger.exception("scale-out failed", pool=listed.name)
             counters["capacity_errors"] += 1
+
+
+def recount_members(ctx: Context, name: str, counts: FleetCounts, counters: Counter[str]) -> None:
+    """Correct the pool's member count when it differs from what the cycle's counters say: workers
+    from before member counts existed (store/capacity.py, "Recount"). A difference that is only a
+    write between the two reads recounts to no correction."""
+    counted = sum(n for status, n in pool_counts(counts, name).items() if status not in NOT_MEMBERS)
+    if ctx.capacity.members(name) == counted:
+        return
+    correction = ctx.capacity.recount_members(name)
+    if correction is None:
+        counters["capacity_recounts_deferred"] += 1
+    elif correction:
+        counters["capacity_members_recounted"] += 1
+        logger.warning("pool member count corrected", pool=name, correction=correction)
 
 
 def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, counters: Counter[str]) -> None:

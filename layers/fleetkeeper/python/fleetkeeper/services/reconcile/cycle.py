@@ -236,7 +236,7 @@ def _run_cycle(
     # Drift and launches ask the same question of each template's filter: answered once this cycle.
     images = NewestImages(ctx)
     try:
-        plan_steady_running(ctx, work, readings, now, report.counters)
+        plan_steady_running(ctx, work, readings, now, report.counters, counts=read.counts)
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1

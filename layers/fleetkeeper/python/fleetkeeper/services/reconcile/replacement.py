@@ -8,7 +8,9 @@
    second. One that ended (its launch failed, it was terminated) does not count: the next id of the
    sequence is tried, until MAX_REPLACEMENT_ATTEMPTS of them ended in this episode (`episode_since`):
    a repair that ended before its drain leaves its replacement to scale-down, and a later sickness of
-   the same worker is a new episode with attempts of its own.
+   the same worker is a new episode with attempts of its own. In a pool at its `max_workers` there is
+   no room to surge: the old worker is drained first, and the pool's capacity policy brings the pool
+   back to its target (max_workers exists only with a policy; counted `_drain_first`).
 3. The drain of the old worker, through the same door as the same owner: at once, or (`wait_running`)
    once the replacement is RUNNING, or at `start_by` whatever the replacement does.
 
@@ -26,7 +28,7 @@ from datetime import datetime
 from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Held, WaitReason
-from fleetkeeper.domain.errors import Conflict, NoLongerDue, PoolNotActive
+from fleetkeeper.domain.errors import Conflict, NoLongerDue, PoolFull, PoolNotActive
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, DrainThen, Worker
 from fleetkeeper.observability import logger
@@ -105,8 +107,12 @@ def replace(
         door.release(admitted, ask)
         return
     late = plan.start_by is not None and now >= plan.start_by
+    full = False
     try:
         made = ensure_replacement(ctx, admitted, plan, counters)
+    except PoolFull:
+        made, full = None, True
+        counters[f"{prefix}_drain_first"] += 1
     except PoolNotActive:
         # The pool closed since the door read it: no replacement, so no drain either, unless it is late.
         made = None
@@ -114,7 +120,7 @@ def replace(
             counters[f"{prefix}_held_{WaitReason.POOL_NOT_ACTIVE}"] += 1
             door.release(admitted, ask)
             return
-    if made is None and not late:
+    if made is None and not late and not full:
         counters[f"{prefix}_replacement_failed"] += 1
         logger.error("every replacement of a worker ended; it is not drained", worker_id=worker_id)
         door.release(admitted, ask)
@@ -170,7 +176,7 @@ def ensure_replacement(
                 pinned_image_id=worker.pinned_image_id,
                 pinned_instance_type=worker.pinned_instance_type,
             )
-        except PoolNotActive:
+        except (PoolNotActive, PoolFull):
             raise
         except Conflict:
             found = ctx.store.find_worker(new_id)

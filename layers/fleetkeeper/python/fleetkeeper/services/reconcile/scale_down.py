@@ -1,4 +1,9 @@
-"""Steady RUNNING workers: idle tracking from their metrics, then scale-down decisions and actions."""
+"""Steady RUNNING workers: idle tracking from their metrics, then scale-down decisions and actions.
+
+A worker of a pool without a capacity policy is scaled down when idle (reason `scale_down`); one of a
+pool with a policy when the pool holds more than its policy wants (scale-in, reason `underutilized`,
+docs/capacity.md "Scale-in"). Both only propose; the door decides.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Claim, Held, WaitReason, judge
 from fleetkeeper.domain.disruption import DisruptionReason
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
-from fleetkeeper.domain.models import DrainThen, Owner, Worker, WorkerMetrics
+from fleetkeeper.domain.fleet_counts import FleetCounts
+from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
+from fleetkeeper.domain.models import DrainThen, Owner, Worker, WorkerMetrics, WorkerSummary
 from fleetkeeper.domain.reconcile import Ec2Call, Outcome, Step
 from fleetkeeper.domain.scale_down import (
     Action,
@@ -20,19 +26,25 @@ from fleetkeeper.domain.scale_down import (
     Guard,
     ScaleDownPolicy,
     Verdict,
+    booked_within,
     evaluate,
     next_idle_since,
+    protected_from_disruption,
+    scale_in,
     scope_of,
 )
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains
+from fleetkeeper.services.capacity import assess_pool
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.lead_time import lead_time
 from fleetkeeper.services.reconcile.actions import Work, call_ec2
 from fleetkeeper.services.reconcile.provisioning import scaling_audit
 from fleetkeeper.settings import Settings
 
 SCALE_DOWN_ACTOR = "scale-down"
 SCALE_DOWN_SCOPE = "scale-down"
+SCALE_IN_ACTOR = "scale-in"
 
 
 def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
@@ -53,6 +65,8 @@ def plan_steady_running(
     readings: Mapping[str, Mapping[str, float]],
     now: datetime,
     counters: Counter[str],
+    *,
+    counts: FleetCounts | None = None,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
 
@@ -78,20 +92,114 @@ def plan_steady_running(
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
             tally.last_by_scope[name] = datetime.fromisoformat(stamp)
     with admission.door(ctx, now) as door:
+        plans = _ScaleIn(ctx, door, now, counts, counters, pools=[i.worker.pool for i in steady])
         for item in steady:
             try:
-                _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters)
+                _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters, plans=plans)
                 if item.scale_down is not None:
                     refused_by = _admit(ctx, door, item, item.scale_down, policy=policy, now=now)
                     if refused_by is not None:
-                        counters[f"scale_down_refused_{refused_by}"] += 1
+                        counters[f"{_kind(item.scale_down)}_refused_{refused_by}"] += 1
                         item.scale_down = None
             except Exception as error:  # one worker's failure is its own (see cycle.py)
                 item.error = error
                 item.scale_down = None
                 continue
-            if item.scale_down is not None:
+            if item.scale_down is not None and item.scale_down.cause is DisruptionReason.SCALE_DOWN:
                 tally.last_by_scope[scope_of(item.worker)] = now
+
+
+def _kind(verdict: Verdict) -> str:
+    """The prefix of a decision's counters: `scale_down` (idle) or `scale_in` (a capacity policy's)."""
+    return "scale_in" if verdict.cause is DisruptionReason.UNDERUTILIZED else "scale_down"
+
+
+class _ScaleIn:
+    """Scale-in of the pools with a capacity policy, planned once per pool and cycle, when the cycle
+    first meets one of its steady workers: which RUNNING workers go (domain/scale_down.scale_in), each
+    stopped back into the warm set while it is short of its target, else terminated."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        door: admission.Door,
+        now: datetime,
+        counts: FleetCounts | None,
+        counters: Counter[str],
+        *,
+        pools: list[str | None],
+    ) -> None:
+        self.ctx, self.door, self.now, self.counters = ctx, door, now, counters
+        self._counts = counts
+        named = {p for p in pools if p is not None}
+        # One listing per cycle, and none for a cycle whose steady workers are in no pool.
+        listed = ctx.store.list_pools() if named else []
+        self._governed = {p.name for p in listed if p.name in named and p.capacity.active}
+        self._plans: dict[str, dict[str, Verdict]] = {}
+
+    def governs(self, pool: str | None) -> bool:
+        """Whether the pool's capacity policy, not idleness, decides its scale-down."""
+        return pool in self._governed
+
+    def verdict(self, worker: Worker) -> Verdict | None:
+        pool = worker.pool or ""
+        if pool not in self._plans:
+            self._plans[pool] = self._plan(pool)
+        return self._plans[pool].get(worker.id)
+
+    def _plan(self, name: str) -> dict[str, Verdict]:
+        ctx, now = self.ctx, self.now
+        pool = ctx.store.get_pool(name)
+        policy = pool.capacity
+        template = ctx.store.find_template(policy.template) if policy.template else None
+        if template is None or pool.status != PoolStatus.ACTIVE or not policy.active:
+            return {}
+        if self._counts is None:
+            self._counts = ctx.store.fleet_counts()
+        found = assess_pool(ctx, pool, template.capacity, self._counts, now)
+        lead = timedelta(seconds=lead_time(template.name, ctx).launch_seconds)
+        taken = scale_in(
+            found.target, found.serving, cap=policy.max_workers, kept=lambda w: self._kept(w, lead)
+        )
+        if not taken:
+            return {}
+        # The door holds the floor exactly: of each template's serving workers (the exact counters, as
+        # the door reads them), only as many go as were taken here, however many deciders race.
+        state = self.door.state(name)
+        going = Counter(w.template for w in taken)
+        warm_room = max(found.target.warm - len(found.warm) - found.stopping, 0)
+        keep = len(found.serving) - len(taken)
+        plans: dict[str, Verdict] = {}
+        for n, worker in enumerate(taken):
+            serving = state.members_by_template.get(worker.template, 0) - state.owned_by_template.get(
+                worker.template, 0
+            )
+            then = DrainThen.STOP if n < warm_room else DrainThen.TERMINATE
+            plans[worker.id] = Verdict(
+                Action.STOP if worker.active_instances == 0 else Action.DRAIN,
+                f"capacity policy keeps {keep} running with {found.target.headroom_slots} free slots; "
+                + ("back to the warm set" if then is DrainThen.STOP else "terminated: the warm set is full"),
+                cause=DisruptionReason.UNDERUTILIZED,
+                then=then,
+                floor=max(serving - going[worker.template], 0),
+            )
+        return plans
+
+    def _kept(self, summary: WorkerSummary, lead: timedelta) -> Guard | None:
+        """Why a worker scale-in could take must stay, read afresh: what the door would hold it for
+        (so another worker goes in its place), or a timeslot booked on it within the lead time."""
+        worker = self.ctx.store.get_worker(summary.id)
+        guard: Guard | None = None
+        if worker.status != WorkerStatus.RUNNING or self.door.holder(worker) is not None:
+            guard = Guard.IN_FLIGHT
+        elif protected_from_disruption(worker, self.now):
+            guard = Guard.DO_NOT_DISRUPT
+        elif booked_within(timeslot_starts(self.ctx, worker), self.now, lead) is not None:
+            guard = Guard.UPCOMING_TIMESLOT
+        if guard is not None:
+            self.counters[f"scale_in_refused_{guard}"] += 1
+            logger.info("scale-in keeps worker", worker_id=worker.id, guard=str(guard))
+        return guard
 
 
 # The door's reasons, as scale-down counts its refusals (`scale_down_refused_<guard>`).
@@ -125,18 +233,30 @@ def _admit(
     The cooldown is the scope's own (a conditional write on the `scale-down` stats item), claimed once the
     door would let the worker go: a cooldown never spent on a disruption the budgets hold back."""
     worker = item.worker
-    ask = Ask(DisruptionReason.SCALE_DOWN, SCALE_DOWN_ACTOR, floor=policy.min_workers)
-    if policy.enabled:
+    idle = verdict.cause is DisruptionReason.SCALE_DOWN
+    ask = (
+        Ask(DisruptionReason.SCALE_DOWN, SCALE_DOWN_ACTOR, floor=policy.min_workers)
+        if idle
+        else Ask(verdict.cause, SCALE_IN_ACTOR, floor=verdict.floor)
+    )
+    if policy.enabled or not idle:
         looked = judge(ask, worker, door.state(worker.pool), now, active=door.active)
         if isinstance(looked, Held):
             # The door's own state already holds it back: recorded as waiting, with no read or write.
             door.record_held(worker, ask, looked, str(verdict.action))
             return _guard(looked)
-    if policy.cooldown > timedelta(0) and not ctx.stats.claim_timestamp(
-        SCALE_DOWN_SCOPE, scope_of(worker), now=now, free_before=now - policy.cooldown
+    # A capacity policy's scale-in has no cooldown: the budgets pace it, and its headroom rule never
+    # takes what scale-out would bring straight back.
+    if (
+        idle
+        and policy.cooldown > timedelta(0)
+        and not ctx.stats.claim_timestamp(
+            SCALE_DOWN_SCOPE, scope_of(worker), now=now, free_before=now - policy.cooldown
+        )
     ):
         return Guard.COOLDOWN
-    reason = f"scale-down: {verdict.reason}"
+    reason = f"{ask.actor}: {verdict.reason}"
+    gone = WorkerStatus.STOPPING if verdict.then is DrainThen.STOP else WorkerStatus.TERMINATING
     if verdict.action is Action.STOP:
 
         def stop(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
@@ -147,9 +267,9 @@ def _admit(
                 raise _NoLongerIdle(current.id)
             return ctx.store.transition_worker(
                 current,
-                WorkerStatus.STOPPING,
+                gone,
                 cause=Cause.CONTROL,
-                actor=SCALE_DOWN_ACTOR,
+                actor=ask.actor,
                 reason=reason,
                 changes={**item.step.changes, "owner": owner},
                 claim=claim,
@@ -161,7 +281,7 @@ def _admit(
             return Guard.IN_FLIGHT
     else:
         started = drains.open_drain(
-            ctx, door, worker.id, ask, actor=SCALE_DOWN_ACTOR, reason=reason, then=DrainThen.STOP
+            ctx, door, worker.id, ask, actor=ask.actor, reason=reason, then=verdict.then
         )
     if isinstance(started, Held):
         return _guard(started)
@@ -189,6 +309,7 @@ def _plan_one(
     now: datetime,
     tally: _Tally,
     counters: Counter[str],
+    plans: _ScaleIn,
 ) -> None:
     policy = tally.policy
     worker = item.worker
@@ -210,6 +331,14 @@ def _plan_one(
                 changes={"idle_since": idle_since, "metrics": snapshot},
             )
             worker = worker.model_copy(update={"idle_since": idle_since})
+    if plans.governs(worker.pool):
+        proposed = plans.verdict(worker)
+        if proposed is not None:
+            logger.info(
+                "scale-in chosen", worker_id=worker.id, action=str(proposed.action), then=str(proposed.then)
+            )
+        item.scale_down = proposed
+        return
     scope = scope_of(worker)
     verdict = evaluate(
         worker,
@@ -234,16 +363,24 @@ def timeslot_starts(ctx: Context, worker: Worker) -> list[datetime]:
 def scale_down(
     ctx: Context, worker: Worker, verdict: Verdict, admitted: Worker, counters: Counter[str]
 ) -> Outcome:
-    """What follows a scale-down the door admitted in planning: a stop's EC2 call (its drain's workflow
-    already started), counted and audited."""
+    """What follows a scale-down the door admitted in planning: a stop's (or a terminate's) EC2 call
+    (its drain's workflow already started), counted and audited."""
+    kind = _kind(verdict)
     if verdict.action is Action.STOP:
-        call_ec2(ctx, admitted, Ec2Call.STOP)
-        counters["scale_down_stop_count"] += 1
+        terminate = verdict.then is DrainThen.TERMINATE
+        call_ec2(ctx, admitted, Ec2Call.TERMINATE if terminate else Ec2Call.STOP)
+        counters[f"{kind}_{'terminate' if terminate else 'stop'}_count"] += 1
     else:
-        counters["scale_down_drain_count"] += 1
+        counters[f"{kind}_drain_count"] += 1
     scaling_audit(
         ctx,
         "Worker Scaled Down",
-        {"worker_id": worker.id, "action": str(verdict.action), "reason": verdict.reason},
+        {
+            "worker_id": worker.id,
+            "action": str(verdict.action),
+            "then": str(verdict.then),
+            "reason": verdict.reason,
+            "disruption": str(verdict.cause),
+        },
     )
     return Outcome.SUCCESS

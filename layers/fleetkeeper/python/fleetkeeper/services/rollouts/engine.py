@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from fleetkeeper.domain.admission import Held
-from fleetkeeper.domain.errors import StaleWrite
+from fleetkeeper.domain.errors import PoolFull, StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
@@ -33,6 +33,7 @@ from fleetkeeper.domain.rollouts import (
     percent_done,
     replacement_id,
 )
+from fleetkeeper.observability import logger
 from fleetkeeper.services import admission
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.rollouts.alarms import held_by_alarms
@@ -194,7 +195,15 @@ def _begin(work: Step, worker_id: str, old: Worker | None) -> None:
         if work.held(worker_id, admitted) == Turn.TAKEN:
             work.set(worker_id, WorkerPhase.SKIPPED)
         return
-    new_id = work.create_replacement(old)
+    try:
+        new_id = work.create_replacement(old)
+    except PoolFull:
+        # No room to surge in a pool at max_workers: this worker is replaced drain-first, its admission
+        # kept; its replacement is made once it is gone (`_draining`, no replacement id yet).
+        turn = work.drain(old)
+        if turn != Turn.WAITING:
+            work.set(worker_id, WorkerPhase.DRAINING if turn == Turn.STARTED else WorkerPhase.SKIPPED)
+        return
     if new_id is not None:
         work.set(worker_id, WorkerPhase.REPLACING, new_id)
 
@@ -233,11 +242,19 @@ def _draining(work: Step, worker_id: str, old: Worker | None) -> None:
     if old.status not in GONE:
         work.block("drain_waiting", f"worker {worker_id} is {old.status}")
         return
-    if not work.rollout.replace or _surge(work.rollout):
+    surged = _surge(work.rollout) and work.progress[worker_id].replacement_id is not None
+    if not work.rollout.replace or surged:
         work.set(worker_id, WorkerPhase.DONE)
         return
     if work.may_start():
-        new_id = work.create_replacement(old)
+        try:
+            new_id = work.create_replacement(old)
+        except PoolFull:
+            # The place the old worker left was taken meanwhile (the pool's scale-out brings it to its
+            # target with the template's newest launch): nothing is left for the rollout to add.
+            logger.info("replacement not needed: pool at max_workers", worker_id=worker_id)
+            work.set(worker_id, WorkerPhase.DONE)
+            return
         if new_id is not None:
             work.set(worker_id, WorkerPhase.REPLACED_PENDING, new_id)
 

@@ -23,6 +23,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from fleetkeeper.domain.errors import PoolFull
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.rollouts import (
@@ -190,7 +191,12 @@ def _advance(work: Step, worker_id: str, found: dict[str, Worker]) -> None:
         elif restored is None:
             if not work.may_start():
                 return  # the next cycle launches it
-            new_id = work.create_replacement(old, new_id=restoring_id, pinned=True)
+            try:
+                new_id = work.create_replacement(old, new_id=restoring_id, pinned=True)
+            except PoolFull as full:
+                # A restoration surges too; in a full pool it waits for a place.
+                work.block("capacity", f"worker {worker_id}: {full.message}")
+                return
             if new_id is not None:
                 work.set(worker_id, WorkerPhase.REPLACING, new_id)
             return

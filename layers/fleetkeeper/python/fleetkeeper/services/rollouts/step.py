@@ -17,7 +17,7 @@ from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Held, WaitReason
 from fleetkeeper.domain.disruption import DisruptionReason
-from fleetkeeper.domain.errors import Conflict, NotFound, PoolNotActive, StaleWrite
+from fleetkeeper.domain.errors import Conflict, NotFound, PoolFull, PoolNotActive, StaleWrite
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Owner, Worker
 from fleetkeeper.domain.rollouts import (
@@ -233,7 +233,8 @@ class Step:
     ) -> str | None:
         """Create old's replacement (PENDING), held by this rollout, under a derived id; `pinned`: launched
         with the image and instance type old was launched with (a rollback), not the template's newest.
-        None when its pool takes no new worker (blocked)."""
+        None when its pool takes no new worker (blocked); PoolFull when the pool is at max_workers: the
+        caller decides what replaces a surge then (services/rollouts/engine.py)."""
         new_id = new_id or replacement_id(self.rollout.id, old.id)
         hold = Owner(
             reason=str(DisruptionReason.ROLLOUT),
@@ -257,6 +258,8 @@ class Step:
         except PoolNotActive as refused:
             self.block("pool_not_active", f"worker {old.id}: {refused.message}")
             return None
+        except PoolFull:
+            raise
         except Conflict as exists:
             if isinstance(exists, StaleWrite):
                 raise
