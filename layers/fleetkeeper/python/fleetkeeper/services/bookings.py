@@ -45,6 +45,8 @@ METRIC_WAITING: Final = "BookingsWaiting"
 METRIC_AT_RISK: Final = "BookingsAtRisk"
 METRIC_FAILED: Final = "BookingsFailed"
 DETAIL_FAILED: Final = "InstanceBookingFailed"
+# The cycle's counter of bookings at risk (published as Reconcile.bookings_at_risk): the alarm's metric.
+COUNTER_AT_RISK: Final = "bookings_at_risk"
 
 
 def place_or_book(
@@ -150,7 +152,7 @@ def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[st
         due += 1
         at_risk += where == Phase.AT_RISK
     counters["bookings_due"] += due
-    counters["bookings_at_risk"] += at_risk
+    counters[COUNTER_AT_RISK] += at_risk
     _gauges(pool.name, waiting=ctx.capacity.bookings_waiting(pool.name), at_risk=at_risk)
     return due
 
