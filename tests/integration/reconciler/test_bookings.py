@@ -16,6 +16,7 @@ import pytest
 
 from fleetkeeper.domain.bookings import NO_CAPACITY_BY_TIMESLOT
 from fleetkeeper.domain.errors import CapacityUnavailable
+from fleetkeeper.domain.lead_time import LeadKind
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.domain.models import Instance, utcnow
 from fleetkeeper.domain.placement import PlacementStrategy
@@ -229,3 +230,20 @@ def test_given_a_placement_that_cannot_wait_then_no_room_is_still_409(
 
     assert (status, body["error"]) == (409, "NO_CAPACITY"), why
     assert control_plane.ctx.capacity.bookings_waiting("labs") == 0
+
+
+def test_given_a_measured_lead_time_then_it_sets_how_far_ahead_a_booking_may_wait(
+    control_plane: ControlPlane,
+) -> None:
+    booking_pool(control_plane, max_workers=2)  # room for two: only the lead time refuses the second
+    for seconds in (100.0, 110.0, 120.0, 90.0, 95.0):
+        control_plane.ctx.store.add_lead_sample("lab", LeadKind.LAUNCH, seconds)
+
+    status, booked = book(control_plane, timedelta(minutes=3))
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+
+    assert status == 202, booked
+    start = datetime.fromisoformat(booked["timeslot_start"])
+    assert datetime.fromisoformat(booked["expected_ready_by"]) == start - timedelta(seconds=120)
+    assert view["lead_time_seconds"] == 120
+    assert book(control_plane, timedelta(seconds=90))[0] == 409  # less than the lead time ahead

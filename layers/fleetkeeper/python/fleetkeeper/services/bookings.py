@@ -137,23 +137,26 @@ def _book(
 def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[str]) -> int:
     """Place the pool's due bookings where RUNNING workers have room, fail those whose timeslot began
     unplaced, publish the pool's booking gauges; the number still due (what the target adds)."""
-    lead = launch_lead(pool.capacity.template, ctx)
-    found = _due(ctx, pool.name, lead, now)
-    candidates: list[WorkerSummary] | None = None
+    waiting = ctx.capacity.bookings_waiting(pool.name)
     due = at_risk = 0
+    # The count is exact: a pool with none waiting costs the cycle this one read.
+    found = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now) if waiting else []
+    candidates: list[WorkerSummary] | None = None
     for booking, where in found:
         if where == Phase.OVERDUE:
             _fail(ctx, booking, counters)
+            waiting -= 1
             continue
         if candidates is None:
             candidates = ctx.store.placement_candidates(template=booking.template, pool=pool.name)
         if _place(ctx, booking, candidates, counters):
+            waiting -= 1
             continue
         due += 1
         at_risk += where == Phase.AT_RISK
     counters["bookings_due"] += due
     counters[COUNTER_AT_RISK] += at_risk
-    _gauges(pool.name, waiting=ctx.capacity.bookings_waiting(pool.name), at_risk=at_risk)
+    _gauges(pool.name, waiting=max(waiting, 0), at_risk=at_risk)
     return due
 
 
