@@ -36,6 +36,14 @@ CAPACITY_TARGET: Final = "CapacityTarget"
 CAPACITY_FREE_SLOTS: Final = "CapacityFreeSlots"
 CAPACITY_WARM: Final = "CapacityWarm"
 CAPACITY_GAUGES: Final = (CAPACITY_TARGET, CAPACITY_FREE_SLOTS, CAPACITY_WARM)
+# Per reconcile cycle and pool (`pool` dimension): bookings waiting for capacity, and those at risk
+# (due, unplaced, less than the lead time left); 1 per booking failed for want of capacity.
+BOOKINGS_WAITING: Final = "BookingsWaiting"
+BOOKINGS_AT_RISK: Final = "BookingsAtRisk"
+BOOKINGS_FAILED: Final = "BookingsFailed"
+BOOKING_GAUGES: Final = (BOOKINGS_WAITING, BOOKINGS_AT_RISK)
+# The cycle's count of bookings at risk over every pool it owns: the fleet metric the alarm watches.
+BOOKINGS_AT_RISK_COUNTER: Final = "Reconcile.bookings_at_risk"
 RECONCILE_DURATION_MS: Final = "ReconcileDurationMs"
 RECONCILE_ERRORS: Final = "ReconcileErrors"
 # 1 per successful reconcile run: its absence is what the "reconcile not running" alarm watches.

@@ -153,6 +153,21 @@ class Monitoring(Construct):
             datapoints_to_alarm=1,
             missing=cw.TreatMissingData.NOT_BREACHING,
         )
+        # A booking due, unplaced, with less than the lead time left: it may miss its timeslot.
+        self._alarm(
+            "bookings-at-risk",
+            fleet_metric(metrics.BOOKINGS_AT_RISK_COUNTER, statistic="Maximum"),
+            description=(
+                "A booking waits for capacity with less than its pool's lead time left before its "
+                "timeslot: it fails at the timeslot's start unless a worker takes it (docs/runbook.md, "
+                "BookingsAtRisk; `fleetkeeper pool capacity NAME`)."
+            ),
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            datapoints_to_alarm=1,
+            missing=cw.TreatMissingData.NOT_BREACHING,
+        )
         self._any(
             "state-machine-failed",
             state_machine.metric_failed(statistic="Sum", period=FIVE_MINUTES),

@@ -173,7 +173,7 @@ def test_given_a_busy_worker_when_its_drain_is_forced_then_the_wait_reports_forc
 
     def drain_running() -> bool:
         code, output = cli("drain-status", worker_id, "--output", "json")  # 404 until the drain starts
-        return code == 0 and json.loads(output)["status"] == "RUNNING"
+        return code == 0 and bool(json.loads(output)["status"] == "RUNNING")
 
     wait_until(drain_running)
     assert cli("drain", worker_id, "--force-now", "--reason", "deadline")[0] == 0

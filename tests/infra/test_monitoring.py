@@ -57,6 +57,7 @@ def test_given_the_alarms_then_each_concern_of_the_issue_has_one(dev):
         "orphan-gc-breaker-tripped",
         "repair-blocked",
         "capacity-blocked",
+        "bookings-at-risk",
         "state-machine-failed",
         "api-5xx-rate",
         "reconcile-not-running",

@@ -9,7 +9,6 @@ import pytest
 from pydantic import ValidationError
 
 from fleetkeeper.domain.capacity import (
-    DEFAULT_LAUNCH_LEAD,
     BlockedReason,
     CapacityPolicy,
     Rule,
@@ -17,7 +16,6 @@ from fleetkeeper.domain.capacity import (
     blocked_after,
     blocked_reason,
     capacity_target,
-    launch_lead,
     member_moves,
     problems,
     shortfall,
@@ -233,7 +231,3 @@ def test_given_capacity_refusals_in_a_row_then_the_backoff_doubles_and_other_err
     )
     assert blocked_after(None, "InvalidAMIID.NotFound", None, now) is None
     assert blocked_reason("RequestLimitExceeded") == BlockedReason.THROTTLED
-
-
-def test_the_launch_lead_is_the_stated_default_until_measured() -> None:
-    assert launch_lead("lab") == DEFAULT_LAUNCH_LEAD == timedelta(minutes=10)

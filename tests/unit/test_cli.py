@@ -783,6 +783,9 @@ CAPACITY_VIEW: dict[str, Any] = {
     "members": 4,
     "free_slots": 3,
     "lead_time_seconds": 600,
+    "bookings_waiting": 5,
+    "bookings_due": 2,
+    "bookings_at_risk": 1,
     "target": {
         "workers": 6, "warm": 0, "rule": "schedule", "schedule": 0, "active_schedules": [0],
         "headroom_slots": 40, "wanted": 12, "capped": True, "bookings_due": 0,
@@ -809,6 +812,38 @@ def test_given_pool_capacity_then_counts_target_rule_and_blocked_reason_are_show
     assert "target: 6 running (capped from 12 by max_workers), 0 warm, set by schedule 0" in output
     assert "started 1, created 0" in output
     assert "BLOCKED: insufficient_capacity (InsufficientInstanceCapacity)" in output
+    assert "bookings: 5 waiting for capacity, 2 due, 1 at risk (lead time 10 min)" in output
+
+
+def test_given_a_placement_booked_then_place_says_when_it_is_expected_ready(server: str):
+    booked = {"id": "i-9", "state": "WAITING_FOR_CAPACITY", "worker_id": None,
+              "expected_ready_by": "2030-03-04T08:50:00+00:00"}  # fmt: skip
+    Recorder.answer = (202, booked)
+
+    exit_code, output = run(
+        "--api", server, "place", "--pool", "labs", "--timeslot-start", "2030-03-04T09:00Z"
+    )
+
+    assert exit_code == 0, output
+    assert Recorder.requests[-1] == (
+        "POST",
+        "/api/v1/instances",
+        {"pool": "labs", "strategy": "pack", "timeslot_start": "2030-03-04T09:00Z"},
+    )
+    assert (
+        "instance i-9 WAITING_FOR_CAPACITY: expected on a RUNNING worker by 2030-03-04T08:50:00+00:00"
+        in output
+    )
+
+
+def test_given_bookings_set_the_target_then_pool_capacity_says_how_many_are_due(server: str):
+    target = {**CAPACITY_VIEW["target"], "rule": "bookings", "schedule": None, "bookings_due": 2}
+    Recorder.answer = (200, {**CAPACITY_VIEW, "target": target})
+
+    exit_code, output = run("--api", server, "pool", "capacity", "labs")
+
+    assert exit_code == 0, output
+    assert "set by bookings (2 due)" in output
 
 
 def test_given_a_drain_beyond_a_budget_then_the_cli_says_which_one(server: str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from fleetkeeper.services import discovery, reconcile, rollouts
+from fleetkeeper.services import bookings, discovery, reconcile, rollouts
 from fleetkeeper.services.drains import watchdog
 from fleetkeeper.services.reconcile import capacity, repair
 from fleetkeeper.services.rollouts import engine, step
@@ -40,6 +40,13 @@ def test_given_scale_out_then_its_metrics_are_the_ones_the_alarm_and_dashboard_n
         capacity.METRIC_WARM,
     ) == dashboard.CAPACITY_GAUGES
     assert dashboard.CAPACITY_BLOCKED in dashboard.ALL_METRICS
+
+
+def test_given_bookings_then_their_metrics_are_the_ones_the_alarm_and_dashboard_name():
+    assert (bookings.METRIC_WAITING, bookings.METRIC_AT_RISK) == dashboard.BOOKING_GAUGES
+    assert bookings.METRIC_FAILED == dashboard.BOOKINGS_FAILED
+    # The alarm watches the cycle's counter, published as Reconcile.<counter>.
+    assert f"Reconcile.{bookings.COUNTER_AT_RISK}" == dashboard.BOOKINGS_AT_RISK_COUNTER
 
 
 def test_given_the_drain_watchdog_then_its_metric_is_the_one_the_alarm_watches():

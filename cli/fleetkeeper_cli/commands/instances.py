@@ -57,16 +57,39 @@ def place(
     strategy: Annotated[
         Strategy, typer.Option(help="pack fills busy workers first; spread the emptiest")
     ] = Strategy.PACK,
+    timeslot_start: Annotated[
+        str | None,
+        typer.Option(
+            help="when its session starts (ISO 8601); in a pool that books, no room waits for capacity"
+        ),
+    ] = None,
     output: OutputOption = None,
 ) -> None:
-    """Place a workload instance on a RUNNING worker with room (it starts SCHEDULED)."""
-    body = {"template": template, "pool": pool, "worker_id": worker, "strategy": strategy.value}
+    """Place a workload instance on a RUNNING worker with room (it starts SCHEDULED), or book it."""
+    body = {
+        "template": template,
+        "pool": pool,
+        "worker_id": worker,
+        "strategy": strategy.value,
+        "timeslot_start": timeslot_start,
+    }
     run(
         ctx,
         output,
         lambda c: c.post("/api/v1/instances", {k: v for k, v in body.items() if v is not None}),
-        lambda i: console.print(f"instance {i['id']} {i['state']} on worker {i['worker_id']}"),
+        _print_placed,
     )
+
+
+def _print_placed(instance: dict[str, Any]) -> None:
+    if instance.get("worker_id") is None:
+        console.print(
+            f"instance {instance['id']} {instance['state']}: expected on a RUNNING worker by "
+            f"{instance.get('expected_ready_by')}",
+            markup=False,
+        )
+        return
+    console.print(f"instance {instance['id']} {instance['state']} on worker {instance['worker_id']}")
 
 
 def _report(instance_id: str, state: str, reason: str | None) -> Callable[[ApiClient], Any]:

@@ -177,9 +177,18 @@ def _print_capacity(view: dict[str, Any]) -> None:
         console.print("no capacity policy with a template: scale-out does nothing", markup=False)
     else:
         rule = target["rule"] if target.get("schedule") is None else f"schedule {target['schedule']}"
+        if target["rule"] == "bookings":
+            rule = f"bookings ({target.get('bookings_due', 0)} due)"
         capped = f" (capped from {target['wanted']} by max_workers)" if target["capped"] else ""
         console.print(
             f"target: {target['workers']} running{capped}, {target['warm']} warm, set by {rule}", markup=False
+        )
+    if view.get("bookings_waiting"):
+        lead = view["lead_time_seconds"] // 60
+        console.print(
+            f"bookings: {view['bookings_waiting']} waiting for capacity, {view.get('bookings_due', 0)} due, "
+            f"{view.get('bookings_at_risk', 0)} at risk (lead time {lead} min)",
+            markup=False,
         )
     last = view.get("last_cycle")
     if last:
@@ -200,5 +209,6 @@ def capacity(
     name: Annotated[str, typer.Argument(help="pool name")],
     output: OutputOption = None,
 ) -> None:
-    """Show a pool's capacity: its workers and free slots, the target and its rule, what scale-out did."""
+    """Show a pool's capacity: its workers and free slots, the target and its rule, the bookings waiting
+    and due, what scale-out did."""
     run(ctx, output, lambda c: c.get(f"/api/v1/pools/{name}/capacity"), _print_capacity)

@@ -680,13 +680,17 @@ class WorkerPage(BaseModel):
 
 class InstanceView(BaseModel):
     id: str
-    worker_id: str
+    worker_id: str | None = Field(description="the worker it is on; null while it waits for capacity")
     template: str | None
     pool: str | None
     state: InstanceState
     retry_count: int
     timeslot_start: datetime | None
     timeslot_end: datetime | None
+    expected_ready_by: datetime | None = Field(
+        default=None,
+        description="a booking's: when it should be on a RUNNING worker (timeslot_start - the lead time)",
+    )
     reason: str | None
     version: int
     created_at: datetime
@@ -694,7 +698,7 @@ class InstanceView(BaseModel):
 
     @classmethod
     def of(cls, instance: Instance) -> InstanceView:
-        return cls.model_validate(instance.model_dump())
+        return cls.model_validate({**instance.model_dump(), "worker_id": instance.worker_id or None})
 
 
 class InstancePage(BaseModel):

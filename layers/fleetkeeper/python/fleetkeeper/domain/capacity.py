@@ -30,17 +30,9 @@ MAX_POOL_WORKERS: Final = 10_000
 MAX_HEADROOM_SLOTS: Final = 1_000_000
 # A pool item carries its schedules, as it carries its budgets; this keeps it small.
 MAX_CAPACITY_SCHEDULES: Final = 20
-# How long before it is needed a worker must be asked for: launch to RUNNING, with margin. Until the
-# template's own launch times are measured, every template has this one.
-DEFAULT_LAUNCH_LEAD: Final = timedelta(minutes=10)
 
 Workers = Annotated[WholeNumber, Field(ge=0, le=MAX_POOL_WORKERS)]
 Slots = Annotated[WholeNumber, Field(ge=0, le=MAX_HEADROOM_SLOTS)]
-
-
-def launch_lead(template: str | None = None) -> timedelta:
-    """How long before a worker of `template` is needed it must be asked for."""
-    return DEFAULT_LAUNCH_LEAD
 
 
 class _Record(BaseModel):
@@ -192,7 +184,8 @@ class Target:
 
     `workers` is capped by `max_workers` (`capped` says the cap cut it, `wanted` is what the rule asked);
     `warm` by what the cap leaves beside `workers`. `schedule` is the index of the schedule that sets it
-    when `rule` is `schedule`; `schedules` the indexes of every schedule whose window applies now."""
+    when `rule` is `schedule`; `schedules` the indexes of every schedule whose window applies now;
+    `bookings` how many bookings are due (domain/bookings.py)."""
 
     workers: int
     warm: int
@@ -205,6 +198,7 @@ class Target:
     # RUNNING workers the count rules alone keep (min_workers, the active schedules'), capped: what
     # scale-in never goes below, whatever the free slots.
     floor: int = 0
+    bookings: int = 0
 
 
 def _for_slots(slots: int, *, running: int, free_slots: int, slots_per_worker: int) -> int:
@@ -261,6 +255,7 @@ def capacity_target(
         schedules=active,
         headroom_slots=headroom,
         floor=min(floor, cap),
+        bookings=bookings,
     )
 
 

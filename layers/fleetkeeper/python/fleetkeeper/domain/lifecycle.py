@@ -164,6 +164,9 @@ def worker_status_for_ec2_state(ec2_state: str | None) -> WorkerStatus:
 
 
 class InstanceState(StrEnum):
+    # A booking (a placement with a future timeslot) that found no room and waits for the capacity the
+    # reconciler brings up: it has no worker and holds no slot (domain/bookings.py).
+    WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"
     SCHEDULED = "SCHEDULED"
     INSTANTIATING = "INSTANTIATING"
     RUNNING = "RUNNING"
@@ -187,6 +190,8 @@ ACTIVE_INSTANCE_STATES = frozenset({_I.SCHEDULED, _I.INSTANTIATING, _I.RUNNING})
 ENDED_INSTANCE_STATES = frozenset({_I.COMPLETED, _I.FAILED, _I.TERMINATED})
 
 INSTANCE_TRANSITIONS: Mapping[InstanceState, frozenset[InstanceState]] = {
+    # Placed once a worker has room; FAILED when none had by its timeslot; ended by its owner meanwhile.
+    _I.WAITING_FOR_CAPACITY: frozenset({_I.SCHEDULED, _I.FAILED, _I.TERMINATED}),
     # INSTANTIATING -> INSTANTIATING is a retry of a failed instance on the same (draining) worker.
     _I.SCHEDULED: frozenset({_I.INSTANTIATING, _I.RUNNING, _I.COMPLETED, _I.FAILED, _I.TERMINATED}),
     _I.INSTANTIATING: frozenset({_I.INSTANTIATING, _I.RUNNING, _I.COMPLETED, _I.FAILED, _I.TERMINATED}),

@@ -323,6 +323,8 @@ class Instance(Record):
     retry_count: int = Field(default=0, ge=0)
     timeslot_start: UtcDatetime | None = None
     timeslot_end: UtcDatetime | None = None
+    # A booking's: when it should be on a RUNNING worker, as promised when it was booked.
+    expected_ready_by: UtcDatetime | None = None
     reason: str | None = None
     version: int = Field(default=0, ge=0)
     created_at: UtcDatetime = Field(default_factory=utcnow)

@@ -16,13 +16,14 @@ from fleetkeeper.domain.capacity import (
     Rule,
     Target,
     capacity_target,
-    launch_lead,
 )
 from fleetkeeper.domain.disruption import pool_of_scope
 from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Pool, Worker, WorkerSummary, utcnow
+from fleetkeeper.services.bookings import bookings_now
 from fleetkeeper.services.context import Context
+from fleetkeeper.services.lead_time import launch_lead
 
 LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
 _STAYS_STOPPED: Final = frozenset({None, WorkerStatus.STOPPED})
@@ -55,10 +56,10 @@ class PoolCapacity:
 
 
 def assess_pool(
-    ctx: Context, pool: Pool, slots_per_worker: int, counts: FleetCounts, now: datetime
+    ctx: Context, pool: Pool, slots_per_worker: int, counts: FleetCounts, now: datetime, *, bookings: int = 0
 ) -> PoolCapacity:
     """The pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers,
-    its STOPPED workers read from their items, and its target at `now`."""
+    its STOPPED workers read from their items, and its target at `now` with `bookings` due."""
     by_status = pool_counts(counts, pool.name)
     running = by_status[WorkerStatus.RUNNING]
     serving = ctx.store.placement_candidates(template=None, pool=pool.name)
@@ -76,7 +77,12 @@ def assess_pool(
         warm=[w for w in stopped if w.desired_status in _STAYS_STOPPED and w.owner is None],
         free_slots=free_slots,
         target=capacity_target(
-            pool.capacity, now, running=running, free_slots=free_slots, slots_per_worker=slots_per_worker
+            pool.capacity,
+            now,
+            running=running,
+            free_slots=free_slots,
+            slots_per_worker=slots_per_worker,
+            bookings=bookings,
         ),
         serving=serving,
     )
@@ -93,7 +99,9 @@ class TargetView(BaseModel):
     headroom_slots: int = Field(description="free slots wanted now (the policy's, raised by its schedules)")
     wanted: int = Field(description="what the rule asked before the cap")
     capped: bool = Field(description="max_workers cut the target")
-    bookings_due: int = Field(default=0, description="slots bookings need within the lead time")
+    bookings_due: int = Field(
+        default=0, description="bookings due: their worker should be coming up now (none placed yet)"
+    )
 
 
 class PoolCapacityView(BaseModel):
@@ -110,7 +118,13 @@ class PoolCapacityView(BaseModel):
         description="the pool's workers max_workers counts: every status but TERMINATED and FAILED"
     )
     free_slots: int = Field(description="free slots on the pool's RUNNING workers")
-    lead_time_seconds: int = Field(description="how long before it is needed a worker is asked for")
+    lead_time_seconds: int = Field(
+        description="how long before it is needed a worker is asked for: the template's measured launch "
+        "lead time (p95), or the stated default"
+    )
+    bookings_waiting: int = Field(description="bookings waiting for capacity, due or not")
+    bookings_due: int = Field(description="waiting bookings whose worker should be coming up now")
+    bookings_at_risk: int = Field(description="due bookings with less than the lead time left")
     target: TargetView | None = Field(description="null while the pool has no policy or its template is gone")
     last_cycle: LastCycle | None = Field(description="what the last reconcile cycle's scale-out did")
     blocked: Blocked | None = Field(
@@ -124,7 +138,10 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
     now = utcnow()
     policy = pool.capacity
     template = ctx.store.find_template(policy.template) if policy.template else None
-    found = assess_pool(ctx, pool, template.capacity if template else 1, ctx.store.fleet_counts(), now)
+    booked = bookings_now(ctx, pool, now)
+    found = assess_pool(
+        ctx, pool, template.capacity if template else 1, ctx.store.fleet_counts(), now, bookings=booked.due
+    )
     state = ctx.capacity.state(name)
     target = found.target
     return PoolCapacityView(
@@ -137,7 +154,10 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
         warm=len(found.warm),
         members=ctx.capacity.members(name),
         free_slots=found.free_slots,
-        lead_time_seconds=int(launch_lead(policy.template).total_seconds()),
+        lead_time_seconds=int(launch_lead(policy.template, ctx).total_seconds()),
+        bookings_waiting=booked.waiting,
+        bookings_due=booked.due,
+        bookings_at_risk=booked.at_risk,
         target=None
         if template is None
         else TargetView(
@@ -149,6 +169,7 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
             headroom_slots=target.headroom_slots,
             wanted=target.wanted,
             capped=target.capped,
+            bookings_due=target.bookings,
         ),
         last_cycle=state.last_cycle,
         blocked=state.blocked,

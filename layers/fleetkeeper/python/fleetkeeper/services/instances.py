@@ -106,6 +106,8 @@ def _on_fresh_read(ctx: Context, instance: Instance, write: _Write) -> Instance:
 
 
 def _handle_failure(ctx: Context, instance: Instance, *, actor: str, reason: str | None) -> Instance:
+    if instance.state == InstanceState.WAITING_FOR_CAPACITY:  # no worker to retry it on
+        return end_instance(ctx, instance, InstanceState.FAILED, actor=actor, reason=reason)
     worker = ctx.store.get_worker(instance.worker_id)
     if worker.status == WorkerStatus.RUNNING:
         return end_instance(ctx, instance, InstanceState.FAILED, actor=actor, reason=reason)

@@ -8,7 +8,9 @@ rests on one sample less.
 
 from __future__ import annotations
 
-from fleetkeeper.domain.lead_time import LeadTime, lead_time_of, sample_of
+from datetime import timedelta
+
+from fleetkeeper.domain.lead_time import DEFAULT_LAUNCH, LeadTime, lead_time_of, sample_of
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.observability import logger, metrics
 from fleetkeeper.services.context import Context, default_context
@@ -35,3 +37,11 @@ def lead_time(template_name: str, ctx: Context | None = None) -> LeadTime:
     """The template's launch and start lead times: measured, or the stated defaults."""
     samples = (ctx or default_context()).store.lead_samples(template_name)
     return lead_time_of(samples)
+
+
+def launch_lead(template_name: str | None, ctx: Context | None = None) -> timedelta:
+    """How long before a worker of the template is needed it must be asked for: its measured launch
+    lead time (the p95 of its launches to RUNNING, or the stated default); the default without one."""
+    if template_name is None:
+        return DEFAULT_LAUNCH
+    return timedelta(seconds=lead_time(template_name, ctx).launch_seconds)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput
+from fleetkeeper.domain.errors import CapacityUnavailable, Conflict, InvalidInput, StaleWrite
 from fleetkeeper.domain.lifecycle import PoolStatus
 from fleetkeeper.domain.models import Instance, WorkerSummary, new_id
 from fleetkeeper.domain.placement import PlacementStrategy, W, rank_candidates, refusal_reason
@@ -60,17 +60,33 @@ def place_instance(
         if pool_record.status != PoolStatus.ACTIVE:
             raise CapacityUnavailable(f"pool {pool} is {pool_record.status} and accepts no instances")
     candidates = candidate_workers(store, template=template, pool=pool)
+    scope = " and ".join(f"{k} {v}" for k, v in (("template", template), ("pool", pool)) if v)
+    return place_on(store, instance, candidates, strategy=strategy, actor=actor, scope=scope)
 
+
+def place_on(
+    store: FleetStore,
+    instance: Instance,
+    candidates: Sequence[WorkerSummary],
+    *,
+    strategy: PlacementStrategy,
+    actor: str,
+    scope: str,
+) -> Instance:
+    """Place `instance` (new, or a booking waiting for capacity) on the first of the ranked, healthy
+    `candidates` whose transaction takes it; CapacityUnavailable when none does. A booking that moved
+    meanwhile (placed or ended) raises StaleWrite at once."""
     ranked = rank_candidates(candidates, strategy)
     tried = healthy_first(store, ranked, MAX_PLACEMENT_TRIES)
     if not tried:
-        scope = " and ".join(f"{k} {v}" for k, v in (("template", template), ("pool", pool)) if v)
         why = "no RUNNING worker" if not candidates else "every RUNNING worker is full or unhealthy"
         raise CapacityUnavailable(f"{why} for {scope}")
     last_refusal: Conflict | None = None
     for candidate in tried:
         try:
             return store.place_instance(instance, candidate, actor=actor)
+        except StaleWrite:
+            raise
         except Conflict as refusal:
             # A failed condition: this worker's last slot went to someone else, or it started draining.
             # Try the next one. A transaction conflict or throttling is not a refusal: the store retried

@@ -5,7 +5,10 @@ every status but TERMINATED and FAILED (domain/capacity.member_moves). It change
 transaction that creates a worker or moves its status (store/workers.py), by +1 or -1, so it is exact
 whatever the concurrency. A creation under a cap carries the condition `members < max_workers`: two
 cycles (or shards) racing to the cap cannot both commit the last place; the second is refused
-(PoolFull).
+(PoolFull). The same item counts the pool's bookings waiting for capacity (`bookings_waiting`): +1 by
+the transaction that books one, under the condition that the pool still has room for it (a booking
+refused there is a 409, never an overbooking), and -1 by the one that places, fails or ends it, whose
+condition on the booking's own state makes that happen once.
 
 Recount: workers that joined a pool before member counts existed (or were counted by the layout
 migration) are in the exact per-scope counters (store/counters.py) but not in the member count. Every
@@ -40,6 +43,7 @@ MEMBERS = "members"
 RECOUNTS = "recounts"
 # A TransactGetItems holds 100 items: the member item and up to this many counter items.
 MAX_RECOUNT_ITEMS = 99
+BOOKINGS_WAITING = "bookings_waiting"
 # Writers of one pool's state take turns; past this many, the write is left out (the next cycle writes).
 STATE_ATTEMPTS = 5
 
@@ -73,6 +77,22 @@ def member_updates(
     return items
 
 
+def bookings_update(table_name: str, pool: str, delta: int, *, below: int | None = None) -> dict[str, Any]:
+    """The transaction item that adds `delta` to the pool's waiting bookings; with `below`, only while
+    fewer than that wait."""
+    update: dict[str, Any] = {
+        "TableName": table_name,
+        "Key": serialize(members_key(pool)),
+        "UpdateExpression": "ADD #b :d",
+        "ExpressionAttributeNames": {"#b": BOOKINGS_WAITING},
+        "ExpressionAttributeValues": {":d": serialize_value(delta)},
+    }
+    if below is not None:
+        update["ConditionExpression"] = "attribute_not_exists(#b) OR #b < :below"
+        update["ExpressionAttributeValues"][":below"] = serialize_value(below)
+    return {"Update": update}
+
+
 class CapacityStore:
     def __init__(self, client: DynamoDBClient, table_name: str) -> None:
         self._client = client
@@ -81,6 +101,10 @@ class CapacityStore:
     def members(self, pool: str) -> int:
         """The pool's member count, strongly consistent."""
         return int(self._get(members_key(pool)).get(MEMBERS, {}).get("N", 0))
+
+    def bookings_waiting(self, pool: str) -> int:
+        """The pool's bookings waiting for capacity, strongly consistent."""
+        return int(self._get(members_key(pool)).get(BOOKINGS_WAITING, {}).get("N", 0))
 
     def state(self, pool: str) -> CapacityState:
         item = self._get(state_key(pool))

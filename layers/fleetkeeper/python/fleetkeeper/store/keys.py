@@ -10,8 +10,10 @@ shard's range touches few of them.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
+from fleetkeeper.domain.lifecycle import InstanceState
 from fleetkeeper.domain.models import AuditEvent, Instance, Pool, Worker, WorkerTemplate
 from fleetkeeper.domain.scale_down import scope_of
 from fleetkeeper.domain.sharding import BUCKETS, bucket_of
@@ -111,16 +113,33 @@ def worker_index_attributes(worker: Worker, *, legacy: bool = False) -> dict[str
     return attributes
 
 
+def booking_partition(pool: str) -> str:
+    """The by_parent partition of a pool's waiting bookings, sorted by timeslot start."""
+    return f"BOOKINGS#{pool}"
+
+
+def booking_sort(timeslot_start: datetime) -> str:
+    """A fixed-width UTC time, so that the sort key orders bookings by timeslot start."""
+    return timeslot_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def instance_index_attributes(instance: Instance, *, legacy: bool = False) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        "GSI2PK": f"WORKER#{instance.worker_id}",
-        "GSI2SK": f"INSTANCE#{instance.id}",
-    }
+    """By parent: its worker's partition, or, while it waits for capacity, its pool's bookings (an
+    ended booking that never had a worker is in neither)."""
+    attributes: dict[str, Any] = {}
+    if instance.worker_id:
+        attributes.update(GSI2PK=f"WORKER#{instance.worker_id}", GSI2SK=f"INSTANCE#{instance.id}")
+    elif instance.state == InstanceState.WAITING_FOR_CAPACITY and instance.pool and instance.timeslot_start:
+        attributes.update(
+            GSI2PK=booking_partition(instance.pool),
+            GSI2SK=f"{booking_sort(instance.timeslot_start)}#{instance.id}",
+        )
     if legacy:
         attributes.update(legacy_instance_index_attributes(instance))
     else:
+        # A booking without a worker yet is spread by its own id.
         attributes["GSI1PK"] = instance_state_partition(
-            instance.state, partition_of(bucket_of(instance.worker_id))
+            instance.state, partition_of(bucket_of(instance.worker_id or instance.id))
         )
         attributes["GSI1SK"] = f"{instance.worker_id}#{instance.id}"
     return attributes

@@ -13,9 +13,16 @@ Each is one transaction over the instance, the worker, the worker's slot item an
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from fleetkeeper.domain.errors import Conflict, DrainNoLongerActive, InvalidInput, NotFound
+from fleetkeeper.domain.errors import (
+    CapacityUnavailable,
+    Conflict,
+    DrainNoLongerActive,
+    InvalidInput,
+    NotFound,
+)
 from fleetkeeper.domain.lifecycle import (
     ACCEPTS_INSTANCES,
     ACTIVE_INSTANCE_STATES,
@@ -28,6 +35,7 @@ from fleetkeeper.domain.models import AuditEvent, DrainOutcome, Instance, Worker
 from fleetkeeper.domain.placement import refusal_reason, sickness
 from fleetkeeper.domain.repair import HealthStatus
 from fleetkeeper.store import keys
+from fleetkeeper.store.capacity import bookings_update
 from fleetkeeper.store.codec import deserialize, load_record, serialize
 from fleetkeeper.store.instances import InstanceRepository
 from fleetkeeper.store.schema import BY_PARENT
@@ -61,15 +69,18 @@ class SlotTransactions(InstanceRepository):
         start rewrites the same worker item, a placement and a drain can never both win.
         """
         now = utcnow()
+        booked = instance.state == InstanceState.WAITING_FOR_CAPACITY
+        if booked:
+            check_instance_transition(instance.state, InstanceState.SCHEDULED)
         stored = instance.model_copy(
             update={
                 "worker_id": worker.id,
                 "pool": worker.pool,
                 "template": worker.template,
                 "state": InstanceState.SCHEDULED,
-                "version": 1,
-                "created_at": now,
+                "version": instance.version + 1 if booked else 1,
                 "updated_at": now,
+                **({} if booked else {"created_at": now}),
             }
         )
         take_slot = {
@@ -94,8 +105,20 @@ class SlotTransactions(InstanceRepository):
                 "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
         }
+        # A new instance is put once; a booking moves from WAITING_FOR_CAPACITY only as it was read, so
+        # one ended meanwhile is never placed, and its reserved room is released in the same step.
+        put = (
+            self._put(
+                self._instance_item(stored),
+                "#v = :v AND #st = :waiting",
+                {":v": instance.version, ":waiting": str(InstanceState.WAITING_FOR_CAPACITY)},
+                {"#v": "version", "#st": "state"},
+            )
+            if booked
+            else self._put(self._instance_item(stored), "attribute_not_exists(PK)")
+        )
         items: list[dict[str, Any]] = [
-            self._put(self._instance_item(stored), "attribute_not_exists(PK)"),
+            put,
             take_slot,
             self._audit_put(
                 AuditEvent(
@@ -103,19 +126,64 @@ class SlotTransactions(InstanceRepository):
                     entity_id=stored.id,
                     action="InstancePlaced",
                     actor=actor,
+                    from_status=str(instance.state) if booked else None,
                     to_status=str(stored.state),
                     details={"worker_id": worker.id},
                 )
             ),
         ]
         refusals: dict[int, Refusal] = {
-            0: lambda _: Conflict("instance", stored.id, None, f"instance '{stored.id}' already exists"),
+            0: self._refuse_stale_instance(instance)
+            if booked
+            else lambda _: Conflict("instance", stored.id, None, f"instance '{stored.id}' already exists"),
             1: lambda current: _worker_refuses(worker.id, current),
         }
         if worker.pool:
             items.append(self._pool_open(worker.pool, worker.id))
             refusals[3] = _pool_refuses(worker.pool)
         items.append(self._take_slot_item(worker.id, stored.id))
+        if booked and instance.pool:
+            items.append(bookings_update(self.table_name, instance.pool, -1))
+        self._transact(items, refusals, written=stored)
+        return stored
+
+    def book_instance(self, instance: Instance, *, room: int, actor: str) -> Instance:
+        """Put a booking WAITING_FOR_CAPACITY in its pool, in one transaction with a place among the
+        pool's waiting bookings, taken only while fewer than `room` wait (else `CapacityUnavailable`)."""
+        if instance.pool is None or instance.timeslot_start is None:
+            raise InvalidInput("pool", "a booking needs a pool and a timeslot_start")
+        now = utcnow()
+        stored = instance.model_copy(
+            update={
+                "worker_id": "",
+                "state": InstanceState.WAITING_FOR_CAPACITY,
+                "version": 1,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+        pool = instance.pool
+        items = [
+            self._put(self._instance_item(stored), "attribute_not_exists(PK)"),
+            bookings_update(self.table_name, pool, 1, below=room),
+            self._audit_put(
+                AuditEvent(
+                    entity="instance",
+                    entity_id=stored.id,
+                    action="InstanceBooked",
+                    actor=actor,
+                    to_status=str(stored.state),
+                    details={"pool": pool, "timeslot_start": instance.timeslot_start.isoformat()},
+                )
+            ),
+        ]
+        refusals: dict[int, Refusal] = {
+            0: lambda _: Conflict("instance", stored.id, None, f"instance '{stored.id}' already exists"),
+            1: lambda _: CapacityUnavailable(
+                f"no worker of pool {pool} has room, and max_workers leaves no room for another booking "
+                f"({room} may wait)"
+            ),
+        }
         self._transact(items, refusals, written=stored)
         return stored
 
@@ -158,6 +226,8 @@ class SlotTransactions(InstanceRepository):
             instance,
             {"state": target, "reason": reason, "version": instance.version + 1, "updated_at": utcnow()},
         )
+        if instance.state == InstanceState.WAITING_FOR_CAPACITY:
+            return self._end_booking(instance, updated, actor=actor, reason=reason)
         active_values = {f":a{i}": str(s) for i, s in enumerate(sorted(ACTIVE_INSTANCE_STATES))}
         end = self._put(
             self._instance_item(updated),
@@ -252,6 +322,51 @@ class SlotTransactions(InstanceRepository):
                 [end, forget_id, anomaly, slot], {0: refuse_instance, 1: gone_or_over}, written=updated
             )
         return updated
+
+    def _end_booking(
+        self, instance: Instance, updated: Instance, *, actor: str, reason: str | None
+    ) -> Instance:
+        """End a booking still waiting: it held no slot; its place among the pool's waiting bookings is
+        released in the same transaction, once, since the end is conditional on the state it was read in."""
+        items: list[dict[str, Any]] = [
+            self._put(
+                self._instance_item(updated),
+                "#v = :v AND #st = :waiting",
+                {":v": instance.version, ":waiting": str(InstanceState.WAITING_FOR_CAPACITY)},
+                {"#v": "version", "#st": "state"},
+            ),
+            self._audit_put(
+                AuditEvent(
+                    entity="instance",
+                    entity_id=instance.id,
+                    action=f"Instance{updated.state.title()}",
+                    actor=actor,
+                    from_status=str(instance.state),
+                    to_status=str(updated.state),
+                    reason=reason,
+                    details={"pool": instance.pool},
+                )
+            ),
+        ]
+        if instance.pool:
+            items.append(bookings_update(self.table_name, instance.pool, -1))
+        self._transact(items, {0: self._refuse_stale_instance(instance)}, written=updated)
+        return updated
+
+    def waiting_bookings(self, pool: str, *, starting_before: datetime, limit: int) -> list[Instance]:
+        """The pool's bookings waiting for capacity whose timeslot starts before `starting_before`,
+        earliest first, at most `limit` (read through by_parent, which may lag: the writes that place or
+        end one are conditional on its state)."""
+        items, _ = self._query(
+            IndexName=BY_PARENT,
+            KeyConditionExpression="GSI2PK = :pk AND GSI2SK < :until",
+            ExpressionAttributeValues={
+                ":pk": {"S": keys.booking_partition(pool)},
+                ":until": {"S": keys.booking_sort(starting_before)},
+            },
+            Limit=limit,
+        )
+        return [load_record(Instance, i) for i in items]
 
     def move_instance(
         self, instance: Instance, target: WorkerSummary, *, actor: str, drain_generation: int

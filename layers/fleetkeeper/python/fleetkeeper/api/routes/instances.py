@@ -20,7 +20,7 @@ from fleetkeeper.api.schemas import (
     PlaceInstanceRequest,
 )
 from fleetkeeper.domain.lifecycle import InstanceState
-from fleetkeeper.services import instances, placement
+from fleetkeeper.services import bookings, instances
 from fleetkeeper.services.context import default_context
 
 router = ResourceRouter(
@@ -31,16 +31,27 @@ router = ResourceRouter(
 
 @router.post(
     "/api/v1/instances",
-    summary="Place an instance on a RUNNING worker with a free slot",
+    summary="Place an instance on a RUNNING worker with a free slot, or book it",
     description="Takes a slot on a worker of the template or pool (or on the worker named) in one "
-    "transaction, SCHEDULED. 409 NO_CAPACITY when no worker has room (or the pool takes no instances), "
-    "409 CONFLICT when the worker named cannot take it; 422 names an unknown template or pool, or a "
-    "template or pool that is not the named worker's own.",
-    responses=responses({201: ("the instance, placed", InstanceView)}, 404, 409),
+    "transaction, SCHEDULED (201). In a pool whose capacity policy has `bookings: true`, a placement "
+    "with a `timeslot_start` at least the pool's lead time ahead that finds no room waits for capacity "
+    "instead (202, WAITING_FOR_CAPACITY, `worker_id` null, `expected_ready_by`) while `max_workers` "
+    "leaves room for it; the reconcile cycle places it once a worker has room, or fails it with reason "
+    "`no_capacity_by_timeslot`. 409 NO_CAPACITY when no worker has room and it cannot wait (or the pool "
+    "takes no instances), 409 CONFLICT when the worker named cannot take it; 422 names an unknown "
+    "template or pool, or a template or pool that is not the named worker's own.",
+    responses=responses(
+        {
+            201: ("the instance, placed", InstanceView),
+            202: ("the instance, booked: waiting for capacity", InstanceView),
+        },
+        404,
+        409,
+    ),
 )
 def place_instance(body: PlaceInstanceRequest) -> Response[InstanceView]:
-    instance = placement.place_instance(
-        default_context().store,
+    instance = bookings.place_or_book(
+        default_context(),
         actor=caller(router.current_event),
         template=body.template,
         pool=body.pool,
@@ -49,7 +60,9 @@ def place_instance(body: PlaceInstanceRequest) -> Response[InstanceView]:
         timeslot_start=body.timeslot_start,
         timeslot_end=body.timeslot_end,
     )
-    return Response(status_code=HTTPStatus.CREATED, content_type=JSON, body=InstanceView.of(instance))
+    waits = instance.state == InstanceState.WAITING_FOR_CAPACITY
+    status = HTTPStatus.ACCEPTED if waits else HTTPStatus.CREATED
+    return Response(status_code=status, content_type=JSON, body=InstanceView.of(instance))
 
 
 @router.get(

@@ -1,7 +1,8 @@
 """Scale-out: each cycle brings every pool with a capacity policy up to its target (docs/capacity.md).
 
-Per pool, in the shard that owns the pool's name: the pool's exact counts by status (store/counters.py),
-the free slots of its RUNNING workers, the target (domain/capacity.capacity_target); then warm workers
+Per pool, in the shard that owns the pool's name: its due bookings placed or failed (services/bookings.py),
+the pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers, the target
+(domain/capacity.capacity_target, raised by the bookings still due); then warm workers
 are woken first (desired RUNNING on a STOPPED worker: the worker's own step starts it), and new workers
 of the template are created for the rest through the one door for new workers, whose write holds
 `max_workers` exactly. A pool whose launches EC2 refused for capacity waits until its `retry_at`.
@@ -20,6 +21,7 @@ from fleetkeeper.domain.capacity import (
     NOT_MEMBERS,
     CapacityState,
     LastCycle,
+    Rule,
     Target,
     blocked_after,
     blocked_reason,
@@ -30,6 +32,7 @@ from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Pool, Worker
 from fleetkeeper.observability import NAMESPACE, SERVICE, logger
+from fleetkeeper.services.bookings import serve_bookings
 from fleetkeeper.services.capacity import assess_pool, pool_counts
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.workers import create_worker
@@ -90,11 +93,12 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
     pool = ctx.store.get_pool(name)
     policy = pool.capacity
     template = ctx.store.find_template(policy.template) if policy.template else None
+    due = serve_bookings(ctx, pool, now, counters)
     if template is None or pool.status != PoolStatus.ACTIVE:
         why = f"pool is {pool.status}" if template is not None else f"no template '{policy.template}'"
         _record(ctx, pool, None, now, note=why)
         return
-    found = assess_pool(ctx, pool, template.capacity, counts, now)
+    found = assess_pool(ctx, pool, template.capacity, counts, now, bookings=due)
     target, warm = found.target, found.warm
     _gauges(name, target, found.free_slots, len(warm))
     need = shortfall(
@@ -164,6 +168,8 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
 
 def _why(target: Target) -> str:
     rule = f"schedule {target.schedule}" if target.schedule is not None else str(target.rule)
+    if target.rule == Rule.BOOKINGS:
+        rule = f"{target.bookings} bookings due"
     return f"capacity target {target.workers} running, {target.warm} warm ({rule})"
 
 

@@ -35,6 +35,7 @@ from fleetkeeper.domain.scale_down import (
 )
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains
+from fleetkeeper.services.bookings import bookings_now
 from fleetkeeper.services.capacity import assess_pool
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.lead_time import lead_time
@@ -156,7 +157,9 @@ class _ScaleIn:
             return {}
         if self._counts is None:
             self._counts = ctx.store.fleet_counts()
-        found = assess_pool(ctx, pool, template.capacity, self._counts, now)
+        # Bookings due hold their capacity too: scale-in never takes what the next placements need.
+        due = bookings_now(ctx, pool, now).due
+        found = assess_pool(ctx, pool, template.capacity, self._counts, now, bookings=due)
         lead = timedelta(seconds=lead_time(template.name, ctx).launch_seconds)
         taken = scale_in(
             found.target, found.serving, cap=policy.max_workers, kept=lambda w: self._kept(w, lead)

@@ -1,0 +1,249 @@
+"""Bookings through the real API and reconcile handlers: a future placement that finds no room waits
+for capacity (202), is placed by the cycle on the worker it brought up, fails alerted when EC2 has no
+capacity by its timeslot, takes no room once ended, and never overbooks max_workers."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import boto3
+import pytest
+
+from fleetkeeper.domain.bookings import NO_CAPACITY_BY_TIMESLOT
+from fleetkeeper.domain.errors import CapacityUnavailable
+from fleetkeeper.domain.lead_time import LeadKind
+from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
+from fleetkeeper.domain.models import Instance, utcnow
+from fleetkeeper.domain.placement import PlacementStrategy
+from fleetkeeper.services import bookings
+from fleetkeeper_local import ec2_time
+from fleetkeeper_local.iam import as_function
+from tests.integration.conftest import ControlPlane
+from tests.integration.functions import reconcile_fleet
+
+pytestmark = pytest.mark.integration
+
+S = InstanceState
+LAB = {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": 1}
+LEAD = timedelta(minutes=10)  # the template's lead time: the default, with no launch measured yet
+place_or_book = as_function("api", bookings.place_or_book)
+
+
+def booking_pool(plane: ControlPlane, **policy: Any) -> None:
+    assert plane.api("PUT", "/api/v1/templates/lab", LAB)[0] in (200, 201)
+    wanted = {"template": "lab", "max_workers": 1, "bookings": True, **policy}
+    status, body = plane.api("PUT", "/api/v1/pools/labs", {"capacity": wanted})
+    assert status in (200, 201), body
+
+
+def book(plane: ControlPlane, starts_in: timedelta, **extra: Any) -> tuple[int, Any]:
+    start = (utcnow() + starts_in).isoformat()
+    return plane.api("POST", "/api/v1/instances", {"pool": "labs", "timeslot_start": start, **extra})
+
+
+def cycles_until(plane: ControlPlane, done: Callable[[], bool], start: datetime, limit: int = 8) -> int:
+    """Run reconcile cycles a second apart until `done`; how many it took."""
+    for n in range(limit):
+        reconcile_fleet(plane.ctx, now=start + timedelta(seconds=n))
+        if done():
+            return n + 1
+    raise AssertionError(f"not done after {limit} cycles")
+
+
+@pytest.fixture
+def alert_feed(control_plane: ControlPlane) -> Callable[[], list[Any]]:
+    """Messages published to the operators' SNS topic, via an SQS subscription."""
+    sqs = boto3.client("sqs")
+    queue_url = sqs.create_queue(QueueName=f"alerts-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    boto3.client("sns").subscribe(
+        TopicArn=control_plane.resources.topic_arn, Protocol="sqs", Endpoint=queue_arn
+    )
+    return lambda: [
+        json.loads(m["Body"])
+        for m in sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    ]
+
+
+def test_given_no_room_a_lead_time_ahead_then_the_booking_waits_and_the_cycle_places_it_on_a_new_worker(
+    control_plane: ControlPlane, lab_image: str
+) -> None:
+    booking_pool(control_plane)
+
+    status, booked = book(control_plane, timedelta(minutes=15))
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+
+    assert status == 202, booked
+    assert (booked["state"], booked["worker_id"]) == ("WAITING_FOR_CAPACITY", None)
+    start = datetime.fromisoformat(booked["timeslot_start"])
+    assert datetime.fromisoformat(booked["expected_ready_by"]) == start - LEAD
+    assert (view["bookings_waiting"], view["bookings_due"], view["bookings_at_risk"]) == (1, 1, 0)
+    assert (view["target"]["workers"], view["target"]["rule"], view["target"]["bookings_due"]) == (
+        1,
+        "bookings",
+        1,
+    )
+    store = control_plane.ctx.store
+
+    took = cycles_until(
+        control_plane, lambda: store.get_instance(booked["id"]).state == S.SCHEDULED, utcnow()
+    )
+
+    placed = store.get_instance(booked["id"])
+    worker = store.get_worker(placed.worker_id)
+    assert took <= 4  # create, launch, RUNNING, placed
+    assert (worker.status, worker.pool, worker.active_instances) == (WorkerStatus.RUNNING, "labs", 1)
+    trail = store.audit_trail("worker", worker.id)
+    assert trail[0].actor == "capacity"
+    placing = [e for e in store.audit_trail("instance", placed.id) if e.action == "InstancePlaced"]
+    assert [(e.from_status, e.to_status) for e in placing] == [("WAITING_FOR_CAPACITY", "SCHEDULED")]
+    assert control_plane.ctx.capacity.bookings_waiting("labs") == 0
+    _, read = control_plane.api("GET", f"/api/v1/instances/{placed.id}")
+    assert (read["state"], read["worker_id"]) == ("SCHEDULED", worker.id)
+
+
+def test_given_no_ec2_capacity_then_the_booking_is_at_risk_and_fails_alerted_at_its_timeslot(
+    control_plane: ControlPlane,
+    lab_image: str,
+    ec2: Any,
+    alert_feed: Callable[[], list[Any]],
+    audit_feed: Callable[[], list[str]],
+) -> None:
+    booking_pool(control_plane)
+    ec2_time.set_capacity(ec2, "m5.large", available=False)
+    _, booked = book(control_plane, timedelta(minutes=15))
+    start = datetime.fromisoformat(booked["timeslot_start"])
+    ctx = control_plane.ctx
+
+    due = reconcile_fleet(ctx, now=start - timedelta(minutes=14))
+    refused = reconcile_fleet(ctx, now=start - timedelta(minutes=13))
+    at_risk = reconcile_fleet(ctx, now=start - timedelta(minutes=5))
+    failed = reconcile_fleet(ctx, now=start)
+
+    assert (due.counters["capacity_workers_created"], due.counters["bookings_due"]) == (1, 1)
+    assert refused.counters["launches_refused_for_capacity"] == 1
+    assert at_risk.counters["bookings_at_risk"] == 1
+    assert failed.counters["bookings_failed"] == 1
+    instance = ctx.store.get_instance(booked["id"])
+    assert (instance.state, instance.reason, instance.worker_id) == (S.FAILED, NO_CAPACITY_BY_TIMESLOT, "")
+    ended = [e for e in ctx.store.audit_trail("instance", instance.id) if e.action == "InstanceFailed"]
+    assert [(e.from_status, e.reason) for e in ended] == [("WAITING_FOR_CAPACITY", NO_CAPACITY_BY_TIMESLOT)]
+    assert "InstanceBookingFailed" in audit_feed()
+    alerts = [json.loads(m["Message"]) for m in alert_feed()]
+    assert [(a["instance_id"], a["reason"]) for a in alerts] == [(instance.id, NO_CAPACITY_BY_TIMESLOT)]
+    assert ctx.capacity.bookings_waiting("labs") == 0
+    # Failed once: a later cycle has nothing left to fail.
+    assert reconcile_fleet(ctx, now=start + timedelta(minutes=1)).counters["bookings_failed"] == 0
+
+
+def test_given_a_waiting_booking_ended_then_it_takes_no_room_and_releases_it_once(
+    control_plane: ControlPlane,
+) -> None:
+    booking_pool(control_plane)  # room for one booking: max_workers 1 x 1 slot
+    _, first = book(control_plane, timedelta(hours=2))
+    full_status, full = book(control_plane, timedelta(hours=2))
+
+    ended_status, ended = control_plane.api(
+        "POST", f"/api/v1/instances/{first['id']}/state", {"state": "TERMINATED", "reason": "cancelled"}
+    )
+    again_status, _ = control_plane.api(
+        "POST", f"/api/v1/instances/{first['id']}/state", {"state": "TERMINATED"}
+    )
+    after_status, after = book(control_plane, timedelta(hours=2))
+
+    assert (full_status, full["error"]) == (409, "NO_CAPACITY")
+    assert (ended_status, ended["state"], ended["worker_id"]) == (200, "TERMINATED", None)
+    assert again_status == 409
+    assert (after_status, after["state"]) == (202, "WAITING_FOR_CAPACITY")
+    assert control_plane.ctx.capacity.bookings_waiting("labs") == 1
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+    assert (view["bookings_waiting"], view["bookings_due"]) == (1, 0)
+    # The ended booking is no longer in the pool's queue: the cycle that reaches its timeslot fails only
+    # the one still waiting.
+    report = reconcile_fleet(control_plane.ctx, now=datetime.fromisoformat(after["timeslot_start"]))
+    assert report.counters["bookings_failed"] == 1
+    assert control_plane.ctx.store.get_instance(first["id"]).state == S.TERMINATED
+
+
+def test_given_two_bookings_racing_for_the_last_room_then_one_waits_and_one_is_refused(
+    control_plane: ControlPlane,
+) -> None:
+    booking_pool(control_plane)
+    timeslot = utcnow() + timedelta(hours=1)
+    barrier = threading.Barrier(2)
+    outcomes: list[Instance | CapacityUnavailable] = []
+
+    def request() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(
+                place_or_book(
+                    control_plane.ctx,
+                    actor="test",
+                    template=None,
+                    pool="labs",
+                    worker_id=None,
+                    strategy=PlacementStrategy.PACK,
+                    timeslot_start=timeslot,
+                    timeslot_end=None,
+                )
+            )
+        except CapacityUnavailable as refused:
+            outcomes.append(refused)
+
+    threads = [threading.Thread(target=request) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    waiting = [o for o in outcomes if isinstance(o, Instance)]
+    assert [o.state for o in waiting] == [S.WAITING_FOR_CAPACITY]
+    assert len(outcomes) == 2
+    assert control_plane.ctx.capacity.bookings_waiting("labs") == 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "starts_in", "why"),
+    [
+        ({"bookings": False}, timedelta(hours=1), "the pool does not book"),
+        ({}, timedelta(minutes=9), "less than the lead time ahead"),
+        ({}, None, "no timeslot"),
+    ],
+)
+def test_given_a_placement_that_cannot_wait_then_no_room_is_still_409(
+    control_plane: ControlPlane, policy: dict[str, Any], starts_in: timedelta | None, why: str
+) -> None:
+    booking_pool(control_plane, **policy)
+
+    if starts_in is None:
+        status, body = control_plane.api("POST", "/api/v1/instances", {"pool": "labs"})
+    else:
+        status, body = book(control_plane, starts_in)
+
+    assert (status, body["error"]) == (409, "NO_CAPACITY"), why
+    assert control_plane.ctx.capacity.bookings_waiting("labs") == 0
+
+
+def test_given_a_measured_lead_time_then_it_sets_how_far_ahead_a_booking_may_wait(
+    control_plane: ControlPlane,
+) -> None:
+    booking_pool(control_plane, max_workers=2)  # room for two: only the lead time refuses the second
+    for seconds in (100.0, 110.0, 120.0, 90.0, 95.0):
+        control_plane.ctx.store.add_lead_sample("lab", LeadKind.LAUNCH, seconds)
+
+    status, booked = book(control_plane, timedelta(minutes=3))
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+
+    assert status == 202, booked
+    start = datetime.fromisoformat(booked["timeslot_start"])
+    assert datetime.fromisoformat(booked["expected_ready_by"]) == start - timedelta(seconds=120)
+    assert view["lead_time_seconds"] == 120
+    assert book(control_plane, timedelta(seconds=90))[0] == 409  # less than the lead time ahead
