@@ -31,6 +31,11 @@ CW_GET_METRIC_DATA_METRIC: Final = 0.01 / 1_000
 # SNS: per published message (first million free; the alert volume is tiny either way).
 SNS_PUBLISH: Final = 0.50 / 1_000_000
 
+# EC2 on-demand Linux, per instance-hour while running (billed from running to stopping or terminating),
+# and the EBS gp3 volume a worker keeps while it exists, running or stopped, per GB-month.
+EC2_HOUR: Final = {"m6i.xlarge": 0.192}
+EBS_GP3_GB_MONTH: Final = 0.08
+
 # Lambda SnapStart for Python: the snapshot cache per GB-second while a published version is active
 # (restores, per GB restored, are priced per cold start and negligible beside it).
 SNAPSTART_CACHE_GB_SECOND: Final = 0.0000015046
