@@ -157,9 +157,11 @@ def test_given_a_worker_that_must_stay_then_the_next_one_goes_in_its_place() -> 
     assert [w.id for w in taken] == ["w-b", "w-c"]
 
 
-def test_given_timeslots_then_only_one_within_the_lead_time_books_the_worker() -> None:
+def test_given_timeslots_then_only_one_by_the_due_horizon_books_the_worker() -> None:
     lead = timedelta(minutes=10)
     assert booked_within(
         [NOW + timedelta(hours=2), NOW + timedelta(minutes=9)], NOW, lead
     ) == NOW + timedelta(minutes=9)
-    assert booked_within([NOW + timedelta(minutes=11), NOW - timedelta(minutes=1)], NOW, lead) is None
+    # A booking is placed from two lead times ahead: 11 minutes out, its worker is already needed.
+    assert booked_within([NOW + timedelta(minutes=11)], NOW, lead) == NOW + timedelta(minutes=11)
+    assert booked_within([NOW + timedelta(minutes=21), NOW - timedelta(minutes=1)], NOW, lead) is None

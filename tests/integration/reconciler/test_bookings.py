@@ -34,8 +34,8 @@ LEAD = timedelta(minutes=10)  # the template's lead time: the default, with no l
 place_or_book = as_function("api", bookings.place_or_book)
 
 
-def booking_pool(plane: ControlPlane, **policy: Any) -> None:
-    assert plane.api("PUT", "/api/v1/templates/lab", LAB)[0] in (200, 201)
+def booking_pool(plane: ControlPlane, slots: int = 1, **policy: Any) -> None:
+    assert plane.api("PUT", "/api/v1/templates/lab", {**LAB, "capacity": slots})[0] in (200, 201)
     wanted = {"template": "lab", "max_workers": 1, "bookings": True, **policy}
     status, body = plane.api("PUT", "/api/v1/pools/labs", {"capacity": wanted})
     assert status in (200, 201), body
@@ -247,3 +247,22 @@ def test_given_a_measured_lead_time_then_it_sets_how_far_ahead_a_booking_may_wai
     assert datetime.fromisoformat(booked["expected_ready_by"]) == start - timedelta(seconds=120)
     assert view["lead_time_seconds"] == 120
     assert book(control_plane, timedelta(seconds=90))[0] == 409  # less than the lead time ahead
+
+
+def test_given_a_booking_placed_on_the_worker_brought_up_for_it_then_scale_in_keeps_that_worker(
+    control_plane: ControlPlane, lab_image: str
+) -> None:
+    # Two slots a worker: the booking leaves one free, so the worker is not full and scale-in could take it.
+    booking_pool(control_plane, slots=2)
+    _, booked = book(control_plane, timedelta(minutes=15))
+    store = control_plane.ctx.store
+    cycles_until(control_plane, lambda: store.get_instance(booked["id"]).state == S.SCHEDULED, utcnow())
+    worker_id = store.get_instance(booked["id"]).worker_id
+
+    # The launch beat its lead time: the booking's timeslot is still more than a lead time ahead.
+    report = reconcile_fleet(control_plane.ctx, now=utcnow() + timedelta(seconds=30))
+
+    worker = store.get_worker(worker_id)
+    assert (worker.status, worker.owner) == (WorkerStatus.RUNNING, None)
+    assert report.counters["scale_in_drain_count"] == 0
+    assert store.get_instance(booked["id"]).state == S.SCHEDULED

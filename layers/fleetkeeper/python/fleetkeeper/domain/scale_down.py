@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from fleetkeeper.domain.bookings import due_until
 from fleetkeeper.domain.capacity import Target
 from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.errors import InvalidInput
@@ -146,8 +147,9 @@ def evaluate(
 
 
 def booked_within(starts: Iterable[datetime], now: datetime, lead: timedelta) -> datetime | None:
-    """The first timeslot that starts within `lead` from now, if any: its worker is needed then."""
-    due = [start for start in starts if now <= start <= now + lead]
+    """The first timeslot that starts by the due horizon (domain/bookings.due_until, two lead times),
+    if any: the cycle places a due booking that early, on the worker it brought up, which must stay."""
+    due = [start for start in starts if now <= start <= due_until(now, lead)]
     return min(due) if due else None
 
 
