@@ -115,7 +115,7 @@ def running(active: dict[str, int]) -> list[WorkerSummary]:
     ]
 
 
-def target(*, floor: int = 0, headroom: int = 0) -> Target:
+def target(*, floor: int = 0, headroom: int = 0, bookings: int = 0) -> Target:
     return Target(
         workers=floor,
         warm=0,
@@ -124,6 +124,7 @@ def target(*, floor: int = 0, headroom: int = 0) -> Target:
         capped=False,
         headroom_slots=headroom,
         floor=floor,
+        bookings=bookings,
     )
 
 
@@ -145,6 +146,15 @@ def test_given_a_headroom_and_a_floor_then_scale_in_stops_where_either_would_be_
     assert [w.id for w in scale_in(target(floor=3), pool, cap=None, kept=lambda _: None)] == ["w-a"]
     # Above the cap, the headroom gives way: down to max_workers.
     assert [w.id for w in scale_in(target(headroom=13), pool, cap=3, kept=lambda _: None)] == ["w-a"]
+
+
+def test_given_bookings_due_then_scale_in_keeps_a_free_slot_for_each() -> None:
+    pool = running({"w-a": 0, "w-b": 0, "w-c": 3})
+
+    # 9 free slots, 5 due bookings about to be placed: one empty worker may go (5 left), not two.
+    assert [w.id for w in scale_in(target(bookings=5), pool, cap=None, kept=lambda _: None)] == ["w-a"]
+    # With the headroom too, both are kept free: 4 + 5 leaves no free slot to give back.
+    assert scale_in(target(headroom=4, bookings=5), pool, cap=None, kept=lambda _: None) == []
 
 
 def test_given_a_worker_that_must_stay_then_the_next_one_goes_in_its_place() -> None:

@@ -266,3 +266,31 @@ def test_given_a_booking_placed_on_the_worker_brought_up_for_it_then_scale_in_ke
     assert (worker.status, worker.owner) == (WorkerStatus.RUNNING, None)
     assert report.counters["scale_in_drain_count"] == 0
     assert store.get_instance(booked["id"]).state == S.SCHEDULED
+
+
+def test_given_a_booking_waiting_when_a_worker_empties_then_scale_in_leaves_it_for_the_booking(
+    control_plane: ControlPlane, lab_image: str
+) -> None:
+    booking_pool(control_plane, max_workers=2, min_workers=1)
+    store = control_plane.ctx.store
+    cycles_until(
+        control_plane,
+        lambda: any(w.status == WorkerStatus.RUNNING for w in store.workers_in_pool("labs")),
+        utcnow(),
+    )
+    _, walk_in = control_plane.api("POST", "/api/v1/instances", {"pool": "labs"})
+    booking_pool(control_plane, max_workers=2)  # min_workers back to 0: only the booking needs a worker
+    status, booked = book(control_plane, timedelta(minutes=15))
+    assert status == 202, booked
+    # The walk-in ends: its worker is empty, and the booking waiting is due.
+    assert (
+        control_plane.api("POST", f"/api/v1/instances/{walk_in['id']}/state", {"state": "COMPLETED"})[0]
+        == 200
+    )
+
+    report = reconcile_fleet(control_plane.ctx, now=utcnow())
+
+    worker = store.get_worker(walk_in["worker_id"])
+    assert (worker.status, worker.active_instances) == (WorkerStatus.RUNNING, 1)
+    assert store.get_instance(booked["id"]).worker_id == worker.id
+    assert report.counters["capacity_workers_created"] == 0

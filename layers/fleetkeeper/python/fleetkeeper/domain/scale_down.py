@@ -162,17 +162,20 @@ def scale_in(
 ) -> list[WorkerSummary]:
     """The RUNNING workers of a pool with a capacity policy that scale-in proposes, in order: empty
     ones first, then the least loaded. One goes only while the pool keeps `target.floor` workers and
-    the free slots of the rest hold `target.headroom_slots` (unless the pool is above `cap`). A full
-    worker is never proposed: it holds no headroom, and draining it only delays its reuse. `kept` says
-    why a worker must stay (booked, protected, held), asked only of a worker that could go."""
+    the free slots of the rest hold `target.headroom_slots` and a slot for each of `target.bookings`
+    due (unless the pool is above `cap`). A full worker is never proposed: it holds no headroom, and
+    draining it only delays its reuse. `kept` says why a worker must stay (booked, protected, held),
+    asked only of a worker that could go."""
     free = sum(w.free_slots for w in running)
+    # Due bookings not placed yet take free slots this very cycle (services/bookings.serve_bookings).
+    keep_free = target.headroom_slots + target.bookings
     left = len(running)
     taken: list[WorkerSummary] = []
     for worker in sorted(running, key=lambda w: (w.active_instances, -w.free_slots, w.id)):
         if left - 1 < target.floor:
             break
         over_cap = cap is not None and left > cap
-        if worker.free_slots == 0 or (not over_cap and free - worker.free_slots < target.headroom_slots):
+        if worker.free_slots == 0 or (not over_cap and free - worker.free_slots < keep_free):
             continue
         if kept(worker) is not None:
             continue
