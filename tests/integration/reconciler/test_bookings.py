@@ -294,3 +294,18 @@ def test_given_a_booking_waiting_when_a_worker_empties_then_scale_in_leaves_it_f
     assert (worker.status, worker.active_instances) == (WorkerStatus.RUNNING, 1)
     assert store.get_instance(booked["id"]).worker_id == worker.id
     assert report.counters["capacity_workers_created"] == 0
+
+
+def test_given_more_bookings_due_than_a_cycle_looks_at_then_the_target_counts_them_all(
+    control_plane: ControlPlane, lab_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bookings, "MAX_BOOKINGS_PER_CYCLE", 2)
+    booking_pool(control_plane, max_workers=5)
+    booked = [book(control_plane, timedelta(minutes=15)) for _ in range(3)]
+    assert [status for status, _ in booked] == [202, 202, 202]
+
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+    report = reconcile_fleet(control_plane.ctx, now=utcnow())
+
+    assert (view["bookings_due"], view["target"]["workers"]) == (3, 3)
+    assert (report.counters["bookings_due"], report.counters["capacity_workers_created"]) == (3, 3)

@@ -11,7 +11,6 @@ due raises the pool's target. `bookings_now` is what the capacity view shows.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -138,9 +137,9 @@ def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[st
     """Place the pool's due bookings where RUNNING workers have room, fail those whose timeslot began
     unplaced, publish the pool's booking gauges; the number still due (what the target adds)."""
     waiting = ctx.capacity.bookings_waiting(pool.name)
-    due = at_risk = 0
     # The count is exact: a pool with none waiting costs the cycle this one read.
-    found = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now) if waiting else []
+    found, due = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now) if waiting else ([], 0)
+    at_risk = 0
     candidates: list[WorkerSummary] | None = None
     for booking, where in found:
         if where == Phase.OVERDUE:
@@ -160,15 +159,18 @@ def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[st
     return due
 
 
-def _due(ctx: Context, pool: str, lead: timedelta, now: datetime) -> list[tuple[Instance, Phase]]:
-    waiting = ctx.store.waiting_bookings(
+def _due(ctx: Context, pool: str, lead: timedelta, now: datetime) -> tuple[list[tuple[Instance, Phase]], int]:
+    """The first MAX_BOOKINGS_PER_CYCLE bookings due or overdue, with their phases, and how many more
+    are due behind them: those wait for a later cycle's placement, but the target counts them now."""
+    waiting, behind = ctx.store.waiting_bookings(
         pool, starting_before=due_until(now, lead), limit=MAX_BOOKINGS_PER_CYCLE
     )
-    return [
+    found = [
         (b, phase(b.timeslot_start, lead, now))
         for b in waiting
         if b.timeslot_start is not None and phase(b.timeslot_start, lead, now) != Phase.WAITING
     ]
+    return found, behind
 
 
 def _place(ctx: Context, booking: Instance, candidates: list[WorkerSummary], counters: Counter[str]) -> bool:
@@ -246,8 +248,8 @@ def _count(metric: str, pool: str, value: int) -> None:
 
 @dataclass(frozen=True)
 class BookingsNow:
-    """A pool's bookings at an instant: waiting (exact, from the pool's count), due and at risk (of the
-    first MAX_BOOKINGS_PER_CYCLE due, as the cycle sees them)."""
+    """A pool's bookings at an instant: waiting (exact, from the pool's count), due (all of them) and
+    at risk (of the first MAX_BOOKINGS_PER_CYCLE due, as the cycle sees them)."""
 
     waiting: int
     due: int
@@ -256,11 +258,9 @@ class BookingsNow:
 
 def bookings_now(ctx: Context, pool: Pool, now: datetime) -> BookingsNow:
     """The pool's bookings waiting, due and at risk at `now`."""
-    found: Sequence[tuple[Instance, Phase]] = _due(
-        ctx, pool.name, launch_lead(pool.capacity.template, ctx), now
-    )
+    found, behind = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now)
     return BookingsNow(
         waiting=ctx.capacity.bookings_waiting(pool.name),
-        due=sum(1 for _, where in found if where != Phase.OVERDUE),
+        due=behind + sum(1 for _, where in found if where != Phase.OVERDUE),
         at_risk=sum(1 for _, where in found if where == Phase.AT_RISK),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from fleetkeeper.cloud.retry import with_backoff
 from fleetkeeper.domain.errors import (
     CapacityUnavailable,
     Conflict,
@@ -353,20 +354,33 @@ class SlotTransactions(InstanceRepository):
         self._transact(items, {0: self._refuse_stale_instance(instance)}, written=updated)
         return updated
 
-    def waiting_bookings(self, pool: str, *, starting_before: datetime, limit: int) -> list[Instance]:
+    def waiting_bookings(
+        self, pool: str, *, starting_before: datetime, limit: int
+    ) -> tuple[list[Instance], int]:
         """The pool's bookings waiting for capacity whose timeslot starts before `starting_before`,
-        earliest first, at most `limit` (read through by_parent, which may lag: the writes that place or
-        end one are conditional on its state)."""
-        items, _ = self._query(
-            IndexName=BY_PARENT,
-            KeyConditionExpression="GSI2PK = :pk AND GSI2SK < :until",
-            ExpressionAttributeValues={
+        earliest first, at most `limit`, and how many more wait behind those (counted, not read).
+        Read through by_parent, which may lag: the writes that place or end one are conditional on
+        its state."""
+        query: dict[str, Any] = {
+            "IndexName": BY_PARENT,
+            "KeyConditionExpression": "GSI2PK = :pk AND GSI2SK < :until",
+            "ExpressionAttributeValues": {
                 ":pk": {"S": keys.booking_partition(pool)},
                 ":until": {"S": keys.booking_sort(starting_before)},
             },
-            Limit=limit,
-        )
-        return [load_record(Instance, i) for i in items]
+        }
+        items, start = self._query(**query, Limit=limit)
+        behind = 0
+        while start:
+            response = with_backoff(
+                lambda start=start: self._client.query(  # type: ignore[misc]
+                    TableName=self.table_name, **query, Select="COUNT", ExclusiveStartKey=start
+                ),
+                name="Query",
+            )
+            behind += int(response.get("Count", 0))
+            start = response.get("LastEvaluatedKey")
+        return [load_record(Instance, i) for i in items], behind
 
     def move_instance(
         self, instance: Instance, target: WorkerSummary, *, actor: str, drain_generation: int
