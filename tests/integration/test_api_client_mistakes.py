@@ -314,6 +314,9 @@ def test_given_a_template_value_that_is_not_what_it_says_then_422(control_plane,
         {"timeslot_start": "1700000000"},
         {"timeslot_start": "2099-03-01 09:00:00Z"},
         {"timeslot_end": "2099-03-01T09:00:00+0100"},
+        # Valid RFC 3339 whose UTC time is outside the years 1 to 9999.
+        {"timeslot_start": "9999-12-31T23:59:59-01:00"},
+        {"timeslot_end": "0001-01-01T00:00:00+01:00"},
     ],
 )
 def test_given_a_timestamp_that_is_a_number_or_naive_then_422_names_it(control_plane, running_worker, slot):

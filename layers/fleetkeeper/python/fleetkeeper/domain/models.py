@@ -30,7 +30,10 @@ INSTANCE_TYPE_PATTERN = r"^[a-z0-9]+[a-z0-9-]*\.[a-z0-9]+$"
 
 
 def _as_utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # pydantic reports a ValueError as the field's mistake; this would be a 500
+        raise ValueError("in UTC it falls outside the years 1 to 9999") from None
 
 
 # Every datetime that enters the domain carries a timezone and is held in UTC: a naive one is refused
