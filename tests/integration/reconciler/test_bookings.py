@@ -309,3 +309,19 @@ def test_given_more_bookings_due_than_a_cycle_looks_at_then_the_target_counts_th
 
     assert (view["bookings_due"], view["target"]["workers"]) == (3, 3)
     assert (report.counters["bookings_due"], report.counters["capacity_workers_created"]) == (3, 3)
+
+
+def test_given_the_pool_policy_removed_then_a_waiting_booking_still_fails_alerted_at_its_timeslot(
+    control_plane: ControlPlane, alert_feed: Callable[[], list[Any]]
+) -> None:
+    booking_pool(control_plane)
+    _, booked = book(control_plane, timedelta(hours=1))
+    assert control_plane.api("PUT", "/api/v1/pools/labs", {"capacity": {}})[0] == 200
+
+    report = reconcile_fleet(control_plane.ctx, now=datetime.fromisoformat(booked["timeslot_start"]))
+
+    instance = control_plane.ctx.store.get_instance(booked["id"])
+    assert (instance.state, instance.reason) == (S.FAILED, NO_CAPACITY_BY_TIMESLOT)
+    assert report.counters["bookings_failed"] == 1
+    assert [json.loads(m["Message"])["instance_id"] for m in alert_feed()] == [instance.id]
+    assert control_plane.ctx.capacity.bookings_waiting("labs") == 0

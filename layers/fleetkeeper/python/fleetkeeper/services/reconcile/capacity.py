@@ -58,14 +58,20 @@ def scale_out(
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> None:
-    """Bring each pool this shard owns up to its target, each pool isolated."""
+    """Bring each pool this shard owns up to its target, each pool isolated. A pool whose policy was
+    removed still has the bookings it took served: placed on room, or failed and alerted by their
+    timeslot, never left waiting for ever."""
     for listed in ctx.store.list_pools():
-        if not listed.capacity.active or not owns(listed.name):
+        if not owns(listed.name):
             continue
         if time_left() < margin_seconds:
             counters["capacity_deferred"] += 1
             return
         try:
+            if not listed.capacity.active:
+                if ctx.capacity.bookings_waiting(listed.name):
+                    serve_bookings(ctx, listed, now, counters)
+                continue
             recount_members(ctx, listed.name, counts, counters)
             _scale_pool(ctx, listed.name, counts, now, counters)
         except Exception:  # one pool's failure waits a cycle; the others go on
