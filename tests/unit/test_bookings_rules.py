@@ -6,7 +6,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleetkeeper.domain.bookings import Phase, bookable, booking_room, due_until, expected_ready_by, phase
+from fleetkeeper.domain.bookings import (
+    BOOKING_HORIZON,
+    Phase,
+    bookable,
+    booking_room,
+    due_until,
+    expected_ready_by,
+    phase,
+)
 from fleetkeeper.domain.capacity import CapacityPolicy, Rule, capacity_target
 from fleetkeeper.domain.errors import IllegalTransition
 from fleetkeeper.domain.lifecycle import InstanceState, check_instance_transition
@@ -39,6 +47,11 @@ def test_given_a_timeslot_then_it_is_bookable_only_a_lead_time_ahead_and_ready_o
     assert bookable(SLOT, LEAD, SLOT - LEAD)
     assert not bookable(SLOT, LEAD, SLOT - LEAD + timedelta(seconds=1))
     assert not bookable(None, LEAD, SLOT - timedelta(days=1))
+
+
+def test_given_a_timeslot_beyond_the_horizon_then_it_cannot_wait_for_capacity() -> None:
+    assert bookable(SLOT, LEAD, SLOT - BOOKING_HORIZON)
+    assert not bookable(SLOT, LEAD, SLOT - BOOKING_HORIZON - timedelta(seconds=1))
     assert expected_ready_by(SLOT, LEAD) == SLOT - LEAD
     assert due_until(SLOT - 2 * LEAD, LEAD) == SLOT
 

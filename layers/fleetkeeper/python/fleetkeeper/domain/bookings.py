@@ -21,6 +21,9 @@ from typing import Final
 
 # The reason a booking that no worker took by its timeslot's start ends FAILED with.
 NO_CAPACITY_BY_TIMESLOT: Final = "no_capacity_by_timeslot"
+# How far ahead a booking may hold room: a timeslot years away would keep its place in the pool's room
+# for ever. Farther placements that find no room are refused as any other (409 NO_CAPACITY).
+BOOKING_HORIZON: Final = timedelta(days=366)
 
 
 class Phase(StrEnum):
@@ -33,8 +36,9 @@ class Phase(StrEnum):
 
 
 def bookable(timeslot_start: datetime | None, lead: timedelta, now: datetime) -> bool:
-    """Whether a placement with this timeslot may wait for capacity: it starts at least `lead` ahead."""
-    return timeslot_start is not None and timeslot_start - now >= lead
+    """Whether a placement with this timeslot may wait for capacity: it starts at least `lead` ahead and
+    within BOOKING_HORIZON."""
+    return timeslot_start is not None and lead <= timeslot_start - now <= BOOKING_HORIZON
 
 
 def expected_ready_by(timeslot_start: datetime, lead: timedelta) -> datetime:
