@@ -58,7 +58,7 @@ import random
 import time as clock
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
 from functools import partial
@@ -489,21 +489,17 @@ class Simulation:
             policy, at, running=len(running), free_slots=free, slots_per_worker=SLOTS, bookings=len(unplaced)
         )
         stopped = [m for m in machines if m.state is State.STOPPED]
-        launching = sum(1 for m in machines if m.state in (State.LAUNCHING, State.STARTING) or m.to_warm)
+        launching = sum(1 for m in machines if m.state in (State.LAUNCHING, State.STARTING) and not m.to_warm)
+        refilling = sum(1 for m in machines if m.to_warm)
         stopping = sum(1 for m in machines if m.state is State.STOPPING)
         need = shortfall(
-            target, running=len(running), launching=launching, stopping=stopping, stopped=len(stopped)
+            target,
+            running=len(running),
+            launching=launching,
+            refilling=refilling,
+            stopping=stopping,
+            stopped=len(stopped),
         )
-        if self.refills_apart:
-            refills = sum(1 for m in machines if m.to_warm)
-            woken = shortfall(
-                target,
-                running=len(running),
-                launching=launching - refills,
-                stopping=stopping,
-                stopped=len(stopped),
-            )
-            need = replace(need, start=woken.start)
         self.start(stopped[: need.start])
         create = min(need.create, MAX_NEW_PER_CYCLE, MAX_WORKERS - len(machines))
         self.launch(pool, create, warm=max(need.warm - (need.create - create), 0))

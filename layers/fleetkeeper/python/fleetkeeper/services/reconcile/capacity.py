@@ -50,7 +50,6 @@ METRIC_BLOCKED: Final = "CapacityBlocked"
 
 def scale_out(
     ctx: Context,
-    counts: FleetCounts,
     now: datetime,
     counters: Counter[str],
     *,
@@ -58,7 +57,12 @@ def scale_out(
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> None:
-    """Bring each pool this shard owns up to its target, each pool isolated."""
+    """Bring each pool this shard owns up to its target, each pool isolated.
+
+    The counts are read here, after the cycle's other steps, not taken from the cycle's first read: a
+    worker that scale-in stopped this cycle is then warm, not RUNNING, and a replacement made this
+    cycle launching, so neither is asked for again."""
+    counts: FleetCounts | None = None
     for listed in ctx.store.list_pools():
         if not listed.capacity.active or not owns(listed.name):
             continue
@@ -66,6 +70,8 @@ def scale_out(
             counters["capacity_deferred"] += 1
             return
         try:
+            if counts is None:
+                counts = ctx.store.fleet_counts()
             recount_members(ctx, listed.name, counts, counters)
             _scale_pool(ctx, listed.name, counts, now, counters)
         except Exception:  # one pool's failure waits a cycle; the others go on
@@ -105,6 +111,7 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
         target,
         running=found.running,
         launching=found.launching,
+        refilling=found.refilling,
         stopping=found.stopping,
         stopped=len(warm),
     )
