@@ -192,13 +192,35 @@ def test_given_a_target_then_the_shortfall_starts_warm_workers_before_creating_a
     )
 
     # 4 missing, 1 launching already: 3 to bring up, 2 of them warm; one created to run, one to refill.
-    found = shortfall(target, running=2, launching=1, stopping=0, stopped=2)
+    found = shortfall(target, running=2, launching=1, refilling=0, stopping=0, stopped=2)
     assert (found.start, found.create, found.warm) == (2, 2, 1)
-    # At target with its warm worker (stopped or still stopping): nothing to do.
-    assert shortfall(target, running=6, launching=0, stopping=0, stopped=1) == Shortfall(0, 0, 0)
-    assert shortfall(target, running=6, launching=0, stopping=1, stopped=0) == Shortfall(0, 0, 0)
-    # A warm worker being launched counts as launching: it is never asked for twice.
-    assert shortfall(target, running=6, launching=1, stopping=0, stopped=0).create == 0
+    # At target with its warm worker (stopped, still stopping or still launching): nothing to do.
+    assert shortfall(target, running=6, launching=0, refilling=0, stopping=0, stopped=1) == Shortfall(0, 0, 0)
+    assert shortfall(target, running=6, launching=0, refilling=0, stopping=1, stopped=0) == Shortfall(0, 0, 0)
+    # A warm worker being launched counts for the warm set: it is never asked for twice.
+    assert shortfall(target, running=6, launching=0, refilling=1, stopping=0, stopped=0).create == 0
+
+
+def test_given_refills_of_the_warm_set_launching_then_every_missing_running_worker_is_still_woken() -> None:
+    at = datetime(2025, 1, 6, tzinfo=UTC)
+    target = capacity_target(
+        policy(min_workers=6, warm_workers=2), at, running=2, free_slots=0, slots_per_worker=4
+    )
+
+    # 4 RUNNING missing and 4 warm: all 4 start now; the 2 refills in flight are the warm set's.
+    found = shortfall(target, running=2, launching=0, refilling=2, stopping=0, stopped=4)
+    assert found == Shortfall(start=4, create=0, warm=0)
+    # With only 2 warm to start, the other 2 are launched to run, not left to the refills.
+    assert shortfall(target, running=2, launching=0, refilling=2, stopping=0, stopped=2) == Shortfall(2, 2, 0)
+
+
+def test_given_more_workers_launching_to_run_than_the_target_then_the_warm_set_is_still_refilled() -> None:
+    at = datetime(2025, 1, 6, tzinfo=UTC)
+    target = capacity_target(
+        policy(min_workers=2, warm_workers=2), at, running=1, free_slots=0, slots_per_worker=4
+    )
+
+    assert shortfall(target, running=1, launching=3, refilling=0, stopping=0, stopped=0) == Shortfall(0, 2, 2)
 
 
 def test_given_a_worker_joining_or_leaving_a_pool_then_its_member_count_moves_once() -> None:

@@ -16,7 +16,7 @@ from fleetkeeper.domain.capacity import BlockedReason, CapacityPolicy
 from fleetkeeper.domain.errors import PoolFull
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import utcnow
-from fleetkeeper.services import catalog, workers
+from fleetkeeper.services import capacity, catalog, workers
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.reconcile.capacity import scale_out
 from fleetkeeper.store.capacity import members_key
@@ -86,7 +86,6 @@ def test_given_two_cycles_scaling_out_at_once_then_max_workers_holds_exactly(
         ctx = make_ctx()
         scale_out(
             ctx,
-            store.fleet_counts(),
             utcnow(),
             counted,
             owns=lambda _: True,
@@ -137,6 +136,39 @@ def test_given_a_warm_worker_then_it_is_started_before_any_new_worker(
     assert report.counters["capacity_workers_woken"] == 1
     assert report.counters["capacity_workers_created"] == 0
     assert store.get_worker(stopped.id).desired_status == WorkerStatus.RUNNING
+
+
+def test_given_a_refill_of_the_warm_set_launching_then_it_never_holds_back_the_warm_worker_the_target_needs(
+    store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
+) -> None:
+    worker = live_worker(pool="labs")
+    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
+    stopped = store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    capacity_pool(store, min_workers=1, warm_workers=1)
+    workers.create_worker(
+        store,
+        template="lab",
+        region="us-east-1",
+        pool="labs",
+        actor="test",
+        desired_status=WorkerStatus.STOPPED,
+    )
+    counted: Counter[str] = Counter()
+
+    scale_out(
+        ctx,
+        utcnow(),
+        counted,
+        owns=lambda _: True,
+        time_left=lambda: 60,
+        margin_seconds=1,
+    )
+
+    # The refill is the warm set's: the RUNNING worker comes from the warm one, and nothing new is made.
+    assert (counted["capacity_workers_woken"], counted["capacity_workers_created"]) == (1, 0)
+    assert store.get_worker(stopped.id).desired_status == WorkerStatus.RUNNING
+    view = capacity.pool_view(ctx, "labs")
+    assert (view.launching, view.refilling, view.warm) == (1, 1, 0)
 
 
 def test_given_no_capacity_for_the_launches_then_the_pool_is_blocked_and_waits_for_its_retry(

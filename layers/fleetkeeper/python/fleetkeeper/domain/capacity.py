@@ -269,18 +269,25 @@ class Shortfall:
     warm: int
 
 
-def shortfall(target: Target, *, running: int, launching: int, stopping: int, stopped: int) -> Shortfall:
-    """Workers to bring up towards `target`. The RUNNING ones missing (not already launching or
-    starting) come from the STOPPED workers first; new ones are created for the rest and for a warm set
-    short of `target.warm`. A new warm worker launches like any other and counts as launching until it
-    stops, so what is created is what the pool lacks in all (RUNNING, launching, stopping and stopped
-    against the target's workers and warm together): a launch is never asked for twice. The cap holds
-    at the write, not here."""
+def warm_short(target: Target, *, stopped: int, stopping: int, refilling: int) -> int:
+    """How many workers the warm set lacks: its target less the STOPPED workers staying so, those
+    stopping and those launching to refill it."""
+    return max(target.warm - stopped - stopping - refilling, 0)
+
+
+def shortfall(
+    target: Target, *, running: int, launching: int, refilling: int, stopping: int, stopped: int
+) -> Shortfall:
+    """Workers to bring up towards `target`, the RUNNING ones and the warm set each counted on their own:
+    `launching` are being launched or started to run, `refilling` launched to refill the warm set (they
+    stop once RUNNING). The RUNNING workers missing come from the STOPPED workers first, new ones are
+    created for the rest, and for a warm set short of `target.warm` once those started have left it. A
+    refill never stands in for a RUNNING worker (it would be started only after its launch and stop),
+    nor a launch to run for a warm one. The cap holds at the write, not here."""
     missing = max(target.workers - running - launching, 0)
     start = min(missing, stopped)
-    create = max(target.workers + target.warm - running - launching - stopping - stopped, 0)
-    to_run = min(create, missing - start)
-    return Shortfall(start=start, create=create, warm=create - to_run)
+    warm = warm_short(target, stopped=stopped - start, stopping=stopping, refilling=refilling)
+    return Shortfall(start=start, create=missing - start + warm, warm=warm)
 
 
 # ---- membership: what max_workers counts -----------------------------------------------------------

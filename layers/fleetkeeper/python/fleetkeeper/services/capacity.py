@@ -27,6 +27,8 @@ from fleetkeeper.services.lead_time import launch_lead
 
 LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
 _STAYS_STOPPED: Final = frozenset({None, WorkerStatus.STOPPED})
+# The workers whose items scale-out reads: what the counters cannot say is what each will become.
+_READ: Final = LAUNCHING | {WorkerStatus.STOPPED}
 
 
 def pool_counts(counts: FleetCounts, pool: str) -> Counter[WorkerStatus]:
@@ -42,12 +44,14 @@ def pool_counts(counts: FleetCounts, pool: str) -> Counter[WorkerStatus]:
 class PoolCapacity:
     """A pool's workers as its policy counts them, and the target now.
 
-    `launching` counts workers being launched or started, STOPPED ones already asked to start among
-    them; `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one;
+    `launching` counts workers being launched or started to run, STOPPED ones already asked to start
+    among them; `refilling` those launched to refill the warm set (desired STOPPED: they stop once
+    RUNNING); `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one;
     `serving` the RUNNING workers as the pool's index lists them (to rank, never to decide)."""
 
     running: int
     launching: int
+    refilling: int
     stopping: int
     warm: list[Worker]
     free_slots: int
@@ -59,19 +63,25 @@ def assess_pool(
     ctx: Context, pool: Pool, slots_per_worker: int, counts: FleetCounts, now: datetime, *, bookings: int = 0
 ) -> PoolCapacity:
     """The pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers,
-    its STOPPED workers read from their items, and its target at `now` with `bookings` due."""
+    its launching and STOPPED workers read from their items (what each is meant to become), and its
+    target at `now` with `bookings` due."""
     by_status = pool_counts(counts, pool.name)
     running = by_status[WorkerStatus.RUNNING]
     serving = ctx.store.placement_candidates(template=None, pool=pool.name)
     free_slots = sum(w.free_slots for w in serving)
-    ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status == WorkerStatus.STOPPED]
-    stopped = [
-        w for w in ctx.store.get_workers(ids) if w.status == WorkerStatus.STOPPED and w.pool == pool.name
-    ]
+    ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status in _READ]
+    read = [w for w in ctx.store.get_workers(ids) if w.status in _READ and w.pool == pool.name]
+    stopped = [w for w in read if w.status == WorkerStatus.STOPPED]
     waking = sum(1 for w in stopped if w.desired_status == WorkerStatus.RUNNING)
+    launching = sum(by_status[s] for s in LAUNCHING)
+    # Of the launches the counters hold, those the items say will stop: the warm set's, not the target's.
+    refilling = min(
+        sum(1 for w in read if w.status in LAUNCHING and w.desired_status == WorkerStatus.STOPPED), launching
+    )
     return PoolCapacity(
         running=running,
-        launching=sum(by_status[s] for s in LAUNCHING) + waking,
+        launching=launching - refilling + waking,
+        refilling=refilling,
         stopping=by_status[WorkerStatus.STOPPING],
         # A STOPPED worker someone wants TERMINATED is leaving: waking it would undo that wish.
         warm=[w for w in stopped if w.desired_status in _STAYS_STOPPED and w.owner is None],
@@ -111,7 +121,12 @@ class PoolCapacityView(BaseModel):
     policy: CapacityPolicy
     at: datetime
     running: int
-    launching: int = Field(description="being launched or started (STOPPED workers asked to start included)")
+    launching: int = Field(
+        description="being launched or started to run (STOPPED workers asked to start included)"
+    )
+    refilling: int = Field(
+        default=0, description="being launched to refill the warm set: stopped once RUNNING"
+    )
     stopping: int
     warm: int = Field(description="STOPPED workers ready to start")
     members: int = Field(
@@ -150,6 +165,7 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
         at=now,
         running=found.running,
         launching=found.launching,
+        refilling=found.refilling,
         stopping=found.stopping,
         warm=len(found.warm),
         members=ctx.capacity.members(name),

@@ -50,7 +50,6 @@ METRIC_BLOCKED: Final = "CapacityBlocked"
 
 def scale_out(
     ctx: Context,
-    counts: FleetCounts,
     now: datetime,
     counters: Counter[str],
     *,
@@ -60,7 +59,12 @@ def scale_out(
 ) -> None:
     """Bring each pool this shard owns up to its target, each pool isolated. A pool whose policy was
     removed still has the bookings it took served: placed on room, or failed and alerted by their
-    timeslot, never left waiting for ever."""
+    timeslot, never left waiting for ever.
+
+    The counts are read here, after the cycle's other steps, not taken from the cycle's first read: a
+    worker that scale-in stopped this cycle is then warm, not RUNNING, and a replacement made this
+    cycle launching, so neither is asked for again."""
+    counts: FleetCounts | None = None
     for listed in ctx.store.list_pools():
         if not owns(listed.name):
             continue
@@ -72,6 +76,8 @@ def scale_out(
                 if ctx.capacity.bookings_waiting(listed.name):
                     serve_bookings(ctx, listed, now, counters)
                 continue
+            if counts is None:
+                counts = ctx.store.fleet_counts()
             recount_members(ctx, listed.name, counts, counters)
             _scale_pool(ctx, listed.name, counts, now, counters)
         except Exception:  # one pool's failure waits a cycle; the others go on
@@ -111,6 +117,7 @@ def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, cou
         target,
         running=found.running,
         launching=found.launching,
+        refilling=found.refilling,
         stopping=found.stopping,
         stopped=len(warm),
     )

@@ -29,7 +29,6 @@ from fleetkeeper.cloud import retry
 from fleetkeeper.cloud.ec2 import CapacityError, Ec2Instance
 from fleetkeeper.cloud.fleet_reads import metrics_due, read_instances, read_metrics
 from fleetkeeper.domain.errors import Conflict, NotFound, Unavailable
-from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import (
@@ -265,7 +264,7 @@ def _run_cycle(
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
-    _after_steps(ctx, work, workers, report, now=now, remaining=remaining, counts=read.counts)
+    _after_steps(ctx, work, workers, report, now=now, remaining=remaining)
     if shard.leads:
         _lead_steps(ctx, work, report, remaining)
 
@@ -282,7 +281,6 @@ def _after_steps(
     *,
     now: datetime,
     remaining: Callable[[], float],
-    counts: FleetCounts,
 ) -> None:
     """What follows the workers' own steps, so it never delays them, each on its own: a failure waits a
     cycle and holds none of the others back."""
@@ -317,12 +315,11 @@ def _after_steps(
         ),
         ("repairing sick workers", "repair_errors", repair),
         (
-            # After repairs and expiry, whose replacements it then counts as launching.
+            # After scale-in, repairs and expiry: its own read of the counts sees their workers.
             "scaling out",
             "capacity_errors",
             lambda: scale_out(
                 ctx,
-                counts,
                 now,
                 counters,
                 owns=report.shard.owns,

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Final
 
 from fleetkeeper.domain.admission import Ask, Claim, Held, WaitReason, judge
+from fleetkeeper.domain.capacity import warm_short
 from fleetkeeper.domain.disruption import DisruptionReason
 from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import Cause, PoolStatus, WorkerStatus
@@ -170,7 +171,9 @@ class _ScaleIn:
         # the door reads them), only as many go as were taken here, however many deciders race.
         state = self.door.state(name)
         going = Counter(w.template for w in taken)
-        warm_room = max(found.target.warm - len(found.warm) - found.stopping, 0)
+        warm_room = warm_short(
+            found.target, stopped=len(found.warm), stopping=found.stopping, refilling=found.refilling
+        )
         keep = len(found.serving) - len(taken)
         plans: dict[str, Verdict] = {}
         for n, worker in enumerate(taken):
