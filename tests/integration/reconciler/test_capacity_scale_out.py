@@ -171,6 +171,22 @@ def test_given_a_refill_of_the_warm_set_launching_then_it_never_holds_back_the_w
     assert (view.launching, view.refilling, view.warm) == (1, 1, 0)
 
 
+def test_given_a_warm_set_of_one_then_one_worker_is_launched_for_it_and_stopped_into_it(
+    store: FleetStore, ctx: Context, lab_image: str
+) -> None:
+    capacity_pool(store, warm_workers=1)
+    now = utcnow()
+
+    made = sum(
+        reconcile_fleet(ctx, now=now + timedelta(seconds=n)).counters["capacity_workers_created"]
+        for n in range(8)
+    )
+
+    # The refill is RUNNING for a cycle before its stop: it is the warm set's, not launched again.
+    assert made == 1
+    assert [w.status for w in live_members(store)] == [WorkerStatus.STOPPED]
+
+
 def test_given_no_capacity_for_the_launches_then_the_pool_is_blocked_and_waits_for_its_retry(
     store: FleetStore, ctx: Context, lab_image: str
 ) -> None:

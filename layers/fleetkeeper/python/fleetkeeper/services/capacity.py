@@ -16,6 +16,7 @@ from fleetkeeper.domain.capacity import (
     Rule,
     Target,
     capacity_target,
+    warm_short,
 )
 from fleetkeeper.domain.disruption import pool_of_scope
 from fleetkeeper.domain.fleet_counts import FleetCounts
@@ -46,8 +47,9 @@ class PoolCapacity:
 
     `launching` counts workers being launched or started to run, STOPPED ones already asked to start
     among them; `refilling` those launched to refill the warm set (desired STOPPED: they stop once
-    RUNNING); `warm` the STOPPED workers asked neither to start nor to terminate, and held by no one;
-    `serving` the RUNNING workers as the pool's index lists them (to rank, never to decide)."""
+    RUNNING), empty RUNNING ones not stopped yet among them; `warm` the STOPPED workers asked neither
+    to start nor to terminate, and held by no one; `serving` the RUNNING workers as the pool's index
+    lists them (to rank, never to decide)."""
 
     running: int
     launching: int
@@ -78,22 +80,35 @@ def assess_pool(
     refilling = min(
         sum(1 for w in read if w.status in LAUNCHING and w.desired_status == WorkerStatus.STOPPED), launching
     )
+    # A STOPPED worker someone wants TERMINATED is leaving: waking it would undo that wish.
+    warm = [w for w in stopped if w.desired_status in _STAYS_STOPPED and w.owner is None]
+    stopping = by_status[WorkerStatus.STOPPING]
+    target = capacity_target(
+        pool.capacity,
+        now,
+        running=running,
+        free_slots=free_slots,
+        slots_per_worker=slots_per_worker,
+        bookings=bookings,
+    )
+    stopping_soon = 0
+    if warm_short(target, stopped=len(warm), stopping=stopping, refilling=refilling):
+        # A refill is RUNNING for a cycle before its stop, which the counters cannot tell from a serving
+        # worker: read the empty RUNNING ones, only while the warm set looks short, lest it be made twice.
+        empty = [w.id for w in serving if w.active_instances == 0]
+        stopping_soon = sum(
+            1
+            for w in ctx.store.get_workers(empty)
+            if w.status == WorkerStatus.RUNNING and w.desired_status == WorkerStatus.STOPPED
+        )
     return PoolCapacity(
         running=running,
         launching=launching - refilling + waking,
-        refilling=refilling,
-        stopping=by_status[WorkerStatus.STOPPING],
-        # A STOPPED worker someone wants TERMINATED is leaving: waking it would undo that wish.
-        warm=[w for w in stopped if w.desired_status in _STAYS_STOPPED and w.owner is None],
+        refilling=refilling + stopping_soon,
+        stopping=stopping,
+        warm=warm,
         free_slots=free_slots,
-        target=capacity_target(
-            pool.capacity,
-            now,
-            running=running,
-            free_slots=free_slots,
-            slots_per_worker=slots_per_worker,
-            bookings=bookings,
-        ),
+        target=target,
         serving=serving,
     )
 
@@ -124,9 +139,7 @@ class PoolCapacityView(BaseModel):
     launching: int = Field(
         description="being launched or started to run (STOPPED workers asked to start included)"
     )
-    refilling: int = Field(
-        default=0, description="being launched to refill the warm set: stopped once RUNNING"
-    )
+    refilling: int = Field(default=0, description="launched to refill the warm set and not stopped yet")
     stopping: int
     warm: int = Field(description="STOPPED workers ready to start")
     members: int = Field(
