@@ -39,7 +39,8 @@ one-minute cycles per strategy and runs in seconds. What is the simulation's own
   the booking clock (`due_until` and `phase`: a booking is due from two lead times before its timeslot,
   placed by the cycle on a RUNNING worker with room, counted into the target while unplaced, FAILED
   `no_capacity_by_timeslot` if its timeslot starts unplaced), and scale-in (`scale_in` with
-  `booked_within` as its booked guard, `warm_short` for the warm set's room, the budget's `allowed`).
+  `booked_within` as its booked guard, `warm_short` for the warm set's room, the budget's `allowed`,
+  `warm_surplus` for the STOPPED workers beyond the warm target, terminated without a budget's room).
   Every booking waits for capacity from when it is made: it is assumed to find no room that far ahead
   (main would place it at once on a RUNNING worker with room; see the section).
 - A booked session counts as on time when its slot is on a RUNNING worker at its timeslot_start: a
@@ -83,9 +84,10 @@ from fleetkeeper.domain.capacity import (
 )
 from fleetkeeper.domain.lead_time import LeadKind, kept, lead_time_of, percentile
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import WorkerSummary
-from fleetkeeper.domain.scale_down import DisruptionBudget, Guard, booked_within, scale_in
+from fleetkeeper.domain.models import Worker, WorkerSummary
+from fleetkeeper.domain.scale_down import DisruptionBudget, Guard, booked_within, scale_in, warm_surplus
 from fleetkeeper.services.reconcile.capacity import MAX_NEW_PER_CYCLE
+from fleetkeeper.services.reconcile.scale_down import MAX_WARM_TRIM_PER_CYCLE
 from fleetkeeper.settings import Settings
 
 SEED: Final = 32
@@ -256,6 +258,10 @@ class Machine:
     draining: bool = False  # scale-in drains it: no placement, stopped or terminated once empty
     then_stop: bool = False  # what follows its drain: back to the warm set, or terminated
     disrupted: bool = False  # scale-in's disruption under way (draining or stopping): a budget place
+    launched: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.launched = self.since
 
 
 @dataclass
@@ -265,6 +271,7 @@ class Result:
     on_time: int = 0
     failed: int = 0  # bookings FAILED no_capacity_by_timeslot: never placed by their timeslot's start
     scaled_in: int = 0  # workers scale-in took (stopped, terminated or drained)
+    warm_trimmed: int = 0  # STOPPED workers scale-in terminated beyond the warm target
     walk_in_waits: list[float] = field(default_factory=list)
     running_seconds: float = 0.0
     stopped_seconds: float = 0.0
@@ -598,6 +605,31 @@ class Simulation:
             for m in running
         ]
         taken = scale_in(target, summaries, cap=self.policies[pool].max_workers, kept=kept)
+        # The warm set beyond its target terminates, oldest first, needing no budget's room.
+        asleep = {str(m.id): m for m in self.machines[pool] if m.state is State.STOPPED}
+        trimmed = warm_surplus(
+            target,
+            [
+                Worker.model_construct(
+                    id=key,
+                    template=f"lab-{pool}",
+                    region="us-east-1",
+                    capacity=SLOTS,
+                    status=WorkerStatus.STOPPED,
+                    launched_at=WEEK_START + timedelta(seconds=m.launched),
+                )
+                for key, m in asleep.items()
+            ],
+            running=len(running),
+            launching=counted["launching"],
+            stopping=counted[State.STOPPING],
+            refilling=counted["refilling"],
+            template=f"lab-{pool}",
+            now=at,
+            limit=MAX_WARM_TRIM_PER_CYCLE,
+        )
+        self.result.warm_trimmed += len(trimmed)
+        self.terminate([asleep[w.id] for w in trimmed])
         if not taken:
             return
         room = warm_short(
@@ -761,21 +793,21 @@ def run() -> str:
         f"the warm set only), at most {MAX_NEW_PER_CYCLE} new workers per pool and cycle, the lead time "
         "of `lead_time_of`, the booking clock of domain/bookings.py (due from two lead times ahead, placed "
         "by the cycle, FAILED if unplaced at its timeslot), and scale-in's `scale_in`, `booked_within` "
-        "and `warm_short` under the stage default budget. Modelled: EC2's delays, the clock, the "
-        "workload, placement, drains, and the counts the services read. Every booking is assumed to "
-        "wait for capacity from when it is made; main would place one at once on a RUNNING worker with "
-        "room, holding its slot for the days until its timeslot (not modelled).",
+        "and `warm_short` under the stage default budget, and `warm_surplus`. Modelled: EC2's delays, "
+        "the clock, the workload, placement, drains, and the counts the services read. Every booking is "
+        "assumed to wait for capacity from when it is made; main would place one at once on a RUNNING "
+        "worker with room, holding its slot for the days until its timeslot (not modelled).",
         "",
         "(c) with each policy an operator might set, each a week on the same workload (step 1 is (c)'s):",
         "",
-        "| step | policy | booked on time | warm (stopped) hours | dollars of (a) |",
-        "|---|---|---|---|---|",
+        "| step | policy | booked on time | warm (stopped) hours | warm workers trimmed | dollars of (a) |",
+        "|---|---|---|---|---|---|",
     ]
     for step, text in enumerate(TUNING):
         r = c if step == FINAL else Simulation(Strategy.FLEETKEEPER, sessions, WEEK, SEED, step).run()
         lines.append(
             f"| {step + 1} | {text} | {r.on_time_share:.2%} ({_late(r)}) | "
-            f"{r.stopped_seconds / 3600:,.0f} | {r.dollars / a.dollars:.1%} |"
+            f"{r.stopped_seconds / 3600:,.0f} | {r.warm_trimmed:,} | {r.dollars / a.dollars:.1%} |"
         )
     late: list[str] = []
     shares: list[float] = []
@@ -790,8 +822,8 @@ def run() -> str:
         "Each step books every session in time: scale-in keeps a worker holding a booking due (from two "
         "lead times ahead) and the free slots the bookings due need, so what the bookings brought up stays "
         "for them. The steps differ in cost and in how much of the 09:00 burst waits warm (STOPPED) rather "
-        "than launching when due. Main terminates no STOPPED worker beyond the warm target, so a warm set "
-        "a window raised stays STOPPED after it (volume-hours, not instance-hours).",
+        "than launching when due. Once a window that raised the warm set ends, scale-in terminates the "
+        "STOPPED workers beyond the warm target (trimmed), so its volumes stop costing.",
         "",
         f"The final policy over {len(SEEDS)} other seeds (workload and EC2 draws), main's rules: late "
         f"bookings per seed {', '.join(late)}; dollars "

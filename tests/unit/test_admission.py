@@ -151,6 +151,30 @@ def test_given_a_worker_that_is_not_running_then_a_voluntary_disruption_is_held(
     )
 
 
+def test_given_a_stopped_worker_then_only_scale_in_may_take_it_and_without_a_budgets_room():
+    warm = worker(status=WorkerStatus.STOPPED)
+    trim = Ask(DisruptionReason.UNDERUTILIZED, "scale-in", floor=5)
+    frozen = state(pool(Budget(max=0)), in_use=3, default=0)
+
+    verdict = judge(trim, warm, frozen, NOW, active=never_active)
+
+    # It holds no session: the freeze and the floor do not hold it back; the pool as read still must.
+    assert isinstance(verdict, Admitted)
+    assert verdict.claim == Claim("labs", pool_version=3)
+    assert verdict.owner.counted
+    assert held(judge(SCALE_DOWN, warm, frozen, NOW, active=never_active)) == WaitReason.NOT_RUNNING
+    waking = warm.model_copy(update={"desired_status": WorkerStatus.RUNNING})
+    assert held(judge(trim, waking, frozen, NOW, active=never_active)) == WaitReason.NOT_RUNNING
+    draining = state(pool(status=PoolStatus.DRAINING))
+    assert held(judge(trim, warm, draining, NOW, active=never_active)) == WaitReason.POOL_NOT_ACTIVE
+    pinned = warm.model_copy(update={"do_not_disrupt": True})
+    assert held(judge(trim, pinned, frozen, NOW, active=never_active)) == WaitReason.PROTECTED
+    held_by_rollout = warm.model_copy(
+        update={"owner": Owner(reason="rollout", actor="r", since=NOW, counted=False, rollout_id="ro-2")}
+    )
+    assert held(judge(trim, held_by_rollout, frozen, NOW, active=always_active)) == WaitReason.OWNED
+
+
 def test_given_another_rollouts_hold_then_held_as_owned_while_that_rollout_is_active():
     replacement = worker(
         owner=Owner(reason="rollout", actor="rollout:ro-9", since=NOW, counted=False, rollout_id="ro-9")

@@ -14,6 +14,7 @@ from fleetkeeper.domain.bookings import (
     due_until,
     expected_ready_by,
     phase,
+    takes,
 )
 from fleetkeeper.domain.capacity import CapacityPolicy, Rule, capacity_target
 from fleetkeeper.domain.errors import IllegalTransition
@@ -60,6 +61,14 @@ def test_given_max_workers_then_the_room_for_bookings_is_what_the_occupied_slots
     assert booking_room(2, 4, occupied=5) == 3
     assert booking_room(2, 4, occupied=9) == 0
     assert booking_room(None, 4, occupied=0) == 0
+
+
+def test_given_a_booking_then_one_for_the_pool_alone_takes_any_template_and_one_for_a_template_its_own() -> (
+    None
+):
+    assert takes(None, "lab-v2")
+    assert takes("lab", "lab")
+    assert not takes("lab", "lab-v2")
 
 
 def test_given_a_waiting_booking_then_it_is_placed_failed_or_ended_and_nothing_else() -> None:

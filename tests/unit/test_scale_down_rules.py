@@ -10,7 +10,7 @@ import pytest
 from fleetkeeper.domain.capacity import Rule, Target
 from fleetkeeper.domain.errors import InvalidInput
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import Worker, WorkerSummary
+from fleetkeeper.domain.models import DesiredLaunch, Drift, DriftReason, Worker, WorkerSummary
 from fleetkeeper.domain.scale_down import (
     Action,
     DisruptionBudget,
@@ -20,6 +20,7 @@ from fleetkeeper.domain.scale_down import (
     evaluate,
     next_idle_since,
     scale_in,
+    warm_surplus,
 )
 
 NOW = datetime(2026, 2, 1, 12, 0, tzinfo=UTC)
@@ -175,3 +176,79 @@ def test_given_timeslots_then_only_one_by_the_due_horizon_books_the_worker() -> 
     # A booking is placed from two lead times ahead: 11 minutes out, its worker is already needed.
     assert booked_within([NOW + timedelta(minutes=11)], NOW, lead) == NOW + timedelta(minutes=11)
     assert booked_within([NOW + timedelta(minutes=21), NOW - timedelta(minutes=1)], NOW, lead) is None
+
+
+def stopped(worker_id: str, *, age_days: int, **changes: object) -> Worker:
+    w = Worker(
+        id=worker_id,
+        template="lab",
+        region="us-east-1",
+        capacity=4,
+        status=WorkerStatus.STOPPED,
+        launched_at=NOW - timedelta(days=age_days),
+    )
+    return w.model_copy(update=changes)
+
+
+def warm_target(warm: int, *, workers: int = 0) -> Target:
+    return Target(workers=workers, warm=warm, rule=Rule.MIN_WORKERS, wanted=workers, capped=False)
+
+
+def trimmed(
+    target: Target, warm: list[Worker], *, stopping: int = 0, refilling: int = 0, limit: int = 10
+) -> list[str]:
+    chosen = warm_surplus(
+        target,
+        warm,
+        running=0,
+        launching=0,
+        stopping=stopping,
+        refilling=refilling,
+        template="lab",
+        now=NOW,
+        limit=limit,
+    )
+    return [w.id for w in chosen]
+
+
+def test_given_a_warm_set_beyond_its_target_then_the_oldest_go_and_the_newest_stay() -> None:
+    warm = [stopped("w-new", age_days=1), stopped("w-old", age_days=9), stopped("w-mid", age_days=5)]
+
+    assert trimmed(warm_target(1), warm) == ["w-old", "w-mid"]
+    assert trimmed(warm_target(3), warm) == []
+    # Bounded per cycle: the next cycle takes the rest.
+    assert trimmed(warm_target(0), warm, limit=2) == ["w-old", "w-mid"]
+
+
+def test_given_workers_of_another_template_or_drifted_then_they_go_before_older_ones() -> None:
+    drift = Drift(
+        reasons=[DriftReason.IMAGE],
+        desired=DesiredLaunch(image_id="ami-2", instance_type="m5.large"),
+        since=NOW,
+    )
+    warm = [
+        stopped("w-old", age_days=9),
+        stopped("w-drifted", age_days=2, drift=drift),
+        stopped("w-other", age_days=1, template="lab-v1"),
+    ]
+
+    assert trimmed(warm_target(0), warm) == ["w-other", "w-drifted", "w-old"]
+
+
+def test_given_stopping_refills_and_workers_to_wake_then_the_surplus_counts_them_as_scale_out_does() -> None:
+    warm = [stopped("w-a", age_days=3), stopped("w-b", age_days=2), stopped("w-c", age_days=1)]
+
+    # One stopping and one launching to refill fill the warm set of 2 already: every STOPPED one is over.
+    assert trimmed(warm_target(2), warm, stopping=1, refilling=1) == ["w-a", "w-b", "w-c"]
+    # Scale-out wakes one for the RUNNING target first: only two are left asleep, one of them over.
+    assert trimmed(warm_target(1, workers=1), warm) == ["w-a"]
+    # However many stopping are over, only a STOPPED worker left asleep goes.
+    assert trimmed(warm_target(0, workers=2), warm, stopping=3) == ["w-a"]
+
+
+def test_given_a_protected_warm_worker_then_it_stays_and_counts_in_the_warm_set() -> None:
+    pinned = stopped("w-old", age_days=9, do_not_disrupt_until=NOW + timedelta(hours=1))
+    warm = [pinned, stopped("w-mid", age_days=5), stopped("w-new", age_days=1)]
+
+    assert trimmed(warm_target(1), warm) == ["w-mid", "w-new"]
+    assert trimmed(warm_target(2), warm) == ["w-mid"]

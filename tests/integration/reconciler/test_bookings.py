@@ -325,3 +325,32 @@ def test_given_the_pool_policy_removed_then_a_waiting_booking_still_fails_alerte
     assert report.counters["bookings_failed"] == 1
     assert [json.loads(m["Message"])["instance_id"] for m in alert_feed()] == [instance.id]
     assert control_plane.ctx.capacity.bookings_waiting("labs") == 0
+
+
+def test_given_a_new_template_then_a_booking_for_the_pool_takes_it_and_one_for_a_template_keeps_its_own(
+    control_plane: ControlPlane, lab_image: str
+) -> None:
+    booking_pool(control_plane, max_workers=2)
+    _, for_pool = book(control_plane, timedelta(minutes=15))
+    _, for_lab = book(control_plane, timedelta(minutes=15), template="lab")
+    assert (for_pool["template"], for_lab["template"]) == (None, "lab")
+    assert control_plane.api("PUT", "/api/v1/templates/lab-v2", LAB)[0] in (200, 201)
+    wanted = {"template": "lab-v2", "max_workers": 2, "bookings": True}
+    assert control_plane.api("PUT", "/api/v1/pools/labs", {"capacity": wanted})[0] == 200
+    store, ctx = control_plane.ctx.store, control_plane.ctx
+
+    _, view = control_plane.api("GET", "/api/v1/pools/labs/capacity")
+    cycles_until(control_plane, lambda: store.get_instance(for_pool["id"]).state == S.SCHEDULED, utcnow())
+
+    # Only the booking the new template's workers can take asks for one.
+    assert (view["bookings_waiting"], view["bookings_due"], view["target"]["workers"]) == (2, 1, 1)
+    placed = store.get_instance(for_pool["id"])
+    assert (placed.template, store.get_worker(placed.worker_id).template) == ("lab-v2", "lab-v2")
+    made = [w for w in store.workers_in_pool("labs") if w.status != WorkerStatus.TERMINATED]
+    assert [w.template for w in made] == ["lab-v2"]
+    # The booking for lab is not put on the lab-v2 worker, and fails alerted at its timeslot.
+    kept = store.get_instance(for_lab["id"])
+    assert (kept.state, kept.template) == (S.WAITING_FOR_CAPACITY, "lab")
+    report = reconcile_fleet(ctx, now=datetime.fromisoformat(for_lab["timeslot_start"]))
+    assert report.counters["bookings_failed"] == 1
+    assert store.get_instance(for_lab["id"]).reason == NO_CAPACITY_BY_TIMESLOT

@@ -1,22 +1,25 @@
 """Scale-in through the real cycle: a pool with a capacity policy gives back what its policy does not
 want, as `underutilized` disruptions through the door, never a worker booked within the lead time,
-never below its schedules, into the warm set first and then terminated."""
+never below its schedules, into the warm set first and then terminated; and a warm set above its
+target gives back its oldest STOPPED workers, never one asked to start."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from fleetkeeper.domain.capacity import CapacityPolicy
 from fleetkeeper.domain.disruption import Budget, DisruptionPolicy, DisruptionReason
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Instance, Worker, utcnow
 from fleetkeeper.services import catalog
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper.store.stats import StatsStore
 from tests.integration.functions import reconcile_fleet
 
 pytestmark = pytest.mark.integration
@@ -141,3 +144,102 @@ def test_given_an_active_schedule_then_scale_in_keeps_its_workers_until_the_wind
     after = reconcile_fleet(ctx, now=now + timedelta(hours=3))
     assert after.counters["scale_in_terminate_count"] == 2
     assert statuses(store, running) == ["TERMINATING", "TERMINATING"]
+
+
+def warm_pool(ec2: Any, store: FleetStore, live_worker: Callable[..., Worker], n: int) -> list[Worker]:
+    """`n` STOPPED workers of the pool, oldest first."""
+    made = []
+    for worker in pool_workers(live_worker, n):
+        ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
+        made.append(store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test"))
+    return made
+
+
+def raised_warm_set(store: FleetStore, disruption: DisruptionPolicy | None = None) -> datetime:
+    """A policy keeping 1 warm, raised to 3 by a window of two hours from the current hour; when it began."""
+    now = utcnow()
+    window = {"schedule": f"0 {now.hour} * * *", "duration": "2h", "timezone": "UTC", "warm_workers": 3}
+    policy(store, disruption=disruption, warm_workers=1, schedules=[window])
+    return now
+
+
+def test_given_a_window_that_raised_the_warm_set_ends_then_the_oldest_extra_stopped_workers_terminate(
+    make_ctx: Callable[..., Context], store: FleetStore, live_worker: Callable[..., Worker], ec2: Any
+) -> None:
+    oldest, older, newest = warm_pool(ec2, store, live_worker, 3)
+    # Scale-in frozen: a STOPPED worker holds no session, so the freeze does not keep it.
+    frozen = DisruptionPolicy(budgets=[Budget(max=0, reasons=[DisruptionReason.UNDERUTILIZED])])
+    now = raised_warm_set(store, frozen)
+    ctx = make_ctx(**ROOMY)
+
+    inside = reconcile_fleet(ctx, now=now)
+    assert inside.counters["scale_in_warm_terminate_count"] == 0
+    assert statuses(store, [oldest, older, newest]) == ["STOPPED"] * 3
+
+    after = reconcile_fleet(ctx, now=now + timedelta(hours=3))
+
+    assert after.counters["scale_in_warm_terminate_count"] == 2
+    assert statuses(store, [oldest, older, newest]) == ["TERMINATING", "TERMINATING", "STOPPED"]
+    owner = store.get_worker(oldest.id).owner
+    assert owner is not None
+    assert (owner.reason, owner.actor) == (str(DisruptionReason.UNDERUTILIZED), "scale-in")
+    for n in range(1, 4):
+        settled = reconcile_fleet(ctx, now=now + timedelta(hours=3, seconds=n))
+        assert settled.counters["scale_in_warm_terminate_count"] == 0
+        assert settled.counters["capacity_workers_created"] == 0
+    assert statuses(store, [oldest, older, newest]) == ["TERMINATED", "TERMINATED", "STOPPED"]
+    assert ctx.capacity.members("labs") == 1
+
+
+def test_given_the_oldest_warm_worker_asked_to_start_then_the_warm_set_shrinks_without_it(
+    make_ctx: Callable[..., Context], store: FleetStore, live_worker: Callable[..., Worker], ec2: Any
+) -> None:
+    oldest, older, newest = warm_pool(ec2, store, live_worker, 3)
+    now = raised_warm_set(store)
+    ctx = make_ctx(**ROOMY)
+    reconcile_fleet(ctx, now=now)
+    # Asked to start, and waiting out a backoff (a start EC2 refused for capacity): it is still STOPPED.
+    store.update_worker(
+        store.get_worker(oldest.id),
+        {"desired_status": WorkerStatus.RUNNING, "next_reconcile_at": now + timedelta(hours=4)},
+        actor="test",
+        action="DesiredStatusSet",
+    )
+
+    after = reconcile_fleet(ctx, now=now + timedelta(hours=3))
+
+    assert after.counters["scale_in_warm_terminate_count"] == 1
+    assert statuses(store, [oldest, older, newest]) == ["STOPPED", "TERMINATING", "STOPPED"]
+    assert store.get_worker(oldest.id).desired_status == WorkerStatus.RUNNING
+    later = reconcile_fleet(ctx, now=now + timedelta(hours=3, seconds=1))
+    assert later.counters["scale_in_warm_terminate_count"] == 0
+    assert store.get_worker(oldest.id).status == WorkerStatus.STOPPED
+
+
+def test_given_two_cycles_trimming_the_warm_set_at_once_then_it_ends_at_its_target(
+    make_ctx: Callable[..., Context],
+    store: FleetStore,
+    live_worker: Callable[..., Worker],
+    ec2: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    warm = warm_pool(ec2, store, live_worker, 4)
+    policy(store, warm_workers=1)
+    # Two cycles of the same shard at once: a cycle that outlived its lease.
+    monkeypatch.setattr(StatsStore, "acquire_lease", lambda *_args, **_kwargs: True)
+    barrier = threading.Barrier(2)
+    trims: list[int] = []
+
+    def cycle(owner: str) -> None:
+        ctx = make_ctx(**ROOMY)
+        barrier.wait()
+        trims.append(reconcile_fleet(ctx, owner=owner).counters["scale_in_warm_terminate_count"])
+
+    threads = [threading.Thread(target=cycle, args=(f"cycle-{n}",)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+    assert (len(trims), sum(trims)) == (2, 3)
+    assert statuses(store, warm) == ["TERMINATING", "TERMINATING", "TERMINATING", "STOPPED"]

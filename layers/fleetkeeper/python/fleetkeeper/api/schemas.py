@@ -681,7 +681,10 @@ class WorkerPage(BaseModel):
 class InstanceView(BaseModel):
     id: str
     worker_id: str | None = Field(description="the worker it is on; null while it waits for capacity")
-    template: str | None
+    template: str | None = Field(
+        description="its worker's template; while it waits for capacity the template it asked for, null "
+        "when it asked for its pool alone (it then takes whatever template the pool's policy brings up)"
+    )
     pool: str | None
     state: InstanceState
     retry_count: int

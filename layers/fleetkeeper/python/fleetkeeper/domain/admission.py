@@ -9,7 +9,8 @@ exact however many cycles and shards decide at once:
 - a voluntary disruption (a `DisruptionReason`) needs its pool ACTIVE, the worker RUNNING and not
   protected, no other owner, and room in the pool's budget for its reason in the window active now (the
   stage default where no pool budget applies), and, with a floor, that many serving workers of its scope
-  left after it;
+  left after it; scale-in's `underutilized` may also take a STOPPED worker asked neither to start nor
+  to end (`spare_warm`), which holds no session and so needs no budget's room and no floor;
 - an imposed one (an operator's command, what AWS does) skips all of that but the owner: it takes the
   worker over from any voluntary owner, so everyone else sees it.
 
@@ -234,6 +235,16 @@ def settled(
     return wanted
 
 
+def spare_warm(worker: Worker, reason: Reason) -> bool:
+    """Whether scale-in (`underutilized`) asks for a STOPPED worker nobody asked to start or end: a
+    warm worker beyond its pool's warm target, which holds no session."""
+    return (
+        reason is DisruptionReason.UNDERUTILIZED
+        and worker.status == WorkerStatus.STOPPED
+        and worker.desired_status in (None, WorkerStatus.STOPPED)
+    )
+
+
 def judge(
     ask: Ask, worker: Worker, state: PoolState, now: datetime, *, active: Callable[[str], bool]
 ) -> Admitted | Held:
@@ -266,13 +277,18 @@ def judge(
     pool = state.pool
     if pool is not None and pool.status != PoolStatus.ACTIVE:
         return Held(WaitReason.POOL_NOT_ACTIVE, f"pool {pool.name} is {pool.status}")
-    if worker.status != WorkerStatus.RUNNING:
+    spare = spare_warm(worker, reason)
+    if worker.status != WorkerStatus.RUNNING and not spare:
         return Held(WaitReason.NOT_RUNNING, f"worker {worker.id} is {worker.status}")
     if protected_from_disruption(worker, now):
         why = "do_not_disrupt is set" if worker.do_not_disrupt else "do_not_disrupt_until is in the future"
         return Held(WaitReason.PROTECTED, f"worker {worker.id}: {why}")
     if taken is not None:
         return taken
+    if spare:
+        # No session to disrupt, so no budget's place and no floor of serving workers: only the pool
+        # still ACTIVE at the version read rides on the write (docs/capacity.md, "Scale-in").
+        return Admitted(owner, _unchanged(worker, pool))
     if holder is not None and mine and holder.counted:
         # Admitted ahead: it starts now if the pool and the worker still allow a disruption at all (the
         # checks above); its place in the budgets is taken already.

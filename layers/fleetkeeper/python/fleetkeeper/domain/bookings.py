@@ -11,6 +11,9 @@ A booking's clock, for a timeslot starting at `t`:
   the pool's target, and is placed as soon as a RUNNING worker of the pool has room;
 - with less than `lead` left before `t`, still waiting, it is *at risk* (metric and alarm);
 - at `t`, still waiting, it has failed: FAILED with reason `no_capacity_by_timeslot`.
+
+A booking keeps the template it asked for, or none when it asked for its pool alone (`takes`): the
+pool's policy may change its template while the booking waits.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def phase(timeslot_start: datetime, lead: timedelta, now: datetime) -> Phase:
     if timeslot_start <= due_until(now, lead):
         return Phase.DUE
     return Phase.WAITING
+
+
+def takes(booked_template: str | None, template: str | None) -> bool:
+    """Whether a worker of `template` may take a booking that asked for `booked_template`: one asked
+    for its pool alone (None) goes on any worker of the pool, as a placement asking for the pool alone
+    would; one asked for a template keeps it."""
+    return booked_template is None or booked_template == template
 
 
 def booking_room(max_workers: int | None, slots_per_worker: int, occupied: int) -> int:

@@ -10,8 +10,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from fleetkeeper.domain.bookings import due_until
-from fleetkeeper.domain.capacity import Target
+from fleetkeeper.domain.capacity import Target, shortfall
 from fleetkeeper.domain.disruption import DisruptionReason
+from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.errors import InvalidInput
 from fleetkeeper.domain.models import DrainThen, Worker, WorkerSummary
 
@@ -39,6 +40,7 @@ class Action(StrEnum):
     NONE = "none"
     STOP = "stop"  # idle and empty: nothing to wait for
     DRAIN = "drain"  # idle but still holding instances: let them finish
+    TERMINATE = "terminate"  # STOPPED beyond its pool's warm set: nothing runs on it
 
 
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(%?)\s*$")
@@ -183,3 +185,45 @@ def scale_in(
         left -= 1
         free -= worker.free_slots
     return taken
+
+
+def warm_surplus(
+    target: Target,
+    warm: Sequence[Worker],
+    *,
+    running: int,
+    launching: int,
+    stopping: int,
+    refilling: int,
+    template: str | None,
+    now: datetime,
+    limit: int,
+) -> list[Worker]:
+    """The STOPPED workers scale-in terminates from a pool's warm set, at most `limit`: as many as the
+    set holds beyond `target.warm` once scale-out has woken what the RUNNING target lacks (counted as
+    `capacity.shortfall` counts them: `warm` the STOPPED workers staying so, `stopping`, `refilling`
+    those launching to refill the set), never a protected one. The newest are kept: first to go are
+    those of another template than the policy's, then the drifted, then the oldest."""
+    need = shortfall(
+        target,
+        running=running,
+        launching=launching,
+        refilling=refilling,
+        stopping=stopping,
+        stopped=len(warm),
+    )
+    # Only a STOPPED worker scale-out leaves asleep can go, however many stopping or refilling are over.
+    asleep = len(warm) - need.start
+    surplus = min(asleep, asleep + stopping + refilling - target.warm)
+    if surplus <= 0:
+        return []
+    ranked = sorted(
+        (w for w in warm if not protected_from_disruption(w, now)),
+        key=lambda w: (
+            w.template == template,
+            current_drift(w) is None,
+            w.launched_at or w.created_at,
+            w.id,
+        ),
+    )
+    return ranked[: min(surplus, limit)]

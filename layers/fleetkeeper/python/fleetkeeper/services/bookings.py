@@ -25,6 +25,7 @@ from fleetkeeper.domain.bookings import (
     due_until,
     expected_ready_by,
     phase,
+    takes,
 )
 from fleetkeeper.domain.capacity import NOT_MEMBERS
 from fleetkeeper.domain.errors import CapacityUnavailable, IllegalTransition, StaleWrite
@@ -122,7 +123,8 @@ def _book(
         id=instance_id,
         worker_id="",
         pool=pool_name,
-        template=policy.template,
+        # As asked: a booking for the pool alone goes on whatever template the policy brings up then.
+        template=template,
         timeslot_start=timeslot_start,
         timeslot_end=timeslot_end,
         expected_ready_by=expected_ready_by(timeslot_start, lead),
@@ -135,7 +137,8 @@ def _book(
 
 def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[str]) -> int:
     """Place the pool's due bookings where RUNNING workers have room, fail those whose timeslot began
-    unplaced, publish the pool's booking gauges; the number still due (what the target adds)."""
+    unplaced, publish the pool's booking gauges; the number still due that the policy's template can
+    take (what the target adds: workers of another template would bring a booking of its own nothing)."""
     waiting = ctx.capacity.bookings_waiting(pool.name)
     # The count is exact: a pool with none waiting costs the cycle this one read.
     found, due = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now) if waiting else ([], 0)
@@ -147,11 +150,11 @@ def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[st
             waiting -= 1
             continue
         if candidates is None:
-            candidates = ctx.store.placement_candidates(template=booking.template, pool=pool.name)
+            candidates = ctx.store.placement_candidates(template=None, pool=pool.name)
         if _place(ctx, booking, candidates, counters):
             waiting -= 1
             continue
-        due += 1
+        due += takes(booking.template, pool.capacity.template)
         at_risk += where == Phase.AT_RISK
     counters["bookings_due"] += due
     counters[COUNTER_AT_RISK] += at_risk
@@ -174,8 +177,9 @@ def _due(ctx: Context, pool: str, lead: timedelta, now: datetime) -> tuple[list[
 
 
 def _place(ctx: Context, booking: Instance, candidates: list[WorkerSummary], counters: Counter[str]) -> bool:
-    """Place the booking on a candidate with room; the candidates' counts follow what was placed."""
-    room = [c for c in candidates if c.free_slots > 0]
+    """Place the booking on a candidate with room that may take it; the candidates' counts follow what
+    was placed."""
+    room = [c for c in candidates if c.free_slots > 0 and takes(booking.template, c.template)]
     if not room:
         return False
     try:
@@ -248,8 +252,9 @@ def _count(metric: str, pool: str, value: int) -> None:
 
 @dataclass(frozen=True)
 class BookingsNow:
-    """A pool's bookings at an instant: waiting (exact, from the pool's count), due (all of them) and
-    at risk (of the first MAX_BOOKINGS_PER_CYCLE due, as the cycle sees them)."""
+    """A pool's bookings at an instant: waiting (exact, from the pool's count), due (all of them the
+    policy's template can take) and at risk (of the first MAX_BOOKINGS_PER_CYCLE due, as the cycle sees
+    them)."""
 
     waiting: int
     due: int
@@ -261,6 +266,11 @@ def bookings_now(ctx: Context, pool: Pool, now: datetime) -> BookingsNow:
     found, behind = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now)
     return BookingsNow(
         waiting=ctx.capacity.bookings_waiting(pool.name),
-        due=behind + sum(1 for _, where in found if where != Phase.OVERDUE),
+        due=behind
+        + sum(
+            1
+            for booking, where in found
+            if where != Phase.OVERDUE and takes(booking.template, pool.capacity.template)
+        ),
         at_risk=sum(1 for _, where in found if where == Phase.AT_RISK),
     )

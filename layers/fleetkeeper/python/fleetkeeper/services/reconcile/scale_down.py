@@ -2,7 +2,8 @@
 
 A worker of a pool without a capacity policy is scaled down when idle (reason `scale_down`); one of a
 pool with a policy when the pool holds more than its policy wants (scale-in, reason `underutilized`,
-docs/capacity.md "Scale-in"). Both only propose; the door decides.
+docs/capacity.md "Scale-in"), and a STOPPED one when its warm set holds more than the policy's warm
+target. Both only propose; the door decides.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fleetkeeper.domain.scale_down import (
     protected_from_disruption,
     scale_in,
     scope_of,
+    warm_surplus,
 )
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains
@@ -47,6 +49,11 @@ from fleetkeeper.settings import Settings
 SCALE_DOWN_ACTOR = "scale-down"
 SCALE_DOWN_SCOPE = "scale-down"
 SCALE_IN_ACTOR = "scale-in"
+# STOPPED workers scale-in terminates from one pool's warm set in one cycle at most: its EC2 calls
+# stay bounded, and a policy mistake costs a few volumes, not the whole set at once.
+MAX_WARM_TRIM_PER_CYCLE: Final = 10
+# The workers scale-down looks at: RUNNING ones, and STOPPED ones for a capacity policy's warm set.
+_STEADY: Final = frozenset({WorkerStatus.RUNNING, WorkerStatus.STOPPED})
 
 
 def scale_down_policy(settings: Settings) -> ScaleDownPolicy:
@@ -70,7 +77,8 @@ def plan_steady_running(
     *,
     counts: FleetCounts | None = None,
 ) -> None:
-    """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time.
+    """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time, and
+    scale-in's of the steady STOPPED workers its pools' warm sets hold beyond their targets.
 
     Scale-down only proposes: each idle worker its guards let go (domain/scale_down.evaluate) passes the
     door for disruption (services/admission.py) with reason `scale_down` and the scope's minimum as its
@@ -80,15 +88,20 @@ def plan_steady_running(
     error on its work item and no scale-down; the others are decided as usual.
     """
     policy = scale_down_policy(ctx.settings)
-    steady = [
-        item
-        for item in work
-        if item.error is None
-        and item.worker.status == WorkerStatus.RUNNING
-        and item.step.target is None
-        and item.step.call is None
-        and item.step.drain_then is None
-    ]
+    # RUNNING workers first: a warm worker's trim takes a place in the budgets' counts while it
+    # terminates, and must not hold back the RUNNING ones' scale-in of the same cycle.
+    steady = sorted(
+        (
+            item
+            for item in work
+            if item.error is None
+            and item.worker.status in _STEADY
+            and item.step.target is None
+            and item.step.call is None
+            and item.step.drain_then is None
+        ),
+        key=lambda item: item.worker.status != WorkerStatus.RUNNING,
+    )
     tally = _Tally(policy)
     if policy.enabled:
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
@@ -119,7 +132,8 @@ def _kind(verdict: Verdict) -> str:
 class _ScaleIn:
     """Scale-in of the pools with a capacity policy, planned once per pool and cycle, when the cycle
     first meets one of its steady workers: which RUNNING workers go (domain/scale_down.scale_in), each
-    stopped back into the warm set while it is short of its target, else terminated."""
+    stopped back into the warm set while it is short of its target, else terminated; and which STOPPED
+    workers the warm set holds beyond its target are terminated (domain/scale_down.warm_surplus)."""
 
     def __init__(
         self,
@@ -165,8 +179,31 @@ class _ScaleIn:
         taken = scale_in(
             found.target, found.serving, cap=policy.max_workers, kept=lambda w: self._kept(w, lead)
         )
+        # Every decider of the pool ranks the same read alike, so two racing choose the same workers, and
+        # the worker's version and status on each write let only one of them terminate it.
+        trimmed = warm_surplus(
+            found.target,
+            found.warm,
+            running=found.running,
+            launching=found.launching,
+            stopping=found.stopping,
+            refilling=found.refilling,
+            template=policy.template,
+            now=now,
+            limit=MAX_WARM_TRIM_PER_CYCLE,
+        )
+        plans: dict[str, Verdict] = {
+            w.id: Verdict(
+                Action.TERMINATE,
+                f"capacity policy keeps {found.target.warm} warm, the warm set holds "
+                f"{len(found.warm) + found.stopping + found.refilling}: terminated, the newest kept",
+                cause=DisruptionReason.UNDERUTILIZED,
+                then=DrainThen.TERMINATE,
+            )
+            for w in trimmed
+        }
         if not taken:
-            return {}
+            return plans
         # The door holds the floor exactly: of each template's serving workers (the exact counters, as
         # the door reads them), only as many go as were taken here, however many deciders race.
         state = self.door.state(name)
@@ -175,7 +212,6 @@ class _ScaleIn:
             found.target, stopped=len(found.warm), stopping=found.stopping, refilling=found.refilling
         )
         keep = len(found.serving) - len(taken)
-        plans: dict[str, Verdict] = {}
         for n, worker in enumerate(taken):
             serving = state.members_by_template.get(worker.template, 0) - state.owned_by_template.get(
                 worker.template, 0
@@ -263,13 +299,13 @@ def _admit(
         return Guard.COOLDOWN
     reason = f"{ask.actor}: {verdict.reason}"
     gone = WorkerStatus.STOPPING if verdict.then is DrainThen.STOP else WorkerStatus.TERMINATING
-    if verdict.action is Action.STOP:
+    if verdict.action in (Action.STOP, Action.TERMINATE):
 
         def stop(current: Worker, owner: Owner, claim: Claim | None) -> Worker:
             # The door read the worker afresh: an instance placed since the cycle read it means it is no
-            # longer idle and empty, and scale-down takes its proposal back (the write's version condition
-            # covers a placement that lands after this read).
-            if current.active_instances:
+            # longer idle and empty, and a status changed means it is not the worker proposed; scale-down
+            # takes its proposal back (the write's version condition covers what lands after this read).
+            if current.active_instances or current.status != worker.status:
                 raise _NoLongerIdle(current.id)
             return ctx.store.transition_worker(
                 current,
@@ -345,6 +381,8 @@ def _plan_one(
             )
         item.scale_down = proposed
         return
+    if worker.status != WorkerStatus.RUNNING:
+        return  # idle scale-down is of RUNNING workers only
     scope = scope_of(worker)
     verdict = evaluate(
         worker,
@@ -372,7 +410,10 @@ def scale_down(
     """What follows a scale-down the door admitted in planning: a stop's (or a terminate's) EC2 call
     (its drain's workflow already started), counted and audited."""
     kind = _kind(verdict)
-    if verdict.action is Action.STOP:
+    if verdict.action is Action.TERMINATE:
+        call_ec2(ctx, admitted, Ec2Call.TERMINATE)
+        counters[f"{kind}_warm_terminate_count"] += 1
+    elif verdict.action is Action.STOP:
         terminate = verdict.then is DrainThen.TERMINATE
         call_ec2(ctx, admitted, Ec2Call.TERMINATE if terminate else Ec2Call.STOP)
         counters[f"{kind}_{'terminate' if terminate else 'stop'}_count"] += 1
