@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.services import drains
+from fleetkeeper.domain.capacity import CapacityPolicy
+from fleetkeeper.domain.models import Worker
+from fleetkeeper.services import catalog, drains
 from fleetkeeper.services.context import Context
 from fleetkeeper.store.keys import INDEX_PARTITIONS
+from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from tests.integration.conftest import WorkerFactory
 from tests.integration.functions import reconcile_fleet
@@ -20,12 +23,16 @@ from tests.integration.reconciler.test_door_costs import Requests
 pytestmark = pytest.mark.integration
 
 
-def status_index_queries(make_ctx: Callable[..., Context]) -> int:
+def one_cycle(make_ctx: Callable[..., Context]) -> Requests:
     seen = Requests()
     with faults.installed_hooks(seen.hooks()):
         report = reconcile_fleet(make_ctx())
     assert report.completed, report
-    return sum(n for (index, _), n in seen.queries.items() if index == "by_shard")
+    return seen
+
+
+def status_index_queries(make_ctx: Callable[..., Context]) -> int:
+    return sum(n for (index, _), n in one_cycle(make_ctx).queries.items() if index == "by_shard")
 
 
 def test_given_a_fleet_in_one_status_and_then_two_then_a_cycle_queries_the_index_for_those_alone(
@@ -40,3 +47,19 @@ def test_given_a_fleet_in_one_status_and_then_two_then_a_cycle_queries_the_index
     assert len(drains_started) == 1
     # RUNNING and DRAINING, each read once: the sweep of waiting drains reads none of its own.
     assert status_index_queries(make_ctx) == 2 * INDEX_PARTITIONS
+
+
+def test_given_a_policy_pool_with_no_bookings_then_a_cycle_never_queries_its_bookings(
+    make_ctx: Callable[..., Context], store: FleetStore, live_worker: Callable[..., Worker]
+) -> None:
+    live_worker(pool="labs")
+    wanted = CapacityPolicy(template="lab", min_workers=1, max_workers=2, bookings=True)
+    catalog.put_pool(store, "labs", actor="test", capacity=wanted)
+    reconcile_fleet(make_ctx())
+
+    seen = one_cycle(make_ctx)
+
+    # Scale-in and scale-out both assessed the pool, reading its workers through the pool index ...
+    assert seen.queries[("by_pool", "POOL")] >= INDEX_PARTITIONS, seen
+    # ... and the exact waiting count of 0 spared the bookings index, its page and its COUNT alike.
+    assert seen.queries[("by_parent", "BOOKINGS")] == 0, seen

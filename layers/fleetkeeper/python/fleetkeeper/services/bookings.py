@@ -263,9 +263,12 @@ class BookingsNow:
 
 def bookings_now(ctx: Context, pool: Pool, now: datetime) -> BookingsNow:
     """The pool's bookings waiting, due and at risk at `now`."""
+    waiting = ctx.capacity.bookings_waiting(pool.name)
+    if not waiting:
+        return BookingsNow(waiting=0, due=0, at_risk=0)  # exact: a pool with none waiting costs this read
     found, behind = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now)
     return BookingsNow(
-        waiting=ctx.capacity.bookings_waiting(pool.name),
+        waiting=waiting,
         due=behind
         + sum(
             1
