@@ -311,20 +311,40 @@ def test_given_more_bookings_due_than_a_cycle_looks_at_then_the_target_counts_th
     assert (report.counters["bookings_due"], report.counters["capacity_workers_created"]) == (3, 3)
 
 
-def test_given_the_pool_policy_removed_then_a_waiting_booking_still_fails_alerted_at_its_timeslot(
-    control_plane: ControlPlane, alert_feed: Callable[[], list[Any]]
+def test_given_a_booking_waiting_then_bookings_cannot_be_turned_off_until_it_ends(
+    control_plane: ControlPlane,
 ) -> None:
     booking_pool(control_plane)
     _, booked = book(control_plane, timedelta(hours=1))
+    off = {"template": "lab", "max_workers": 1, "bookings": False}
+
+    # Nothing would place or fail a booking left in a pool that no longer books.
+    refused = [control_plane.api("PUT", "/api/v1/pools/labs", {"capacity": c}) for c in ({}, off)]
+    ended, _ = control_plane.api(
+        "POST", f"/api/v1/instances/{booked['id']}/state", {"state": "TERMINATED", "reason": "cancelled"}
+    )
+    removed, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"capacity": {}})
+
+    assert [(status, body["error"], body["details"]["field"]) for status, body in refused] == [
+        (409, "CONFLICT", "capacity.bookings")
+    ] * 2
+    assert (ended, removed) == (200, 200)
+    assert not control_plane.ctx.store.get_pool("labs").capacity.bookings
+
+
+def test_given_bookings_turned_off_after_a_booking_read_the_pool_then_its_write_is_refused(
+    control_plane: ControlPlane,
+) -> None:
+    booking_pool(control_plane)
+    # What a booking that read the pool while it booked writes once the policy is gone.
     assert control_plane.api("PUT", "/api/v1/pools/labs", {"capacity": {}})[0] == 200
+    late = Instance(id="i-late", worker_id="", pool="labs", timeslot_start=utcnow() + timedelta(hours=1))
 
-    report = reconcile_fleet(control_plane.ctx, now=datetime.fromisoformat(booked["timeslot_start"]))
+    with pytest.raises(CapacityUnavailable, match="no longer books"):
+        control_plane.ctx.store.book_instance(late, room=1, actor="test")
 
-    instance = control_plane.ctx.store.get_instance(booked["id"])
-    assert (instance.state, instance.reason) == (S.FAILED, NO_CAPACITY_BY_TIMESLOT)
-    assert report.counters["bookings_failed"] == 1
-    assert [json.loads(m["Message"])["instance_id"] for m in alert_feed()] == [instance.id]
     assert control_plane.ctx.capacity.bookings_waiting("labs") == 0
+    assert control_plane.ctx.store.find_instance("i-late") is None
 
 
 def test_given_a_new_template_then_a_booking_for_the_pool_takes_it_and_one_for_a_template_keeps_its_own(

@@ -63,3 +63,17 @@ def test_given_a_policy_pool_with_no_bookings_then_a_cycle_never_queries_its_boo
     assert seen.queries[("by_pool", "POOL")] >= INDEX_PARTITIONS, seen
     # ... and the exact waiting count of 0 spared the bookings index, its page and its COUNT alike.
     assert seen.queries[("by_parent", "BOOKINGS")] == 0, seen
+
+
+def test_given_a_pool_without_a_policy_then_a_cycle_reads_nothing_of_its_capacity(
+    make_ctx: Callable[..., Context], store: FleetStore, live_worker: Callable[..., Worker]
+) -> None:
+    live_worker(pool="plain")
+    reconcile_fleet(make_ctx())
+
+    seen = one_cycle(make_ctx)
+
+    # Its member count, waiting bookings and scale-out state: none read, no booking or pool index query.
+    capacity_reads = {k: n for k, n in seen.reads_of.items() if k.split("#")[0] in ("MEMBERS", "CAPACITY")}
+    assert capacity_reads == {}, seen
+    assert seen.queries[("by_parent", "BOOKINGS")] + seen.queries[("by_pool", "POOL")] == 0, seen

@@ -142,6 +142,23 @@ class PoolFull(Conflict):
         self.max_workers = max_workers
 
 
+class BookingsWaiting(Conflict):
+    """A pool write that would turn bookings off while some still wait for capacity: nothing would
+    place or fail them then."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__(
+            "pool",
+            pool,
+            None,
+            f"capacity.bookings: bookings of pool {pool} wait for capacity; end them (or let them be placed) "
+            "before turning bookings off",
+        )
+
+    def details(self) -> dict[str, str | int | None]:
+        return {**super().details(), "field": "capacity.bookings"}
+
+
 class DrainFinishing(Conflict):
     """A cancel, a deadline move or a force that came after Finish began: the worker is empty, its
     before-stop operations (e.g. releasing the license) and its stop have started, and none of these

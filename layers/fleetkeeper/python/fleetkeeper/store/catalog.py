@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetkeeper.domain.disruption import DisruptionPolicy
-from fleetkeeper.domain.errors import Conflict, StaleWrite
+from fleetkeeper.domain.errors import BookingsWaiting, Conflict, StaleWrite
 from fleetkeeper.domain.lifecycle import check_pool_transition
 from fleetkeeper.domain.models import AuditEvent, Pool, WorkerTemplate
 from fleetkeeper.store import keys
+from fleetkeeper.store.capacity import BOOKINGS_WAITING, members_key
 from fleetkeeper.store.codec import load_record, record_attributes, serialize
 from fleetkeeper.store.schema import BY_KIND
-from fleetkeeper.store.table import TableAccess, current_status, refuse_missing, validated_copy
+from fleetkeeper.store.table import Refusal, TableAccess, current_status, refuse_missing, validated_copy
 
 
 class CatalogRepository(TableAccess):
@@ -182,7 +183,21 @@ class CatalogRepository(TableAccess):
         stale = refuse_missing(
             "pool", pool.name, lambda c: StaleWrite("pool", pool.name, current_status(Pool, c))
         )
-        self._transact([put, self._audit_put(audit), *self._gate_puts(updated)], {0: stale}, written=updated)
+        items = [put, self._audit_put(audit), *self._gate_puts(updated)]
+        refusals: dict[int, Refusal] = {0: stale}
+        if pool.capacity.bookings and not updated.capacity.bookings:
+            # Exact with the booking's own check of the pool's flag (store/slots.book_instance): either
+            # the booking commits first and this write is refused, or this one does and the booking is.
+            refusals[len(items)] = lambda _: BookingsWaiting(pool.name)
+            items.append(
+                self._condition_check(
+                    members_key(pool.name),
+                    "attribute_not_exists(#b) OR #b = :none",
+                    {":none": 0},
+                    {"#b": BOOKINGS_WAITING},
+                )
+            )
+        self._transact(items, refusals, written=updated)
         return updated
 
 

@@ -167,6 +167,11 @@ class SlotTransactions(InstanceRepository):
         items = [
             self._put(self._instance_item(stored), "attribute_not_exists(PK)"),
             bookings_update(self.table_name, pool, 1, below=room),
+            # Exact with the pool write that turns bookings off (store/catalog.save_pool): no booking
+            # waits in a pool that no longer books, where no cycle would place or fail it.
+            self._condition_check(
+                keys.pool_key(pool), "#c.#b = :on", {":on": True}, {"#c": "capacity", "#b": "bookings"}
+            ),
             self._audit_put(
                 AuditEvent(
                     entity="instance",
@@ -184,6 +189,7 @@ class SlotTransactions(InstanceRepository):
                 f"no worker of pool {pool} has room, and max_workers leaves no room for another booking "
                 f"({room} may wait)"
             ),
+            2: lambda _: CapacityUnavailable(f"no worker of pool {pool} has room, and it no longer books"),
         }
         self._transact(items, refusals, written=stored)
         return stored

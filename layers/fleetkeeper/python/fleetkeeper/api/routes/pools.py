@@ -80,7 +80,9 @@ def get_pool_capacity(name: ResourceName) -> capacity.PoolCapacityView:
     description="201 when the pool is new, 200 when it was updated; a field left out keeps its value, "
     "`disruption` replaces the budgets whole, `repair` its repair settings (docs/repair.md) and "
     "`capacity` its capacity policy (docs/capacity.md). 409 if "
-    "the pool is draining and the body changes its status (cancel the drain first); 422 names a field "
+    "the pool is draining and the body changes its status (cancel the drain first), or if it turns "
+    "bookings off while some wait for capacity (`details.field` is `capacity.bookings`: end them "
+    "first); 422 names a field "
     "of the wrong form, such as a budget's `max`, "
     "`schedule`, `duration` or `timezone`, or a capacity policy's unknown template or headroom that "
     "`max_workers` cannot hold.",

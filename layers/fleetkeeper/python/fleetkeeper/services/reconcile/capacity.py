@@ -57,9 +57,9 @@ def scale_out(
     time_left: Callable[[], float],
     margin_seconds: float,
 ) -> None:
-    """Bring each pool this shard owns up to its target, each pool isolated. A pool whose policy was
-    removed still has the bookings it took served: placed on room, or failed and alerted by their
-    timeslot, never left waiting for ever.
+    """Bring each pool this shard owns up to its target, each pool isolated. A pool without a policy
+    costs nothing: none of its bookings waits, since bookings cannot be turned off while some do
+    (store/catalog.save_pool).
 
     The counts are read here, after the cycle's other steps, not taken from the cycle's first read: a
     worker that scale-in stopped this cycle is then warm, not RUNNING, and a replacement made this
@@ -73,8 +73,6 @@ def scale_out(
             return
         try:
             if not listed.capacity.active:
-                if ctx.capacity.bookings_waiting(listed.name):
-                    serve_bookings(ctx, listed, now, counters)
                 continue
             if counts is None:
                 counts = ctx.store.fleet_counts()
