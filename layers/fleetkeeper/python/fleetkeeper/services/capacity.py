@@ -71,8 +71,11 @@ def assess_pool(
     running = by_status[WorkerStatus.RUNNING]
     serving = ctx.store.placement_candidates(template=None, pool=pool.name)
     free_slots = sum(w.free_slots for w in serving)
-    ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status in _READ]
-    read = [w for w in ctx.store.get_workers(ids) if w.status in _READ and w.pool == pool.name]
+    read: list[Worker] = []
+    # The exact counts say whether any worker is launching or STOPPED: a steady pool lists none of them.
+    if any(by_status[s] for s in _READ):
+        ids = [w.id for w in ctx.store.workers_in_pool(pool.name) if w.status in _READ]
+        read = [w for w in ctx.store.get_workers(ids) if w.status in _READ and w.pool == pool.name]
     stopped = [w for w in read if w.status == WorkerStatus.STOPPED]
     waking = sum(1 for w in stopped if w.desired_status == WorkerStatus.RUNNING)
     launching = sum(by_status[s] for s in LAUNCHING)
