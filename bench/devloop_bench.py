@@ -270,9 +270,29 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
+# The loop's goals, in seconds: a start until the banner says it is up, a CLI command's wall time.
+START_GOALS: dict[str, float] = {"warm": 90.0, "restart": 10.0}
+CLI_GOALS: dict[str, float] = {"help": 0.3, "workers": 0.5}
+
+
+def _goal(limit: float | None, found: float | None) -> str:
+    """The goal's cell, judged on the last checkout measured."""
+    if limit is None:
+        return "-"
+    shown = f"{limit:.0f} s" if limit >= 1 else _ms(limit)
+    if found is None:
+        return f"<= {shown}: not measured"
+    return f"<= {shown}: {'met' if found <= limit else 'not met'}"
+
+
 def render(recorded: dict[str, Any]) -> str:
     labels = [label for label in ("before", "after") if label in recorded]
-    header = "| figure | " + " | ".join(f"{label} ({recorded[label]['commit']})" for label in labels) + " |"
+    last = labels[-1]
+    header = (
+        "| figure | "
+        + " | ".join(f"{label} ({recorded[label]['commit']})" for label in labels)
+        + f" | goal ({last}) |"
+    )
     rows: list[tuple[str, list[str]]] = []
 
     def starts(title: str, kind: str) -> None:
@@ -286,7 +306,8 @@ def render(recorded: dict[str, Any]) -> str:
             else "-"
             for f in found
         ]
-        rows.append((title, cells))
+        mine = recorded[last]["starts"].get(kind)
+        rows.append((title, [*cells, _goal(START_GOALS.get(kind), mine["up_seconds"] if mine else None)]))
 
     starts("`make run`, first on a fresh clone, warm caches", "warm")
     starts("`make run`, first on a fresh clone, cold caches", "cold")
@@ -299,7 +320,8 @@ def render(recorded: dict[str, Any]) -> str:
                 if recorded[label]["starts"].get("restart")
                 else "-"
                 for label in labels
-            ],
+            ]
+            + ["-"],
         )
     )
     for name, title in (
@@ -317,15 +339,16 @@ def render(recorded: dict[str, Any]) -> str:
                 if found
                 else "-"
             )
-        rows.append((title, cells))
+        mine = recorded[last]["cli"].get(name)
+        rows.append((title, [*cells, _goal(CLI_GOALS.get(name), mine["seconds"] if mine else None)]))
     floors = [recorded[label]["cli"].get("help") for label in labels]
     rows.append(
         (
             "`python -c pass` (the CLI's yardstick)",
-            [f"{_ms(f['floor_seconds'])}" if f else "-" for f in floors],
+            [f"{_ms(f['floor_seconds'])}" if f else "-" for f in floors] + ["-"],
         )
     )
-    table = [header, "|---|" + "---|" * len(labels)]
+    table = [header, "|---|" + "---|" * (len(labels) + 1)]
     table += [f"| {title} | " + " | ".join(cells) + " |" for title, cells in rows]
     dates = "; ".join(f"{label}: {recorded[label]['measured']}" for label in labels)
     return "\n".join(
