@@ -78,18 +78,3 @@ def test_given_a_pool_without_a_policy_then_a_cycle_reads_nothing_of_its_capacit
     capacity_reads = {k: n for k, n in seen.reads_of.items() if k.split("#")[0] in ("MEMBERS", "CAPACITY")}
     assert capacity_reads == {}, seen
     assert seen.queries[("by_parent", "BOOKINGS")] + seen.queries[("by_pool", "POOL")] == 0, seen
-
-
-def test_given_a_fleet_in_one_status_then_listing_every_worker_queries_the_index_for_that_status_alone(
-    make_ctx: Callable[..., Context], ec2_worker: WorkerFactory
-) -> None:
-    workers = {ec2_worker(pool="labs").id for _ in range(3)}
-    reconcile_fleet(make_ctx())
-
-    seen = Requests()
-    with faults.installed_hooks(seen.hooks()):
-        page = make_ctx().store.list_workers(limit=50)
-
-    assert {w.id for w in page.items} == workers
-    # RUNNING's write shards only, not those of all eleven statuses (the counts say which hold one).
-    assert sum(n for (index, _), n in seen.queries.items() if index == "by_shard") == INDEX_PARTITIONS

@@ -233,17 +233,12 @@ class TableAccess:
         return Page([load_record(model, i) for i in items], encode_page_token(last, query))
 
     def _walk(
-        self,
-        limit: int,
-        next_token: str | None,
-        queries: Sequence[Mapping[str, Any]],
-        empty: Callable[[int], bool] = lambda position: False,
+        self, limit: int, next_token: str | None, queries: Sequence[Mapping[str, Any]]
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of a listing over several partitions, read one after another (codec.py, "walks").
 
         At most one page's worth of items, from at most one query per partition plus a few: a listing
         whose filters match little returns a short page and a token rather than read on without bound.
-        A partition `empty` says holds nothing is passed over unread; the token stays the walk's own.
         """
         if not 1 <= limit <= MAX_QUERY_PAGE:
             raise InvalidInput("limit", f"must be between 1 and {MAX_QUERY_PAGE}")
@@ -251,9 +246,6 @@ class TableAccess:
         items: list[dict[str, Any]] = []
         calls = len(queries) - position + WALK_EXTRA_CALLS
         while position < len(queries) and len(items) < limit and calls > 0:
-            if empty(position):
-                position, start = position + 1, None
-                continue
             calls -= 1
             try:
                 found, last = self._query(

@@ -7,7 +7,6 @@ ones that became empty, rather than replace the whole item.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -474,29 +473,20 @@ class WorkerRepository(MachineKeyRepository):
                 status=status, region=region, pool=pool, template=template, limit=limit, next_token=next_token
             )
         filters = _Filters()
-        held: Counter[WorkerStatus] | None = None
-        statuses: list[WorkerStatus] = []
         if pool is not None:
             # A pool's write shards, its template a prefix of the sort key.
             queries = _pool_queries(pool, template)
             if status is not None:
                 filters.add("status", str(status))
         else:
-            statuses = [status] if status is not None else list(WorkerStatus)
-            queries = shard_queries(statuses, WHOLE_FLEET.buckets)
-            # The exact counts (a few queries) say which statuses hold no worker: their 16 write shards
-            # each are passed over, so a listing costs what the statuses in use need, not all of them.
-            held = read_counts(self._client, self.table_name).by_status
+            queries = shard_queries(
+                [status] if status is not None else list(WorkerStatus), WHOLE_FLEET.buckets
+            )
             if template is not None:
                 filters.add("template", template)
         if region is not None:
             filters.add("region", region)
-        per_status = len(queries) // max(len(statuses), 1)
-
-        def empty(position: int) -> bool:
-            return held is not None and not held[statuses[position // per_status]]
-
-        entries, token = self._walk(limit, next_token, [filters.applied(q) for q in queries], empty)
+        entries, token = self._walk(limit, next_token, [filters.applied(q) for q in queries])
         # The entries say which workers; the items say what they are now. One that no longer matches
         # (it changed status since the index entry was written) is left out of this page.
         found = self.get_workers([str(entry["id"]["S"]) for entry in entries], consistent=False)
