@@ -19,7 +19,7 @@ the counts is one strongly consistent Query per partition key.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fleetkeeper.cloud.retry import with_backoff
@@ -108,11 +108,8 @@ def member_total(items: list[dict[str, Any]], not_members: frozenset[WorkerStatu
     return total
 
 
-def counter_keys(
-    client: DynamoDBClient, table_name: str, keep: Callable[[str], bool]
-) -> list[dict[str, Any]]:
-    """The keys of the counter items whose scope `keep` wants: one Query per counter partition key."""
-    keys: list[dict[str, Any]] = []
+def _counter_items(client: DynamoDBClient, table_name: str, **projection: Any) -> Iterator[dict[str, Any]]:
+    """Every counter item, strongly consistent: one paged Query per counter partition key."""
     for partition in range(COUNTER_PARTITIONS):
         start: dict[str, Any] | None = None
         while True:
@@ -122,48 +119,42 @@ def counter_keys(
                     TableName=table_name,
                     KeyConditionExpression="PK = :pk",
                     ExpressionAttributeValues={":pk": {"S": f"COUNTS#{partition}"}},
-                    ProjectionExpression="PK, SK, #scope",
-                    ExpressionAttributeNames={"#scope": "scope"},
                     ConsistentRead=True,
+                    **projection,
                     **extra,
                 ),
                 name="Query",
             )
-            keys.extend(
-                {"PK": item["PK"], "SK": item["SK"]}
-                for item in response.get("Items", [])
-                if keep(str(item.get("scope", {}).get("S", "")))
-            )
+            yield from response.get("Items", [])
             start = response.get("LastEvaluatedKey")
             if not start:
                 break
-    return keys
+
+
+def counter_keys(
+    client: DynamoDBClient, table_name: str, keep: Callable[[str], bool]
+) -> list[dict[str, Any]]:
+    """The keys of the counter items whose scope `keep` wants: one Query per counter partition key."""
+    found = _counter_items(
+        client,
+        table_name,
+        ProjectionExpression="PK, SK, #scope",
+        ExpressionAttributeNames={"#scope": "scope"},
+    )
+    return [
+        {"PK": item["PK"], "SK": item["SK"]}
+        for item in found
+        if keep(str(item.get("scope", {}).get("S", "")))
+    ]
 
 
 def read_counts(client: DynamoDBClient, table_name: str) -> FleetCounts:
     """Every cell's count, strongly consistent: one Query per counter partition key."""
     cells: dict[tuple[str, WorkerStatus], int] = defaultdict(int)
-    for partition in range(COUNTER_PARTITIONS):
-        start: dict[str, Any] | None = None
-        while True:
-            extra = {"ExclusiveStartKey": start} if start else {}
-            response = with_backoff(
-                lambda extra=extra, partition=partition: client.query(  # type: ignore[misc]
-                    TableName=table_name,
-                    KeyConditionExpression="PK = :pk",
-                    ExpressionAttributeValues={":pk": {"S": f"COUNTS#{partition}"}},
-                    ConsistentRead=True,
-                    **extra,
-                ),
-                name="Query",
-            )
-            for item in response.get("Items", []):
-                plain = deserialize(item)
-                scope = str(plain["scope"])
-                for name, value in plain.items():
-                    if name.startswith(_STATUS_PREFIX) and value:
-                        cells[(scope, WorkerStatus(name.removeprefix(_STATUS_PREFIX)))] += int(value)
-            start = response.get("LastEvaluatedKey")
-            if not start:
-                break
+    for item in _counter_items(client, table_name):
+        plain = deserialize(item)
+        scope = str(plain["scope"])
+        for name, value in plain.items():
+            if name.startswith(_STATUS_PREFIX) and value:
+                cells[(scope, WorkerStatus(name.removeprefix(_STATUS_PREFIX)))] += int(value)
     return FleetCounts(dict(cells))
