@@ -191,22 +191,23 @@ class _SharedParts:
 
 
 # The drain_tasks function and its role, per (moto endpoint, moto generation): every control plane on one
-# emulator shares them, as a test observes neither, until a reset forgets them.
+# emulator shares them, as a test observes neither, until a reset forgets them. Their names never change,
+# so neither does the drain definition's text, which moto then parses once per process (stack.py).
 _shared_parts: dict[tuple[str | None, int], _SharedParts] = {}
 _shared_lock = threading.Lock()
 
 
-def _drain_function(suffix: str) -> _SharedParts:
+def _drain_function() -> _SharedParts:
     key = (os.environ.get("AWS_ENDPOINT_URL"), moto_generation())
     with _shared_lock:
         if key not in _shared_parts:
             iam = _setup("iam")
             trust = json.dumps(_trust("lambda.amazonaws.com", "states.amazonaws.com"))
             role_arn = iam.create_role(
-                RoleName=f"fleetkeeper-local-{suffix}", AssumeRolePolicyDocument=trust
+                RoleName="fleetkeeper-local-drain-tasks", AssumeRolePolicyDocument=trust
             )["Role"]["Arn"]
             function_arn = _setup("lambda").create_function(
-                FunctionName=f"fleetkeeper-drain-tasks-{suffix}",
+                FunctionName="fleetkeeper-drain-tasks",
                 Runtime="python3.12",
                 Role=role_arn,
                 Handler="handler.handler",
@@ -224,7 +225,7 @@ def provision(stack: LocalStack, table_name: str, *, suffix: str | None = None) 
     subscriptions) are new for every call; moto validates each definition text once (stack.py)."""
     suffix = suffix or uuid.uuid4().hex[:8]
     profile = ensure_worker_profile()
-    shared = _drain_function(suffix)
+    shared = _drain_function()
     lambdas.install().register(shared.function_arn.split(":")[-1], drain_tasks_handler)
     state_machine_arn = _setup("stepfunctions").create_state_machine(
         name=f"fleetkeeper-drain-{suffix}",
