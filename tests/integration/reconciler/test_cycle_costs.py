@@ -1,6 +1,7 @@
 """What a reconcile cycle reads: the status index only for the statuses its exact counts say hold a
-worker, each once (the drain sweep takes the DRAINING workers the cycle read). Every DynamoDB request of
-the cycle is counted by a botocore hook on the real client."""
+worker, each once (the drain sweep takes the DRAINING workers the cycle read), and a policy pool's
+RUNNING workers and member item once while none of its workers moves (scale-out takes scale-in's). Every
+DynamoDB request of the cycle is counted by a botocore hook on the real client."""
 
 from __future__ import annotations
 
@@ -59,11 +60,30 @@ def test_given_a_policy_pool_with_no_bookings_then_a_cycle_never_queries_its_boo
 
     seen = one_cycle(make_ctx)
 
-    # Scale-in and scale-out each assessed the pool, listing its RUNNING workers through the pool index;
-    # with nothing launching or STOPPED by the exact counts, not the rest of its workers as well ...
-    assert seen.queries[("by_pool", "POOL")] == 2 * INDEX_PARTITIONS, seen
+    # Scale-in assessed the pool, listing its RUNNING workers through the pool index, and scale-out took
+    # that listing, no worker of the pool having moved since; with nothing launching or STOPPED by the
+    # exact counts, not the rest of its workers as well ...
+    assert seen.queries[("by_pool", "POOL")] == INDEX_PARTITIONS, seen
+    # ... one read of its member item gave both the members and the bookings waiting ...
+    assert seen.reads_of["MEMBERS#labs"] == 1, seen
     # ... and the exact waiting count of 0 spared the bookings index, its page and its COUNT alike.
     assert seen.queries[("by_parent", "BOOKINGS")] == 0, seen
+
+
+def test_given_a_policy_pool_that_scale_in_shrinks_then_scale_out_reads_the_pool_again(
+    make_ctx: Callable[..., Context], store: FleetStore, live_worker: Callable[..., Worker]
+) -> None:
+    spare = [live_worker(pool="labs") for _ in range(2)]
+    wanted = CapacityPolicy(template="lab", min_workers=1, max_workers=2)
+    catalog.put_pool(store, "labs", actor="test", capacity=wanted)
+
+    seen = one_cycle(make_ctx)
+
+    assert sorted(str(store.get_worker(w.id).status) for w in spare) == ["RUNNING", "TERMINATING"]
+    # Scale-in took a worker out of RUNNING, so the pool's counts moved: scale-out listed its RUNNING
+    # workers and read its member item again rather than take what scale-in had read.
+    assert seen.queries[("by_pool", "POOL")] == 2 * INDEX_PARTITIONS, seen
+    assert seen.reads_of["MEMBERS#labs"] == 2, seen
 
 
 def test_given_a_pool_without_a_policy_then_a_cycle_reads_nothing_of_its_capacity(

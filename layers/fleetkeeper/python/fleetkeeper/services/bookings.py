@@ -11,6 +11,7 @@ due raises the pool's target. `bookings_now` is what the capacity view shows.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -135,12 +136,22 @@ def _book(
 # ---- the cycle ------------------------------------------------------------------------------------
 
 
-def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[str]) -> int:
+def serve_bookings(
+    ctx: Context,
+    pool: Pool,
+    now: datetime,
+    counters: Counter[str],
+    *,
+    waiting: int,
+    running: Callable[[], list[WorkerSummary]],
+) -> int:
     """Place the pool's due bookings where RUNNING workers have room, fail those whose timeslot began
     unplaced, publish the pool's booking gauges; the number still due that the policy's template can
-    take (what the target adds: workers of another template would bring a booking of its own nothing)."""
-    waiting = ctx.capacity.bookings_waiting(pool.name)
-    # The count is exact: a pool with none waiting costs the cycle this one read.
+    take (what the target adds: workers of another template would bring a booking of its own nothing).
+
+    `waiting` is the pool's exact count of bookings waiting; `running` lists its RUNNING workers, asked
+    only when a booking is to be placed, and the list it gives follows what is placed on them."""
+    # The count is exact: a pool with none waiting costs the cycle nothing more.
     found, due = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now) if waiting else ([], 0)
     at_risk = 0
     candidates: list[WorkerSummary] | None = None
@@ -150,7 +161,7 @@ def serve_bookings(ctx: Context, pool: Pool, now: datetime, counters: Counter[st
             waiting -= 1
             continue
         if candidates is None:
-            candidates = ctx.store.placement_candidates(template=None, pool=pool.name)
+            candidates = running()
         if _place(ctx, booking, candidates, counters):
             waiting -= 1
             continue
@@ -261,11 +272,10 @@ class BookingsNow:
     at_risk: int
 
 
-def bookings_now(ctx: Context, pool: Pool, now: datetime) -> BookingsNow:
-    """The pool's bookings waiting, due and at risk at `now`."""
-    waiting = ctx.capacity.bookings_waiting(pool.name)
+def bookings_now(ctx: Context, pool: Pool, now: datetime, *, waiting: int) -> BookingsNow:
+    """The pool's bookings waiting (its exact count, `waiting`), due and at risk at `now`."""
     if not waiting:
-        return BookingsNow(waiting=0, due=0, at_risk=0)  # exact: a pool with none waiting costs this read
+        return BookingsNow(waiting=0, due=0, at_risk=0)  # exact: a pool with none waiting costs no read
     found, behind = _due(ctx, pool.name, launch_lead(pool.capacity.template, ctx), now)
     return BookingsNow(
         waiting=waiting,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Final, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +26,9 @@ from fleetkeeper.domain.models import Pool, Worker, WorkerSummary, utcnow
 from fleetkeeper.services.bookings import bookings_now
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.lead_time import launch_lead
+from fleetkeeper.store.capacity import MemberCounts
+
+T = TypeVar("T")
 
 LAUNCHING: Final = frozenset({WorkerStatus.PENDING, WorkerStatus.PROVISIONING, WorkerStatus.STARTING})
 _STAYS_STOPPED: Final = frozenset({None, WorkerStatus.STOPPED})
@@ -39,6 +43,40 @@ def pool_counts(counts: FleetCounts, pool: str) -> Counter[WorkerStatus]:
         if pool_of_scope(scope) == pool:
             found[status] += count
     return found
+
+
+class PoolReads:
+    """What one reconcile cycle read of its policy pools: scale-in plans a pool on its member item and
+    its RUNNING workers, and scale-out, later in the cycle, takes them from here.
+
+    A read is kept with the pool's exact counts by status it was taken under, and taken again when a
+    step's counts differ: a worker of the pool moved meanwhile (this cycle's stops, launches and
+    replacements among them). Bookings and placements move no count: scale-out sees those others made
+    meanwhile next cycle, and its own placements of due bookings update the list it was given."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._members: dict[str, tuple[Counter[WorkerStatus], MemberCounts]] = {}
+        self._running: dict[str, tuple[Counter[WorkerStatus], list[WorkerSummary]]] = {}
+
+    def member_counts(self, pool: str, counts: FleetCounts) -> MemberCounts:
+        """The pool's member item (members, bookings waiting)."""
+        return _kept(self._members, pool, counts, lambda: self._ctx.capacity.member_counts(pool))
+
+    def running(self, pool: str, counts: FleetCounts) -> list[WorkerSummary]:
+        """The pool's RUNNING workers, as its index lists them."""
+        listing = self._ctx.store.placement_candidates
+        return _kept(self._running, pool, counts, lambda: listing(template=None, pool=pool))
+
+
+def _kept(
+    reads: dict[str, tuple[Counter[WorkerStatus], T]], pool: str, counts: FleetCounts, read: Callable[[], T]
+) -> T:
+    under = pool_counts(counts, pool)
+    kept = reads.get(pool)
+    if kept is None or kept[0] != under:
+        kept = reads[pool] = (under, read())
+    return kept[1]
 
 
 @dataclass(frozen=True)
@@ -62,14 +100,22 @@ class PoolCapacity:
 
 
 def assess_pool(
-    ctx: Context, pool: Pool, slots_per_worker: int, counts: FleetCounts, now: datetime, *, bookings: int = 0
+    ctx: Context,
+    pool: Pool,
+    slots_per_worker: int,
+    counts: FleetCounts,
+    now: datetime,
+    *,
+    bookings: int = 0,
+    serving: list[WorkerSummary] | None = None,
 ) -> PoolCapacity:
-    """The pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers,
-    its launching and STOPPED workers read from their items (what each is meant to become), and its
-    target at `now` with `bookings` due."""
+    """The pool's exact counts by status (store/counters.py), the free slots of its RUNNING workers
+    (`serving`, or listed here), its launching and STOPPED workers read from their items (what each is
+    meant to become), and its target at `now` with `bookings` due."""
     by_status = pool_counts(counts, pool.name)
     running = by_status[WorkerStatus.RUNNING]
-    serving = ctx.store.placement_candidates(template=None, pool=pool.name)
+    if serving is None:
+        serving = ctx.store.placement_candidates(template=None, pool=pool.name)
     free_slots = sum(w.free_slots for w in serving)
     read: list[Worker] = []
     # The exact counts say whether any worker is launching or STOPPED: a steady pool lists none of them.
@@ -169,7 +215,8 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
     now = utcnow()
     policy = pool.capacity
     template = ctx.store.find_template(policy.template) if policy.template else None
-    booked = bookings_now(ctx, pool, now)
+    member_counts = ctx.capacity.member_counts(name)
+    booked = bookings_now(ctx, pool, now, waiting=member_counts.bookings_waiting)
     found = assess_pool(
         ctx, pool, template.capacity if template else 1, ctx.store.fleet_counts(), now, bookings=booked.due
     )
@@ -184,7 +231,7 @@ def pool_view(ctx: Context, name: str) -> PoolCapacityView:
         refilling=found.refilling,
         stopping=found.stopping,
         warm=len(found.warm),
-        members=ctx.capacity.members(name),
+        members=member_counts.members,
         free_slots=found.free_slots,
         lead_time_seconds=int(launch_lead(policy.template, ctx).total_seconds()),
         bookings_waiting=booked.waiting,

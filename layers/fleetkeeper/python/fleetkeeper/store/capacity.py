@@ -23,6 +23,7 @@ replaced whole under a condition on the version it was read at.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
@@ -93,18 +94,34 @@ def bookings_update(table_name: str, pool: str, delta: int, *, below: int | None
     return {"Update": update}
 
 
+@dataclass(frozen=True)
+class MemberCounts:
+    """A pool's member item: its members and its bookings waiting for capacity."""
+
+    members: int
+    bookings_waiting: int
+
+
 class CapacityStore:
     def __init__(self, client: DynamoDBClient, table_name: str) -> None:
         self._client = client
         self.table_name = table_name
 
+    def member_counts(self, pool: str) -> MemberCounts:
+        """Both counts of the pool's member item, in one strongly consistent read."""
+        item = self._get(members_key(pool))
+        return MemberCounts(
+            members=int(item.get(MEMBERS, {}).get("N", 0)),
+            bookings_waiting=int(item.get(BOOKINGS_WAITING, {}).get("N", 0)),
+        )
+
     def members(self, pool: str) -> int:
         """The pool's member count, strongly consistent."""
-        return int(self._get(members_key(pool)).get(MEMBERS, {}).get("N", 0))
+        return self.member_counts(pool).members
 
     def bookings_waiting(self, pool: str) -> int:
         """The pool's bookings waiting for capacity, strongly consistent."""
-        return int(self._get(members_key(pool)).get(BOOKINGS_WAITING, {}).get("N", 0))
+        return self.member_counts(pool).bookings_waiting
 
     def state(self, pool: str) -> CapacityState:
         item = self._get(state_key(pool))

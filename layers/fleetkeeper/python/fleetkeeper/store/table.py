@@ -233,12 +233,18 @@ class TableAccess:
         return Page([load_record(model, i) for i in items], encode_page_token(last, query))
 
     def _walk(
-        self, limit: int, next_token: str | None, queries: Sequence[Mapping[str, Any]]
+        self,
+        limit: int,
+        next_token: str | None,
+        queries: Sequence[Mapping[str, Any]],
+        passes: Callable[[int], int] | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of a listing over several partitions, read one after another (codec.py, "walks").
 
         At most one page's worth of items, from at most one query per partition plus a few: a listing
         whose filters match little returns a short page and a token rather than read on without bound.
+        Before a partition is begun, `passes(position)` may name a number of partitions to pass over
+        unread, from that one on; the token stays the walk's own.
         """
         if not 1 <= limit <= MAX_QUERY_PAGE:
             raise InvalidInput("limit", f"must be between 1 and {MAX_QUERY_PAGE}")
@@ -246,6 +252,9 @@ class TableAccess:
         items: list[dict[str, Any]] = []
         calls = len(queries) - position + WALK_EXTRA_CALLS
         while position < len(queries) and len(items) < limit and calls > 0:
+            if start is None and passes is not None and (passed := passes(position)):
+                position += passed
+                continue
             calls -= 1
             try:
                 found, last = self._query(

@@ -33,7 +33,7 @@ from fleetkeeper.domain.lifecycle import PoolStatus, WorkerStatus
 from fleetkeeper.domain.models import Pool, Worker
 from fleetkeeper.observability import NAMESPACE, SERVICE, logger
 from fleetkeeper.services.bookings import serve_bookings
-from fleetkeeper.services.capacity import assess_pool, pool_counts
+from fleetkeeper.services.capacity import PoolReads, assess_pool, pool_counts
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.workers import create_worker
 
@@ -56,6 +56,7 @@ def scale_out(
     owns: Callable[[str], bool],
     time_left: Callable[[], float],
     margin_seconds: float,
+    reads: PoolReads | None = None,
 ) -> None:
     """Bring each pool this shard owns up to its target, each pool isolated. A pool without a policy
     costs nothing: none of its bookings waits, since bookings cannot be turned off while some do
@@ -63,7 +64,9 @@ def scale_out(
 
     The counts are read here, after the cycle's other steps, not taken from the cycle's first read: a
     worker that scale-in stopped this cycle is then warm, not RUNNING, and a replacement made this
-    cycle launching, so neither is asked for again."""
+    cycle launching, so neither is asked for again. What scale-in read of a pool (`reads`) is taken
+    again when these counts show one of the pool's workers moved since."""
+    reads = reads or PoolReads(ctx)
     counts: FleetCounts | None = None
     for listed in ctx.store.list_pools():
         if not owns(listed.name):
@@ -76,19 +79,22 @@ def scale_out(
                 continue
             if counts is None:
                 counts = ctx.store.fleet_counts()
-            recount_members(ctx, listed.name, counts, counters)
-            _scale_pool(ctx, listed.name, counts, now, counters)
+            members = reads.member_counts(listed.name, counts).members
+            recount_members(ctx, listed.name, counts, members, counters)
+            _scale_pool(ctx, listed.name, counts, now, counters, reads=reads)
         except Exception:  # one pool's failure waits a cycle; the others go on
             logger.exception("scale-out failed", pool=listed.name)
             counters["capacity_errors"] += 1
 
 
-def recount_members(ctx: Context, name: str, counts: FleetCounts, counters: Counter[str]) -> None:
-    """Correct the pool's member count when it differs from what the cycle's counters say: workers
-    from before member counts existed (store/capacity.py, "Recount"). A difference that is only a
-    write between the two reads recounts to no correction."""
+def recount_members(
+    ctx: Context, name: str, counts: FleetCounts, members: int, counters: Counter[str]
+) -> None:
+    """Correct the pool's member count (`members`, as read) when it differs from what the cycle's
+    counters say: workers from before member counts existed (store/capacity.py, "Recount"). A
+    difference that is only a write between the two reads recounts to no correction."""
     counted = sum(n for status, n in pool_counts(counts, name).items() if status not in NOT_MEMBERS)
-    if ctx.capacity.members(name) == counted:
+    if members == counted:
         return
     correction = ctx.capacity.recount_members(name)
     if correction is None:
@@ -98,17 +104,28 @@ def recount_members(ctx: Context, name: str, counts: FleetCounts, counters: Coun
         logger.warning("pool member count corrected", pool=name, correction=correction)
 
 
-def _scale_pool(ctx: Context, name: str, counts: FleetCounts, now: datetime, counters: Counter[str]) -> None:
+def _scale_pool(
+    ctx: Context, name: str, counts: FleetCounts, now: datetime, counters: Counter[str], *, reads: PoolReads
+) -> None:
     # Read from the item, not the index: the cap written with each new worker is the one stored now.
     pool = ctx.store.get_pool(name)
     policy = pool.capacity
     template = ctx.store.find_template(policy.template) if policy.template else None
-    due = serve_bookings(ctx, pool, now, counters)
+    due = serve_bookings(
+        ctx,
+        pool,
+        now,
+        counters,
+        waiting=reads.member_counts(name, counts).bookings_waiting,
+        running=lambda: reads.running(name, counts),
+    )
     if template is None or pool.status != PoolStatus.ACTIVE:
         why = f"pool is {pool.status}" if template is not None else f"no template '{policy.template}'"
         _record(ctx, pool, None, now, note=why)
         return
-    found = assess_pool(ctx, pool, template.capacity, counts, now, bookings=due)
+    found = assess_pool(
+        ctx, pool, template.capacity, counts, now, bookings=due, serving=reads.running(name, counts)
+    )
     target, warm = found.target, found.warm
     _gauges(name, target, found.free_slots, len(warm))
     need = shortfall(

@@ -43,6 +43,7 @@ from fleetkeeper.domain.sharding import Shard, split_mismatch
 from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.pool import ContextThreadPool
 from fleetkeeper.services import admission, drains, operations
+from fleetkeeper.services.capacity import PoolReads
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
 from fleetkeeper.services.reconcile import provisioning
@@ -234,8 +235,10 @@ def _run_cycle(
     work = [_plan(ctx, worker, observations, unreadable, now) for worker in due]
     # Drift and launches ask the same question of each template's filter: answered once this cycle.
     images = NewestImages(ctx)
+    # Scale-in and scale-out assess the same policy pools: what the first read, the second reuses.
+    pool_reads = PoolReads(ctx)
     try:
-        plan_steady_running(ctx, work, readings, now, report.counters, counts=read.counts)
+        plan_steady_running(ctx, work, readings, now, report.counters, counts=read.counts, reads=pool_reads)
     except Exception:  # scale-down waits a cycle; every other step still runs
         logger.exception("scale-down planning failed")
         report.counters["scale_down_errors"] += 1
@@ -264,7 +267,7 @@ def _run_cycle(
             report.counters[f"outcome_{outcome.lower()}"] += 1
             report.counters.update(counters)
 
-    _after_steps(ctx, work, workers, report, now=now, remaining=remaining)
+    _after_steps(ctx, work, workers, report, now=now, remaining=remaining, reads=pool_reads)
     if shard.leads:
         _lead_steps(ctx, work, report, remaining)
 
@@ -281,6 +284,7 @@ def _after_steps(
     *,
     now: datetime,
     remaining: Callable[[], float],
+    reads: PoolReads,
 ) -> None:
     """What follows the workers' own steps, so it never delays them, each on its own: a failure waits a
     cycle and holds none of the others back."""
@@ -325,6 +329,7 @@ def _after_steps(
                 owns=report.shard.owns,
                 time_left=remaining,
                 margin_seconds=SAFETY_MARGIN_SECONDS,
+                reads=reads,
             ),
         ),
         (

@@ -39,7 +39,7 @@ from fleetkeeper.domain.scale_down import (
 from fleetkeeper.observability import logger
 from fleetkeeper.services import admission, drains
 from fleetkeeper.services.bookings import bookings_now
-from fleetkeeper.services.capacity import assess_pool
+from fleetkeeper.services.capacity import PoolReads, assess_pool
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.lead_time import lead_time
 from fleetkeeper.services.reconcile.actions import Work, call_ec2
@@ -76,9 +76,11 @@ def plan_steady_running(
     counters: Counter[str],
     *,
     counts: FleetCounts | None = None,
+    reads: PoolReads | None = None,
 ) -> None:
     """Idle tracking for every steady RUNNING worker, then scale-down decisions, one at a time, and
-    scale-in's of the steady STOPPED workers its pools' warm sets hold beyond their targets.
+    scale-in's of the steady STOPPED workers its pools' warm sets hold beyond their targets. What
+    scale-in reads of a pool is kept in `reads` for the cycle's scale-out.
 
     Scale-down only proposes: each idle worker its guards let go (domain/scale_down.evaluate) passes the
     door for disruption (services/admission.py) with reason `scale_down` and the scope's minimum as its
@@ -107,7 +109,8 @@ def plan_steady_running(
         for name, stamp in ctx.stats.read(SCALE_DOWN_SCOPE).timestamps.items():
             tally.last_by_scope[name] = datetime.fromisoformat(stamp)
     with admission.door(ctx, now) as door:
-        plans = _ScaleIn(ctx, door, now, counts, counters, pools=[i.worker.pool for i in steady])
+        pools = [i.worker.pool for i in steady]
+        plans = _ScaleIn(ctx, door, now, counts, counters, pools=pools, reads=reads or PoolReads(ctx))
         for item in steady:
             try:
                 _plan_one(ctx, item, readings=readings, now=now, tally=tally, counters=counters, plans=plans)
@@ -144,9 +147,11 @@ class _ScaleIn:
         counters: Counter[str],
         *,
         pools: list[str | None],
+        reads: PoolReads,
     ) -> None:
         self.ctx, self.door, self.now, self.counters = ctx, door, now, counters
         self._counts = counts
+        self._reads = reads
         named = {p for p in pools if p is not None}
         # One listing per cycle, and none for a cycle whose steady workers are in no pool.
         listed = ctx.store.list_pools() if named else []
@@ -172,9 +177,12 @@ class _ScaleIn:
             return {}
         if self._counts is None:
             self._counts = ctx.store.fleet_counts()
+        counts, reads = self._counts, self._reads
         # Bookings due hold their capacity too: scale-in never takes what the next placements need.
-        due = bookings_now(ctx, pool, now).due
-        found = assess_pool(ctx, pool, template.capacity, self._counts, now, bookings=due)
+        due = bookings_now(ctx, pool, now, waiting=reads.member_counts(name, counts).bookings_waiting).due
+        found = assess_pool(
+            ctx, pool, template.capacity, counts, now, bookings=due, serving=reads.running(name, counts)
+        )
         lead = timedelta(seconds=lead_time(template.name, ctx).launch_seconds)
         taken = scale_in(
             found.target, found.serving, cap=policy.max_workers, kept=lambda w: self._kept(w, lead)
