@@ -179,9 +179,10 @@ key lies outside the query's partition, is a 422 naming `next_token`, and a clie
 outside a query it may run anyway. A listing whose key is split into write shards (workers, instances in
 a state) reads them one after another: its token also names the write shard it stopped in. A page holds
 at most `limit` items and may hold fewer (filters, or items that changed since the index was written)
-while a token is returned; follow tokens until there is none. Tokens issued before an upgrade that
-changes how a listing is read (docs/deploy.md, "Upgrading the table") are refused the same way: start
-the listing again.
+while a token is returned; follow tokens until there is none. What a listing of every worker promises
+while workers change status is in docs/data-model.md, "Listing every worker". Tokens issued before an
+upgrade that changes how a listing is read (docs/deploy.md, "Upgrading the table") are refused the same
+way: start the listing again.
 
 ## Idempotency
 
