@@ -190,7 +190,7 @@ clean: ## remove .venv, node_modules and every cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
 # then the rollout budget and disruption counts properties and the cron windows' oracle at 60 examples
-# (`make test` runs 6, 2 and 12), and the tests marked `scale` (the full sizes of which `make test` runs
+# (`make test` runs 6, 2 and 12), the API fuzz's linked sequences at 100 (`make test` runs 15), and the tests marked `scale` (the full sizes of which `make test` runs
 # a slice).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
@@ -200,4 +200,5 @@ stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, the pr
 	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly --durations=15 \
 		tests/integration/reconciler/test_rollout_budget_property.py \
 		tests/integration/reconciler/test_door_counts_property.py tests/unit/test_windows_property.py
+	FLEETKEEPER_FUZZ_SEQUENCES=100 $(VENV)/bin/pytest -q -p no:randomly tests/integration/test_api_fuzz.py
 	$(VENV)/bin/pytest -q -p no:randomly --durations=15 -m scale tests

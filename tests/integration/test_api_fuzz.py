@@ -7,6 +7,7 @@ The seed is fixed, so a run is reproducible; the case counts are the floor `make
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -28,7 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED: Final = 20261122
 # 28 operations x 70 = 1,960 single-operation cases, plus the stateful sequences below.
 EXAMPLES_PER_OPERATION: Final = 70
-STATEFUL_SEQUENCES: Final = 25
+# Sequences of up to 8 calls, each following the links of the ids earlier answers gave; `make stress`
+# follows 100.
+STATEFUL_SEQUENCES: Final = int(os.environ.get("FLEETKEEPER_FUZZ_SEQUENCES", "15"))
 STATEFUL_ROUNDS: Final = 8  # seeds SEED + 1 ... SEED + 8, see the stateful test
 
 # Deliberate exclusions, each with its reason (and the SigV4 requirement, see _without_sigv4):

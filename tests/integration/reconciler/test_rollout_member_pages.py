@@ -22,7 +22,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 S = WorkerStatus
 MAX_CYCLES = 120
-PAGE = 4
+# Five workers in member pages of 2 (three pages) and waves of 3: both waves span two pages and the
+# last one is short.
+FLEET = 5
+PAGE = 2
 WIDTH = 3
 
 
@@ -59,9 +62,9 @@ def _wave_recorder(
 
 
 @pytest.fixture
-def fleet_of_ten(control_plane, ec2, monkeypatch) -> list[str]:
-    """Ten RUNNING workers of template lab in pool labs launched by the reconciler (so they record their
-    image and type), member pages of 4 ids, a budget of 3 disruptions at once; their ids, sorted."""
+def fleet_of_five(control_plane, ec2, monkeypatch) -> list[str]:
+    """Five RUNNING workers of template lab in pool labs launched by the reconciler (so they record their
+    image and type), member pages of 2 ids, a budget of 3 disruptions at once; their ids, sorted."""
     monkeypatch.setattr(rollout_store, "MEMBER_PAGE_SIZE", PAGE)
     body = {"instance_type": "m5.large", "ami_name_filter": "lab-*", "capacity": 4}
     assert control_plane.api("PUT", "/api/v1/templates/lab", body)[0] in {200, 201}
@@ -69,7 +72,7 @@ def fleet_of_ten(control_plane, ec2, monkeypatch) -> list[str]:
     budget = {"disruption": {"budgets": [{"max": WIDTH}]}}
     assert control_plane.api("PUT", "/api/v1/pools/labs", budget)[0] == 201
     ids = []
-    for _ in range(10):
+    for _ in range(FLEET):
         status, created = control_plane.api("POST", "/api/v1/workers", {"template": "lab", "pool": "labs"})
         assert status == 201, created
         ids.append(created["id"])
@@ -79,40 +82,47 @@ def fleet_of_ten(control_plane, ec2, monkeypatch) -> list[str]:
 
 
 def test_given_a_scope_over_three_member_pages_then_waves_and_rollback_cross_pages_to_the_end(
-    control_plane, ec2, fleet_of_ten
+    control_plane, ec2, fleet_of_five
 ):
-    old = fleet_of_ten
+    old = fleet_of_five
     store = control_plane.ctx.store
     waves = plan_waves(old, WIDTH)
-    # Waves 1 (ids 3-5) and 2 (ids 6-8) each span two pages (ids 0-3, 4-7, 8-9).
-    assert [len(w) for w in waves] == [3, 3, 3, 1]
+    # Waves 0 (ids 0-2) and 1 (ids 3-4) each span two pages (ids 0-1, 2-3, 4).
+    assert [len(w) for w in waves] == [3, 2]
     publish_newer_image(ec2, "lab-*")
     status, started = control_plane.api(
         "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": WIDTH}
     )
-    assert (status, started["total"], started["waves"], started["remaining"]) == (202, 10, 4, 10), started
+    assert (status, started["total"], started["waves"], started["remaining"]) == (202, FLEET, 2, FLEET), (
+        started
+    )
     rollout_id = started["id"]
     stored = control_plane.ctx.rollouts.get(rollout_id)
     assert (stored.worker_ids, stored.member_page_size) == ([], PAGE)
-    assert control_plane.ctx.rollouts.members(stored, 0, 10) == old
+    assert control_plane.ctx.rollouts.members(stored, 0, FLEET) == old
     forward, sample = _wave_recorder(control_plane, rollout_id, rollback=False)
 
     done = _cycles(control_plane, _status_is(control_plane, rollout_id, "SUCCEEDED", "FAILED"), sample)
 
-    assert (done["status"], done["replaced"], done["skipped"], done["remaining"]) == ("SUCCEEDED", 10, 0, 0)
+    assert (done["status"], done["replaced"], done["skipped"], done["remaining"]) == (
+        "SUCCEEDED",
+        FLEET,
+        0,
+        0,
+    )
     assert [sorted(forward[k]) for k in sorted(forward)] == waves
     replacements = [replacement_id(rollout_id, w) for w in old]
     assert set(store.worker_statuses(replacements).values()) == {S.RUNNING}
 
     status, rolling = control_plane.api("POST", f"/api/v1/rollouts/{rollout_id}/rollback", {"reason": "bad"})
-    assert (status, rolling["rollback"]["total"], rolling["rollback"]["waves"]) == (202, 10, 4), rolling
+    assert (status, rolling["rollback"]["total"], rolling["rollback"]["waves"]) == (202, FLEET, 2), rolling
     backward, sample = _wave_recorder(control_plane, rollout_id, rollback=True)
 
     done = _cycles(control_plane, _status_is(control_plane, rollout_id, "ROLLED_BACK", "FAILED"), sample)
 
     assert (done["status"], done["rollback"]["rolled_back"], done["rollback"]["skipped"]) == (
         "ROLLED_BACK",
-        10,
+        FLEET,
         0,
     ), done
     assert [sorted(backward[k]) for k in sorted(backward)] == waves
