@@ -196,6 +196,13 @@ TABLE: list[Row] = [
         {"Resources": ["i-0managed"], "Tags": _tags(MANAGED)},
     ),
     denied(
+        "writing a worker's id on a machine that is not fleetkeeper's",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0foreign"], "Tags": _tags({WORKER_ID_TAG: "w-1"})},
+    ),
+    denied(
         "discovery writing a tag key that is not fleetkeeper's",
         "discover",
         "ec2",
@@ -293,6 +300,13 @@ TABLE: list[Row] = [
         "ec2",
         "TerminateInstances",
         {"InstanceIds": ["i-0managed"]},
+    ),
+    allowed(
+        "the reconciler writing a paired worker's own tags on its machine of a batch",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0managed"], "Tags": _tags({"Name": "fleetkeeper-w-1", WORKER_ID_TAG: "w-1"})},
     ),
     allowed(
         "discovery importing a machine",
