@@ -274,8 +274,8 @@ def _run_cycle(
             return Outcome.REQUEUE, Counter(deferred=1)
         return finish(item, step)
 
-    # Launches and starts are made in batches, each worker's own part isolated as any step is; what
-    # follows a call that was made (a pairing, a refusal) is never deferred.
+    # Launches and starts are made in batches, each worker's own part isolated as any step is; a claim
+    # on a batch's place, and what follows a call that was made (a pairing, a refusal), is never deferred.
     launches = [i for i in busy if i.error is None and i.step.call is Ec2Call.LAUNCH]
     starts = [i for i in busy if is_start(i)]
     batched = {id(i) for i in (*launches, *starts)}

@@ -152,7 +152,7 @@ def launch_all(
     finish: Isolated,
 ) -> list[Result]:
     """Launch the cycle's PENDING workers, batched (module docstring): one result per item. `run` runs
-    each worker's part before the call (and may defer it), `finish` what follows a call made."""
+    each worker's preparation (and may defer it), `finish` its claim and what follows the call."""
     launched = LaunchedMachines(ctx)
     results: dict[str, Result] = {}
     prepared: dict[str, Launch] = {}
@@ -192,7 +192,8 @@ def launch_all(
             )
             return Outcome.SUCCESS
 
-        results[item.worker.id] = merged(results[item.worker.id], run(item, step))
+        # Never deferred: a batch's count is fixed, and a place left unclaimed launches a machine for none.
+        results[item.worker.id] = merged(results[item.worker.id], finish(item, step))
 
     list(pool.map(claim, places))
     batches: dict[Batch, list[Launch]] = defaultdict(list)
