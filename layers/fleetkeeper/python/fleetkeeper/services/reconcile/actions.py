@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fleetkeeper.cloud.ec2 import INSTANCE_IDS_LIMIT, CapacityError
+from fleetkeeper.cloud.retry import is_retryable
 from fleetkeeper.domain.errors import Conflict, NotFound
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Drift, Worker, utcnow
@@ -139,7 +140,8 @@ def start_all(
     """Start the cycle's STOPPED workers: each moved to STARTING in its own conditional write (`run`, which
     may defer it), then one StartInstances per region and instance type for all of them
     (INSTANCE_IDS_LIMIT ids a call), a refusal met by each (`finish`). EC2 starts all of a call or none:
-    one type without capacity refuses only the call of its own type."""
+    one type without capacity refuses only the call of its own type, and a call refused for good (one
+    machine IAM denies) is made again one machine a call."""
     results: dict[str, Result] = {}
     moved: dict[str, Worker] = {}
 
@@ -179,6 +181,12 @@ def start_all(
 
                 results[item.worker.id] = merged(results[item.worker.id], finish(item, back))
         except Exception as error:  # each worker meets it as its own start's failure
+            if len(members) > 1 and not is_retryable(error):
+                # EC2 refuses a whole call for one machine it will not start (IAM denies it, its id is
+                # gone): each is started alone, so that machine holds back its own worker only.
+                for item in members:
+                    call([item])
+                return
             for item in members:
                 results[item.worker.id] = merged(results[item.worker.id], finish(item, raising(error)))
 
