@@ -395,16 +395,17 @@ def _adopt(
 ) -> None:
     """Settle a machine no tracked worker has: resurrect, terminate as leaked, or import it."""
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
-    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id, findings.region)
     tagged_id = instance.tags.get(WORKER_ID_TAG)
+    batch = instance.tags.get(BATCH_TAG)
+    # A machine of a launch batch, not paired yet: the PENDING worker claiming its place pairs it. The
+    # claims are read before the machine's key item, so a pairing in between shows in one or the other.
+    claimant = claims.claimant(batch, instance.launch_index or 0) if batch and not tagged_id else None
+    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id, findings.region)
     if owner is None and tagged_id:
         # No worker recorded the machine (yet: a launch in flight), or a retired worker recorded it before
         # machine key items existed: the tag names the worker.
         owner = ctx.store.find_worker(tagged_id)
-    batch = instance.tags.get(BATCH_TAG)
-    if owner is None and not tagged_id and batch:
-        # A machine of a launch batch, not paired yet: the PENDING worker claiming its place pairs it.
-        owner = claims.claimant(batch, instance.launch_index or 0)
+    owner = owner or claimant
     if owner is not None:
         _settle_owned(ctx, gateway, owner, instance, findings=findings, now=now, report_only=report_only)
         return
