@@ -9,7 +9,7 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
+from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
 from infra.config import StageConfig
 from infra.permissions import allow
 
@@ -152,7 +152,8 @@ class Ec2Access(Construct):
             ),
         )
         # A batch's launch carries only the tags its machines share: each worker's own are written on
-        # its machine once paired, only those keys, only on fleetkeeper's machines.
+        # its machine once paired, only those keys, only on a batch's machine that names no worker yet
+        # (so a machine is never pointed at another worker).
         allow(
             role,
             actions=["ec2:CreateTags"],
@@ -160,11 +161,15 @@ class Ec2Access(Construct):
             conditions={
                 **MANAGED_RESOURCE,
                 "ForAllValues:StringEquals": {"aws:TagKeys": list(PAIRING_TAG_KEYS)},
+                "Null": {
+                    f"aws:ResourceTag/{BATCH_TAG}": "false",
+                    f"aws:ResourceTag/{WORKER_ID_TAG}": "true",
+                },
             },
             wildcard_reason=(
                 "A batch's machines get their ids from the launch, so they are unknown here; the statement "
-                f"is limited to instances carrying the {MANAGED_BY_TAG}={MANAGED_BY_VALUE} tag and to the "
-                "name and worker-id tag keys."
+                f"is limited to instances carrying the {MANAGED_BY_TAG}={MANAGED_BY_VALUE} tag and a "
+                "launch batch's tag but no worker's id yet, and to the name and worker-id tag keys."
             ),
         )
 

@@ -458,11 +458,12 @@ def _paired(
 
 
 def _tag_own(ctx: Context, worker: Worker, machine: Ec2Instance, counters: Counter[str]) -> None:
-    """Write the worker's own tags on its machine, unless it carries them (a batch of one's). A failure
-    leaves them to discovery, which writes them on every tracked machine that lacks them."""
-    wanted = own_tags(worker)
-    if all(machine.tags.get(k) == v for k, v in wanted.items()):
+    """Write the worker's own tags on its machine, unless it names the worker already (a batch of one's):
+    IAM lets the reconciler tag only a machine that names no worker. A failure leaves them to discovery,
+    which writes them on every tracked machine that lacks them."""
+    if machine.tags.get(WORKER_ID_TAG) == worker.id:
         return
+    wanted = own_tags(worker)
     try:
         ctx.ec2(worker.region).tag(machine.instance_id, wanted)
     except (ClientError, BotoCoreError) as error:
