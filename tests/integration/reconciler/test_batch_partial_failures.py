@@ -1,6 +1,7 @@
 """What one worker's trouble does to the others of its batched EC2 call (docs/capacity.md, "One launch
-call per batch"): a machine EC2 refuses to start holds back only its own worker, and discovery never
-terminates a batch's machine that its worker pairs while discovery reads."""
+call per batch"): a machine EC2 refuses to start holds back only its own worker, discovery never
+terminates a batch's machine that its worker pairs while discovery reads, and a claim from before batches
+is adopted by its worker-id tag instead of repeated."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG
+from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog, workers
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
@@ -20,6 +21,7 @@ from fleetkeeper_local.iam import session as iam_session
 from fleetkeeper_local.iam.policies import load_model
 from fleetkeeper_local.iam.record import Summary
 from fleetkeeper_local.iam.recorder import Recorder
+from tests.integration.aws_calls import aws_calls
 from tests.integration.functions import discover_and_collect, reconcile_fleet
 from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
 from tests.integration.reconciler.support import ec2_state, ensure_template
@@ -124,3 +126,46 @@ def test_given_a_lost_batch_answer_adopted_while_discovery_reads_then_discovery_
     assert store.get_worker(worker.id).ec2_instance_id == machine
     assert found.counters["leaked_machines_terminated"] == 0
     assert ec2_state(ec2, machine) not in ("shutting-down", "terminated")
+
+
+def test_given_a_claim_from_before_batches_whose_answer_was_lost_then_its_machine_is_adopted_not_launched(
+    store: FleetStore, make_ctx: ContextFactory, ec2: Any, lab_image: str
+) -> None:
+    ensure_template(store, "lab", capacity=4)
+    worker = workers.create_worker(store, template="lab", region="us-east-1", actor="test")
+    # As a release before batches claimed and launched: a token of the worker's own, no place in a
+    # batch, the worker's id and name on its machine and no batch tag.
+    token = f"fk-{worker.id}-{lab_image}"[:64]
+    store.update_worker(
+        worker,
+        {
+            "launch_claimed_at": utcnow() - timedelta(minutes=10),
+            "launch_token": token,
+            "launch_image_id": lab_image,
+        },
+        actor="test",
+        action="LaunchClaimed",
+    )
+    tags = {
+        "Name": f"fleetkeeper-{worker.id}",
+        MANAGED_BY_TAG: MANAGED_BY_VALUE,
+        WORKER_ID_TAG: worker.id,
+        TEMPLATE_TAG: "lab",
+    }
+    machine = ec2.run_instances(
+        ImageId=lab_image,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        ClientToken=token,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ],
+    )["Instances"][0]["InstanceId"]
+
+    with aws_calls() as counted:
+        reconcile_fleet(make_ctx())
+
+    # EC2 would refuse a repeat of that token with the batch's tag (another request): no call at all.
+    assert counted.of("ec2", "RunInstances") == 0
+    assert store.get_worker(worker.id).ec2_instance_id == machine

@@ -109,10 +109,17 @@ class LaunchedMachines:
         key = (worker.region, worker.launch_token)
         with self._guard:
             lock = self._locks.setdefault(key, threading.Lock())
+        # A claim from before batches (no index) launched one machine with the worker's id and no batch
+        # tag; a repeat of its token with the batch tag would be another request, which EC2 refuses.
+        tag = (
+            (BATCH_TAG, worker.launch_token)
+            if worker.launch_index is not None
+            else (WORKER_ID_TAG, worker.id)
+        )
         with lock:
             if key not in self._found:
                 tagged = self._ctx.ec2(worker.region).describe_managed(
-                    [{"Name": f"tag:{BATCH_TAG}", "Values": [worker.launch_token]}]
+                    [{"Name": f"tag:{tag[0]}", "Values": [tag[1]]}]
                 )
                 self._found[key] = [m for m in tagged if m.state not in _ENDING_STATES]
         index = worker.launch_index or 0
