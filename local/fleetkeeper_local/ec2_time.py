@@ -19,8 +19,9 @@ up. This module hooks moto's EC2 (in the moto server's own process, as health.py
 - **Batches.** RunInstances launches as many machines as capacity allows up to MaxCount, and refuses the
   call only below MinCount (moto launches MinCount); each machine says its `AmiLaunchIndex` (moto's own).
   A call repeating an earlier ClientToken answers that call's machines instead of launching again, as
-  EC2's idempotency does (for ever here, not for EC2's window; parameters are not compared). Every
-  machine of a call gets its instance profile (moto gives it to the first one only).
+  EC2's idempotency does (for ever here, not for EC2's window), and is refused with other parameters
+  (`IdempotentParameterMismatch`). Every machine of a call gets its instance profile (moto gives it to
+  the first one only).
 
 Only the local stack uses this; it is never shipped to Lambda.
 """
@@ -154,22 +155,36 @@ def _take_capacity(backend: Any, instance_type: str, machines: int) -> None:
         backend.create_tags([vpc.id], {NO_CAPACITY_TAG_PREFIX + instance_type: str(left - machines)})
 
 
-class InsufficientInstanceCapacity(HTTPException):
-    """EC2's answer when it has no machine of the type to give: a server error (HTTP 500)."""
+class Ec2Refusal(HTTPException):
+    """An EC2 error answer: its code and message in EC2's XML."""
 
-    code = 500
+    code = 400
+    error = ""
 
     def __init__(self, message: str) -> None:
         super().__init__()
         self.message = message
         self.description = (
             '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
-            f"<Code>{INSUFFICIENT_CAPACITY}</Code><Message>{escape(message)}</Message>"
+            f"<Code>{self.error}</Code><Message>{escape(message)}</Message>"
             "</Error></Errors><RequestID>fleetkeeper-local</RequestID></Response>"
         )
 
     def get_headers(self, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
         return [("Content-Type", "text/xml")]
+
+
+class InsufficientInstanceCapacity(Ec2Refusal):
+    """EC2's answer when it has no machine of the type to give: a server error (HTTP 500)."""
+
+    code = 500
+    error = INSUFFICIENT_CAPACITY
+
+
+class IdempotentParameterMismatch(Ec2Refusal):
+    """EC2's answer to a ClientToken sent again with other parameters: another request, refused."""
+
+    error = "IdempotentParameterMismatch"
 
 
 def launch_refusal(instance_type: str, zone: str) -> str:
@@ -256,13 +271,17 @@ def _hook_launches() -> None:
     def answer_run_instances(self: Any) -> Any:
         token = self._get_param("ClientToken")
         earlier = _launched_with(self.ec2_backend, token) if token else None
+        asked = sorted((k, tuple(v)) for k, v in self.querystring.items() if k != "ClientToken")
         if earlier is not None:
+            if earlier.__dict__.get("_fk_asked", asked) != asked:
+                raise IdempotentParameterMismatch(f"Arguments on this idempotent request ({token}) differ")
             return ActionResult(earlier)
         _asked.max_count = int(self._get_param("MaxCount", if_none="1"))
         try:
             answer = original_answer(self)
         finally:
             del _asked.max_count
+        answer.result.__dict__["_fk_asked"] = asked
         profile = {
             "iam_instance_profile_name": self._get_param("IamInstanceProfile.Name"),
             "iam_instance_profile_arn": self._get_param("IamInstanceProfile.Arn"),

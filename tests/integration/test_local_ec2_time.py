@@ -192,3 +192,24 @@ def test_given_a_batch_launched_with_an_instance_profile_then_every_machine_has_
     associations = raw_ec2.describe_iam_instance_profile_associations()["IamInstanceProfileAssociations"]
 
     assert sorted(a["InstanceId"] for a in associations) == sorted(m["InstanceId"] for m in launched)
+
+
+def test_given_a_client_token_repeated_with_other_parameters_then_ec2_refuses_it_launching_nothing(
+    raw_ec2: Any,
+) -> None:
+    with ec2_time.instant():
+        first = batch(raw_ec2, 2, "batch-b")
+        with pytest.raises(ClientError) as other_count:
+            batch(raw_ec2, 3, "batch-b")
+        with pytest.raises(ClientError) as other_tags:
+            batch(
+                raw_ec2,
+                2,
+                "batch-b",
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "k", "Value": "v"}]}],
+            )
+
+    assert len(first) == 2
+    assert other_count.value.response["Error"]["Code"] == "IdempotentParameterMismatch"
+    assert other_tags.value.response["Error"]["Code"] == "IdempotentParameterMismatch"
+    assert len(raw_ec2.describe_instances()["Reservations"]) == 1
