@@ -48,10 +48,11 @@ one-minute cycles per strategy and runs in seconds. What is the simulation's own
 - The section also runs (c) with each policy of TUNING (the first is (c)'s), and (c)'s policy on
   ten other seeds.
 - AWS calls, counted per simulated hour: RunInstances, StartInstances, StopInstances and
-  TerminateInstances, one batch per pool and cycle (as issue 32 asks; main calls them one per worker
-  today: the instance actions are counted too); the fixed reads: the reconcile cycle's DescribeInstances
-  of the fleet's live machines (1000 a page) every minute, and discovery's DescribeInstances and
-  DescribeInstanceStatus every 5 minutes, the same for every strategy.
+  TerminateInstances, one batch per pool and cycle (as issue 32 asks; main batches its launches and
+  starts so, and stops and terminates one worker a call: the instance actions are counted too); the
+  fixed reads: the reconcile cycle's DescribeInstances of the fleet's live machines (1000 a page) every
+  minute, and discovery's DescribeInstances and DescribeInstanceStatus every 5 minutes, the same for
+  every strategy.
 
 Run: `python -m bench capacity_week`.
 """
@@ -758,8 +759,10 @@ def run() -> str:
         f"{COST_GOAL:.0%} of (a)'s: {_met(c.dollars <= COST_GOAL * a.dollars)} "
         f"({c.dollars / a.dollars:.1%}).",
         "",
-        "AWS calls over the week (instance actions in brackets: the calls if each worker had its own, as "
-        "main's EC2 adapter makes them today). The EC2 changes are batched per pool and cycle; the reads "
+        "AWS calls over the week (instance actions in brackets: the calls if each worker had its own). "
+        "The EC2 changes are batched per pool and cycle, as main makes its launches and starts (one "
+        "RunInstances per batch, one StartInstances per region and type; stops and terminations are still "
+        "one per worker); the reads "
         f"are the reconcile cycle's DescribeInstances of the live machines every minute ({DESCRIBE_PAGE} "
         "a page, none while a fleet has no machine) and discovery's DescribeInstances and "
         f"DescribeInstanceStatus every {DISCOVERY_EVERY} minutes, the same for every strategy.",

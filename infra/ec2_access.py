@@ -9,13 +9,15 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE
+from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, WORKER_ID_TAG
 from infra.config import StageConfig
 from infra.permissions import allow
 
 MANAGED_RESOURCE: Final = {"StringEquals": {f"aws:ResourceTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
 MANAGED_REQUEST: Final = {"StringEquals": {f"aws:RequestTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
 TAG_ON_LAUNCH_ONLY: Final = {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+# What the reconciler tags a paired machine with (services/reconcile/provisioning.own_tags).
+PAIRING_TAG_KEYS: Final = ("Name", WORKER_ID_TAG)
 
 LIFECYCLE_ACTIONS: Final = frozenset({"ec2:StartInstances", "ec2:StopInstances", "ec2:TerminateInstances"})
 DESCRIBE_ACTIONS: Final = frozenset(
@@ -89,7 +91,7 @@ class Ec2Access(Construct):
 
     def grant_launch(self, role: iam.IRole) -> None:
         """RunInstances only of a machine tagged as fleetkeeper's, requiring IMDSv2, of one of the
-        stage's instance types; and the tagging of that launch."""
+        stage's instance types; the tagging of that launch, and of a batch's machine once paired."""
         allow(
             role,
             actions=["ec2:RunInstances"],
@@ -147,6 +149,27 @@ class Ec2Access(Construct):
             conditions=TAG_ON_LAUNCH_ONLY,
             wildcard_reason=(
                 "Tagging is allowed only as part of RunInstances, on the instance that launch creates."
+            ),
+        )
+        # A batch's launch carries only the tags its machines share: each worker's own are written on
+        # its machine once paired, only those keys, only on a batch's machine that names no worker yet
+        # (so a machine is never pointed at another worker).
+        allow(
+            role,
+            actions=["ec2:CreateTags"],
+            resources=self.instance_arns(),
+            conditions={
+                **MANAGED_RESOURCE,
+                "ForAllValues:StringEquals": {"aws:TagKeys": list(PAIRING_TAG_KEYS)},
+                "Null": {
+                    f"aws:ResourceTag/{BATCH_TAG}": "false",
+                    f"aws:ResourceTag/{WORKER_ID_TAG}": "true",
+                },
+            },
+            wildcard_reason=(
+                "A batch's machines get their ids from the launch, so they are unknown here; the statement "
+                f"is limited to instances carrying the {MANAGED_BY_TAG}={MANAGED_BY_VALUE} tag and a "
+                "launch batch's tag but no worker's id yet, and to the name and worker-id tag keys."
             ),
         )
 

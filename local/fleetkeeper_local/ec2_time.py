@@ -14,7 +14,14 @@ up. This module hooks moto's EC2 (in the moto server's own process, as health.py
 - **No capacity.** An instance type marked out of capacity in a region is refused by RunInstances and
   StartInstances with EC2's `InsufficientInstanceCapacity` (HTTP 500, EC2's messages). The mark is a tag
   on the region's default VPC, so `python -m fleetkeeper_local simulate ice m5.large [--off]` from another
-  process reaches a running stack, and the reset between tests clears it.
+  process reaches a running stack, and the reset between tests clears it. A mark may also hold a number
+  of machines left: launches and starts take from it, and what it cannot hold is refused.
+- **Batches.** RunInstances launches as many machines as capacity allows up to MaxCount, and refuses the
+  call only below MinCount (moto launches MinCount); each machine says its `AmiLaunchIndex` (moto's own).
+  A call repeating an earlier ClientToken answers that call's machines instead of launching again, as
+  EC2's idempotency does (for ever here, not for EC2's window), and is refused with other parameters
+  (`IdempotentParameterMismatch`). Every machine of a call gets its instance profile (moto gives it to
+  the first one only).
 
 Only the local stack uses this; it is never shipped to Lambda.
 """
@@ -25,6 +32,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +46,7 @@ DEFAULT_LAUNCH_SECONDS: Final = 3.0
 DEFAULT_START_SECONDS: Final = 2.0
 NO_CAPACITY_TAG_PREFIX: Final = "fleetkeeper-local:no-capacity:"
 INSUFFICIENT_CAPACITY: Final = "InsufficientInstanceCapacity"
+_NONE_LEFT: Final = "on"
 _PENDING: Final = ("pending", 0)
 _RUNNING: Final = ("running", 16)
 
@@ -111,42 +120,71 @@ def _default_vpc_id(ec2: Any) -> str:
     return str(vpcs[0]["VpcId"])
 
 
-def set_capacity(ec2: Any, instance_type: str, *, available: bool) -> None:
-    """Mark an instance type out of capacity in the client's region (or give it back)."""
+def set_capacity(ec2: Any, instance_type: str, *, available: bool | int) -> None:
+    """Mark an instance type out of capacity in the client's region, give it back (True), or leave it
+    that many machines (a number: launches and starts take from it until none is left)."""
     vpc_id = _default_vpc_id(ec2)
     key = NO_CAPACITY_TAG_PREFIX + instance_type
-    if available:
+    if available is True:
         ec2.delete_tags(Resources=[vpc_id], Tags=[{"Key": key}])
     else:
-        ec2.create_tags(Resources=[vpc_id], Tags=[{"Key": key, "Value": "on"}])
+        ec2.create_tags(
+            Resources=[vpc_id],
+            Tags=[{"Key": key, "Value": _NONE_LEFT if available is False else str(available)}],
+        )
 
 
-def _out_of_capacity(backend: Any) -> set[str]:
+def _capacity_left(backend: Any) -> dict[str, int]:
+    """Machines left per instance type the region limits (0: out of capacity); a type not named has no
+    limit."""
     vpc = backend.get_default_vpc()
     if vpc is None:
-        return set()
+        return {}
     tags: dict[str, str] = backend.tags.get(vpc.id, {})
     return {
-        key.removeprefix(NO_CAPACITY_TAG_PREFIX) for key in tags if key.startswith(NO_CAPACITY_TAG_PREFIX)
+        key.removeprefix(NO_CAPACITY_TAG_PREFIX): int(value) if value.isdigit() else 0
+        for key, value in tags.items()
+        if key.startswith(NO_CAPACITY_TAG_PREFIX)
     }
 
 
-class InsufficientInstanceCapacity(HTTPException):
-    """EC2's answer when it has no machine of the type to give: a server error (HTTP 500)."""
+def _take_capacity(backend: Any, instance_type: str, machines: int) -> None:
+    left = _capacity_left(backend).get(instance_type)
+    if left is not None:
+        vpc = backend.get_default_vpc()
+        backend.create_tags([vpc.id], {NO_CAPACITY_TAG_PREFIX + instance_type: str(left - machines)})
 
-    code = 500
+
+class Ec2Refusal(HTTPException):
+    """An EC2 error answer: its code and message in EC2's XML."""
+
+    code = 400
+    error = ""
 
     def __init__(self, message: str) -> None:
         super().__init__()
         self.message = message
         self.description = (
             '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
-            f"<Code>{INSUFFICIENT_CAPACITY}</Code><Message>{escape(message)}</Message>"
+            f"<Code>{self.error}</Code><Message>{escape(message)}</Message>"
             "</Error></Errors><RequestID>fleetkeeper-local</RequestID></Response>"
         )
 
     def get_headers(self, *args: Any, **kwargs: Any) -> list[tuple[str, str]]:
         return [("Content-Type", "text/xml")]
+
+
+class InsufficientInstanceCapacity(Ec2Refusal):
+    """EC2's answer when it has no machine of the type to give: a server error (HTTP 500)."""
+
+    code = 500
+    error = INSUFFICIENT_CAPACITY
+
+
+class IdempotentParameterMismatch(Ec2Refusal):
+    """EC2's answer to a ClientToken sent again with other parameters: another request, refused."""
+
+    error = "IdempotentParameterMismatch"
 
 
 def launch_refusal(instance_type: str, zone: str) -> str:
@@ -186,20 +224,90 @@ def _boot(instance: Any, seconds: float) -> None:
     instance.__dict__["_fk_ready_at"] = time.monotonic() + seconds
 
 
+# What the RunInstances being answered on this thread asked for, which moto's backend is not given.
+_asked = threading.local()
+
+
+def _launched_with(backend: Any, client_token: str) -> Any:
+    """The reservation an earlier RunInstances with this ClientToken made, if any."""
+    for reservation in backend.reservations.values():
+        if any(getattr(i, "client_token", None) == client_token for i in reservation.instances):
+            return reservation
+    return None
+
+
+def _hook_launches() -> None:
+    """Capacity on launches and starts, and RunInstances answering as EC2 does for a batch."""
+    from moto.core.responses import ActionResult  # noqa: PLC0415 - moto loads here
+    from moto.ec2.models.instances import InstanceBackend  # noqa: PLC0415 - moto loads here
+    from moto.ec2.responses.instances import InstanceResponse  # noqa: PLC0415 - moto loads here
+
+    original_run: Callable[..., Any] = InstanceBackend.run_instances
+    original_start_instances: Callable[..., Any] = InstanceBackend.start_instances
+    original_answer: Callable[..., Any] = InstanceResponse.run_instances
+
+    def run_instances(self: Any, image_id: str, count: int, *args: Any, **kwargs: Any) -> Any:
+        instance_type = kwargs.get("instance_type", "m1.small")
+        wanted = max(getattr(_asked, "max_count", count), count)
+        left = _capacity_left(self).get(instance_type, wanted)
+        if left < count:
+            zone = kwargs.get("placement") or f"{self.region_name}a"
+            raise InsufficientInstanceCapacity(launch_refusal(instance_type, zone))
+        launched = original_run(self, image_id, min(wanted, left), *args, **kwargs)
+        _take_capacity(self, instance_type, len(launched.instances))
+        return launched
+
+    def start_instances(self: Any, instance_ids: list[str]) -> Any:
+        stopped = Counter(
+            i.instance_type for i in self.get_multi_instances_by_id(instance_ids) if i.state == "stopped"
+        )
+        left = _capacity_left(self)
+        if any(n > left.get(kind, n) for kind, n in stopped.items()):
+            raise InsufficientInstanceCapacity(START_REFUSAL)
+        for kind, n in stopped.items():
+            _take_capacity(self, kind, n)
+        return original_start_instances(self, instance_ids)
+
+    def answer_run_instances(self: Any) -> Any:
+        token = self._get_param("ClientToken")
+        earlier = _launched_with(self.ec2_backend, token) if token else None
+        asked = sorted((k, tuple(v)) for k, v in self.querystring.items() if k != "ClientToken")
+        if earlier is not None:
+            if earlier.__dict__.get("_fk_asked", asked) != asked:
+                raise IdempotentParameterMismatch(f"Arguments on this idempotent request ({token}) differ")
+            return ActionResult(earlier)
+        _asked.max_count = int(self._get_param("MaxCount", if_none="1"))
+        try:
+            answer = original_answer(self)
+        finally:
+            del _asked.max_count
+        answer.result.__dict__["_fk_asked"] = asked
+        profile = {
+            "iam_instance_profile_name": self._get_param("IamInstanceProfile.Name"),
+            "iam_instance_profile_arn": self._get_param("IamInstanceProfile.Arn"),
+        }
+        if any(profile.values()):
+            for instance in answer.result.instances[1:]:
+                self.ec2_backend.associate_iam_instance_profile(instance_id=instance.id, **profile)
+        return answer
+
+    InstanceBackend.run_instances = run_instances  # type: ignore[method-assign]
+    InstanceBackend.start_instances = start_instances  # type: ignore[method-assign]
+    InstanceResponse.run_instances = answer_run_instances  # type: ignore[method-assign]
+
+
 def install() -> None:
-    """Boot delays and capacity in moto's EC2 (once per process)."""
+    """Boot delays, capacity and batch launches in moto's EC2 (once per process)."""
     global _installed  # noqa: PLW0603 - one patch per process, by design
     with _lock:
         if _installed:
             return
-        from moto.ec2.models.instances import Instance, InstanceBackend  # noqa: PLC0415 - moto loads here
+        from moto.ec2.models.instances import Instance  # noqa: PLC0415 - moto loads here
 
         # Every read and write of a machine's state goes through `_state`: reading it is where time passes.
         Instance._state = property(_state_of, _set_state)  # type: ignore[assignment]
         original_init: Callable[..., None] = Instance.__init__
         original_start: Callable[..., Any] = Instance.start
-        original_run: Callable[..., Any] = InstanceBackend.run_instances
-        original_start_instances: Callable[..., Any] = InstanceBackend.start_instances
 
         def init(self: Any, *args: Any, **kwargs: Any) -> None:
             original_init(self, *args, **kwargs)
@@ -211,24 +319,7 @@ def install() -> None:
                 _boot(self, _delays.start_seconds)
             return previous
 
-        def run_instances(self: Any, image_id: str, count: int, *args: Any, **kwargs: Any) -> Any:
-            instance_type = kwargs.get("instance_type", "m1.small")
-            if instance_type in _out_of_capacity(self):
-                zone = kwargs.get("placement") or f"{self.region_name}a"
-                raise InsufficientInstanceCapacity(launch_refusal(instance_type, zone))
-            return original_run(self, image_id, count, *args, **kwargs)
-
-        def start_instances(self: Any, instance_ids: list[str]) -> Any:
-            refused = _out_of_capacity(self)
-            if refused and any(
-                i.instance_type in refused and i.state == "stopped"
-                for i in self.get_multi_instances_by_id(instance_ids)
-            ):
-                raise InsufficientInstanceCapacity(START_REFUSAL)
-            return original_start_instances(self, instance_ids)
-
         Instance.__init__ = init  # type: ignore[method-assign]
         Instance.start = start  # type: ignore[method-assign]
-        InstanceBackend.run_instances = run_instances  # type: ignore[method-assign]
-        InstanceBackend.start_instances = start_instances  # type: ignore[method-assign]
+        _hook_launches()
         _installed = True

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper_local.iam.attribution import FUNCTIONS
 from fleetkeeper_local.iam.emulator import Instance, KnownFacts
 from fleetkeeper_local.iam.evaluator import Decision, Evaluator
@@ -43,6 +43,10 @@ FACTS = KnownFacts(
     instances={
         "i-0managed": Instance("m5.large", MANAGED_MACHINE),
         "i-0foreign": Instance("m5.large", {"team": "data", WORKER_ID_TAG: "w-1"}),
+        # A batch's machine as RunInstances tagged it: no worker's id until it is paired.
+        "i-0batch": Instance("m5.large", {**MANAGED, TEMPLATE_TAG: "lab", BATCH_TAG: "fkb-1"}),
+        # Fleetkeeper's machine that no batch launched and that names no worker (an import mid-tagging).
+        "i-0unnamed": Instance("m5.large", {**MANAGED, TEMPLATE_TAG: "lab"}),
     },
     profiles={"administrator-profile": (OTHER_ROLE,), WORKER_PROFILE: (WORKER_ROLE,)},
 )
@@ -196,6 +200,27 @@ TABLE: list[Row] = [
         {"Resources": ["i-0managed"], "Tags": _tags(MANAGED)},
     ),
     denied(
+        "writing a worker's id on a machine that is not fleetkeeper's",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0foreign"], "Tags": _tags({WORKER_ID_TAG: "w-1"})},
+    ),
+    denied(
+        "the reconciler writing another worker's id on a machine that names its worker",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0managed"], "Tags": _tags({"Name": "fleetkeeper-w-2", WORKER_ID_TAG: "w-2"})},
+    ),
+    denied(
+        "the reconciler writing a worker's id on fleetkeeper's machine that no launch batch started",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0unnamed"], "Tags": _tags({"Name": "fleetkeeper-w-2", WORKER_ID_TAG: "w-2"})},
+    ),
+    denied(
         "discovery writing a tag key that is not fleetkeeper's",
         "discover",
         "ec2",
@@ -293,6 +318,13 @@ TABLE: list[Row] = [
         "ec2",
         "TerminateInstances",
         {"InstanceIds": ["i-0managed"]},
+    ),
+    allowed(
+        "the reconciler writing a paired worker's own tags on its machine of a batch",
+        "reconcile",
+        "ec2",
+        "CreateTags",
+        {"Resources": ["i-0batch"], "Tags": _tags({"Name": "fleetkeeper-w-1", WORKER_ID_TAG: "w-1"})},
     ),
     allowed(
         "discovery importing a machine",

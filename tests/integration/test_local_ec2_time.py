@@ -1,6 +1,7 @@
 """The local stack's EC2 in time: a machine is pending for the launch or start delay before it runs, a
 stopped machine keeps its instance id and volumes, and an instance type marked out of capacity is
-refused by RunInstances and StartInstances with EC2's InsufficientInstanceCapacity."""
+refused by RunInstances and StartInstances with EC2's InsufficientInstanceCapacity. A batch launch
+answers as EC2 does: MaxCount machines as capacity allows, numbered, once per ClientToken."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from fleetkeeper_local import ec2_time
+from fleetkeeper_local.controlplane import ensure_worker_profile
 from fleetkeeper_local.ec2_time import Delays
 from fleetkeeper_local.faults import unhooked_client
 from fleetkeeper_local.stack import LOCAL_REGION, LocalStack
@@ -133,3 +135,81 @@ def test_given_an_instance_type_out_of_capacity_then_launches_and_starts_of_it_a
     assert state(raw_ec2, stopped) == "stopped"
     assert state(raw_ec2, other) == "running"
     assert state(raw_ec2, again) == "running"
+
+
+def batch(ec2: Any, count: int, token: str, **extra: Any) -> list[dict[str, Any]]:
+    answer = ec2.run_instances(
+        ImageId="ami-12c6146b",
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=count,
+        ClientToken=token,
+        **extra,
+    )
+    return list(answer["Instances"])
+
+
+def test_given_a_batch_launch_then_it_makes_max_count_machines_numbered_from_0_and_a_repeat_makes_none(
+    raw_ec2: Any,
+) -> None:
+    with ec2_time.instant():
+        first = batch(raw_ec2, 4, "batch-a")
+        again = batch(raw_ec2, 4, "batch-a")
+    described = raw_ec2.describe_instances(InstanceIds=[m["InstanceId"] for m in first])
+
+    assert [m["AmiLaunchIndex"] for m in first] == [0, 1, 2, 3]
+    assert [m["InstanceId"] for m in again] == [m["InstanceId"] for m in first]
+    assert sorted(i["AmiLaunchIndex"] for r in described["Reservations"] for i in r["Instances"]) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert len(raw_ec2.describe_instances()["Reservations"]) == 1
+
+
+def test_given_capacity_for_fewer_machines_than_a_batch_asks_then_ec2_launches_what_it_can_then_refuses(
+    raw_ec2: Any,
+) -> None:
+    ec2_time.set_capacity(raw_ec2, "m5.large", available=2)
+
+    with ec2_time.instant():
+        short = batch(raw_ec2, 5, "batch-short")
+        with pytest.raises(ClientError) as refused:
+            batch(raw_ec2, 5, "batch-none")
+
+    assert [m["AmiLaunchIndex"] for m in short] == [0, 1]
+    assert refused.value.response["Error"]["Code"] == "InsufficientInstanceCapacity"
+
+
+def test_given_a_batch_launched_with_an_instance_profile_then_every_machine_has_it(
+    raw_ec2: Any, local_stack: LocalStack
+) -> None:
+    profile = ensure_worker_profile()
+
+    with ec2_time.instant():
+        launched = batch(raw_ec2, 3, "batch-profile", IamInstanceProfile={"Name": profile})
+    associations = raw_ec2.describe_iam_instance_profile_associations()["IamInstanceProfileAssociations"]
+
+    assert sorted(a["InstanceId"] for a in associations) == sorted(m["InstanceId"] for m in launched)
+
+
+def test_given_a_client_token_repeated_with_other_parameters_then_ec2_refuses_it_launching_nothing(
+    raw_ec2: Any,
+) -> None:
+    with ec2_time.instant():
+        first = batch(raw_ec2, 2, "batch-b")
+        with pytest.raises(ClientError) as other_count:
+            batch(raw_ec2, 3, "batch-b")
+        with pytest.raises(ClientError) as other_tags:
+            batch(
+                raw_ec2,
+                2,
+                "batch-b",
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "k", "Value": "v"}]}],
+            )
+
+    assert len(first) == 2
+    assert other_count.value.response["Error"]["Code"] == "IdempotentParameterMismatch"
+    assert other_tags.value.response["Error"]["Code"] == "IdempotentParameterMismatch"
+    assert len(raw_ec2.describe_instances()["Reservations"]) == 1

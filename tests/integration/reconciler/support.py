@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import boto3
 
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local.controlplane import ensure_worker_profile
@@ -39,9 +39,10 @@ def launch(
     template: str = "lab",
     tagged: bool = True,
     registered: bool = False,
+    batch: str | None = None,
 ) -> str:
     """A running machine; `registered`: launched with the workers' instance profile, as the reconciler
-    launches, so its emulated SSM agent answers Run Command."""
+    launches, so its emulated SSM agent answers Run Command; `batch`: tagged as one launch batch's."""
     tags = [{"Key": "Name", "Value": f"test-{worker_id}"}]
     if tagged:
         tags += [
@@ -49,6 +50,8 @@ def launch(
             {"Key": WORKER_ID_TAG, "Value": worker_id},
             {"Key": TEMPLATE_TAG, "Value": template},
         ]
+    if batch is not None:
+        tags.append({"Key": BATCH_TAG, "Value": batch})
     response = ec2.run_instances(
         ImageId=image_id,
         InstanceType="m5.large",
@@ -58,6 +61,27 @@ def launch(
         **({"IamInstanceProfile": {"Name": ensure_worker_profile()}} if registered else {}),
     )
     return str(response["Instances"][0]["InstanceId"])
+
+
+def claimed_and_launched(
+    store: FleetStore, ec2: Any, worker: Worker, image_id: str, *, claimed_at: datetime
+) -> tuple[Worker, str]:
+    """A PENDING worker whose launch a reconciler claimed at `claimed_at` (a batch of one, as the claim
+    writes it) and whose RunInstances went through, though the reconciler never recorded its machine."""
+    token = f"fkb-test-{worker.id}"
+    claimed = store.update_worker(
+        worker,
+        {
+            "launch_claimed_at": claimed_at,
+            "launch_token": token,
+            "launch_image_id": image_id,
+            "launch_index": 0,
+            "launch_count": 1,
+        },
+        actor="test",
+        action="LaunchClaimed",
+    )
+    return claimed, launch(ec2, worker.id, image_id, batch=token)
 
 
 def ec2_state(ec2: Any, instance_id: str) -> str:

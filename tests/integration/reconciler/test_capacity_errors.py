@@ -132,8 +132,8 @@ def test_given_no_capacity_then_the_gateway_raises_a_capacity_error_with_ec2s_co
     ec2_time.set_capacity(ec2, "c5.xlarge", available=False)
 
     with pytest.raises(CapacityError) as refused:
-        ctx.ec2(REGION).run_instance(
-            image_id=lab_image, instance_type="c5.xlarge", tags={"Name": "t"}, client_token=TOKEN
+        ctx.ec2(REGION).run_instances(
+            image_id=lab_image, instance_type="c5.xlarge", count=1, tags={"Name": "t"}, client_token=TOKEN
         )
 
     assert isinstance(refused.value, ClientError)

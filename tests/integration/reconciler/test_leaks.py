@@ -14,7 +14,7 @@ from fleetkeeper.services import workers
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from tests.integration.functions import discover_and_collect, reconcile_fleet
-from tests.integration.reconciler.support import ec2_state, ensure_template, launch
+from tests.integration.reconciler.support import claimed_and_launched, ec2_state, ensure_template, launch
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +27,9 @@ def claimed_then_abandoned(store: FleetStore, ec2: Any, image: str) -> tuple[Wor
     and which the user then asked to terminate."""
     ensure_template(store)
     worker = workers.create_worker(store, template="lab", region="us-east-1", actor="test")
-    worker = store.update_worker(
-        worker, {"launch_claimed_at": utcnow() - timedelta(minutes=6)}, actor="test", action="LaunchClaimed"
+    worker, machine = claimed_and_launched(
+        store, ec2, worker, image, claimed_at=utcnow() - timedelta(minutes=6)
     )
-    machine = launch(ec2, worker.id, image)
     worker = store.update_worker(worker, {"desired_status": S.TERMINATED}, actor="test", action="Desired")
     return worker, machine
 

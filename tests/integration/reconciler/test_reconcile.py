@@ -19,7 +19,12 @@ from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import faults
 from fleetkeeper_local.iam import session as iam_session
 from tests.integration.functions import reconcile_fleet
-from tests.integration.reconciler.support import ec2_state, ensure_template, instances_tagged, launch
+from tests.integration.reconciler.support import (
+    claimed_and_launched,
+    ec2_state,
+    ensure_template,
+    instances_tagged,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -431,9 +436,8 @@ def test_given_a_launch_claim_left_by_a_dead_reconciler_then_its_instance_is_ado
     ctx, store, ec2, lab_image
 ):
     worker = pending_worker(store)
-    instance_id = launch(ec2, worker.id, lab_image)
-    store.update_worker(
-        worker, {"launch_claimed_at": utcnow() - timedelta(minutes=30)}, actor="test", action="LaunchClaimed"
+    _, instance_id = claimed_and_launched(
+        store, ec2, worker, lab_image, claimed_at=utcnow() - timedelta(minutes=30)
     )
 
     reconcile_fleet(ctx)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -44,10 +44,23 @@ def capacity_refused(call: Callable[[], T], operation: str, instance_type: str |
         raise
 
 
+def short_launch(instance_type: str, launched: int, asked: int) -> CapacityError:
+    """What a machine of a batch EC2 did not launch met: asked for MinCount 1 and MaxCount `asked`, EC2
+    launched as many as it had room for, so the rest were refused as a call of their own would be."""
+    message = f"RunInstances launched {launched} of the {asked} machines asked for"
+    cause = ClientError(
+        {"Error": {"Code": "InsufficientInstanceCapacity", "Message": message}}, "RunInstances"
+    )
+    return CapacityError(cause, "RunInstances", instance_type)
+
+
 # DescribeInstances returns at most 1000 instances a page.
 DESCRIBE_PAGE_SIZE = 1000
 # A single filter takes at most 200 values.
 FILTER_VALUES_LIMIT = 200
+# The instance ids EC2 takes in one call (its API reference states it for TerminateInstances; the
+# instance-state calls share it).
+INSTANCE_IDS_LIMIT = 1000
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,8 @@ class Ec2Instance:
     instance_type: str | None = None
     launch_time: datetime | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    # Its place among the machines of the RunInstances that launched it, from 0.
+    launch_index: int | None = None
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any]) -> Ec2Instance:
@@ -72,6 +87,7 @@ class Ec2Instance:
             instance_type=raw.get("InstanceType"),
             launch_time=raw.get("LaunchTime"),
             tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
+            launch_index=raw.get("AmiLaunchIndex"),
         )
 
 
@@ -177,27 +193,30 @@ class Ec2Gateway:
             Resources=[instance_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()]
         )
 
-    def run_instance(
+    def run_instances(
         self,
         *,
         image_id: str,
         instance_type: str,
+        count: int,
         tags: Mapping[str, str],
         client_token: str,
         subnet_id: str | None = None,
         security_group_ids: Iterable[str] = (),
         key_name: str | None = None,
         instance_profile: str | None = None,
-    ) -> Ec2Instance:
-        """Launch one instance. The client token makes a retried launch return the same instance.
+    ) -> list[Ec2Instance]:
+        """Launch up to `count` instances alike in one call: EC2 launches as many as it has room for,
+        at least one (else a CapacityError), numbered by their `launch_index`. The client token makes a
+        retried call return the same instances.
 
-        `instance_profile` (a name) gives the machine the role its SSM agent registers with.
+        `instance_profile` (a name) gives the machines the role their SSM agent registers with.
         """
         request: dict[str, Any] = {
             "ImageId": image_id,
             "InstanceType": instance_type,
             "MinCount": 1,
-            "MaxCount": 1,
+            "MaxCount": count,
             "ClientToken": client_token,
             # IMDSv2 only: a token-less metadata request (SSRF through a workload) gets no credentials.
             # The RunInstances grant requires it too (ec2:MetadataHttpTokens).
@@ -217,13 +236,20 @@ class Ec2Gateway:
         response = capacity_refused(
             lambda: self._client.run_instances(**request), "RunInstances", instance_type
         )
-        return Ec2Instance.from_api(response["Instances"][0])
+        return [Ec2Instance.from_api(raw) for raw in response["Instances"]]
 
     def stop(self, instance_id: str) -> None:
         self._client.stop_instances(InstanceIds=[instance_id])
 
-    def start(self, instance_id: str) -> None:
-        capacity_refused(lambda: self._client.start_instances(InstanceIds=[instance_id]), "StartInstances")
+    def start(self, instance_ids: Sequence[str]) -> None:
+        """Start these instances in one call (INSTANCE_IDS_LIMIT at most); EC2 starts all or none."""
+        if len(instance_ids) > INSTANCE_IDS_LIMIT:
+            raise ValueError(
+                f"at most {INSTANCE_IDS_LIMIT} instances a StartInstances, not {len(instance_ids)}"
+            )
+        capacity_refused(
+            lambda: self._client.start_instances(InstanceIds=list(instance_ids)), "StartInstances"
+        )
 
     def terminate(self, instance_id: str) -> None:
         self._client.terminate_instances(InstanceIds=[instance_id])

@@ -240,6 +240,10 @@ class Worker(WorkerSummary):
     # rather than starting a second one, even if a newer image appeared meanwhile.
     launch_token: str | None = Field(default=None, max_length=64)
     launch_image_id: str | None = None
+    # The call is a batch (the token is its id, tagged on its machines): the worker's machine is the one
+    # whose AmiLaunchIndex is `launch_index`, of the `launch_count` the call asked for (its MaxCount).
+    launch_index: int | None = Field(default=None, ge=0)
+    launch_count: int | None = Field(default=None, ge=1)
     idle_since: UtcDatetime | None = None
     metrics: WorkerMetrics | None = None
     # What the machine reported about itself through the collect-system-info operation (JSON object).

@@ -14,6 +14,9 @@ MANAGED_BY_VALUE: Final = "fleetkeeper"
 WORKER_ID_TAG: Final = "fleetkeeper:worker-id"
 TEMPLATE_TAG: Final = "fleetkeeper:template"
 POOL_TAG: Final = "fleetkeeper:pool"
+# The launch batch a machine came from (its RunInstances' ClientToken); with the machine's AmiLaunchIndex
+# it names the worker that claimed it, before the worker-id tag is written (docs/capacity.md).
+BATCH_TAG: Final = "fleetkeeper:launch-batch"
 
 # EC2's tag rules (Amazon EC2 User Guide, "Tag restrictions"): letters, digits and spaces of any script
 # and + - = . _ : / @; a key of 1 to 128 characters that does not start with aws:, a value of up to 256,

@@ -3,7 +3,8 @@
 1. Discover: every managed instance (by tag, and optionally by AMI name pattern), 1000 per call.
 2. Import the live ones no worker knows; resurrect a TERMINATED worker whose machine is back after GC
    retired it; terminate a machine whose worker was retired on purpose (or that a live worker does not
-   own): every machine carrying the managed tag belongs to a live worker or is terminated.
+   own, or whose place in a launch batch no worker claims): every machine carrying the managed tag
+   belongs to a live worker or is terminated.
 3. Health: one paged DescribeInstanceStatus of the region (1000 machines a call) records the scheduled
    events, failed status checks and silent machines of RUNNING workers (services/repair.py), so a
    missed AWS Health event is caught here; only a change is written.
@@ -43,7 +44,14 @@ from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
 from fleetkeeper.domain.repair import observe_all, signals_of
-from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
+from fleetkeeper.domain.tags import (
+    BATCH_TAG,
+    MANAGED_BY_TAG,
+    MANAGED_BY_VALUE,
+    POOL_TAG,
+    TEMPLATE_TAG,
+    WORKER_ID_TAG,
+)
 from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.services import orphan_gc, repair
 from fleetkeeper.services.context import Context
@@ -262,6 +270,7 @@ def _discover_region(
     # PENDING workers may be mid-launch: their machines belong to the reconciler, never imported twice.
     templates: dict[str, WorkerTemplate] | None = None
     image_names: dict[str, str] = {}
+    claims = LaunchClaims(ctx, findings.region)
     unknown = sorted(alive - tracked_ids)
     for index, instance_id in enumerate(unknown):
         if out_of_time():
@@ -279,6 +288,7 @@ def _discover_region(
                 instance,
                 templates=templates,
                 image_names=image_names,
+                claims=claims,
                 findings=findings,
                 now=now,
             )
@@ -287,12 +297,16 @@ def _discover_region(
             findings.errors += 1
 
     if ctx.settings.gc_mode is not GcMode.REPORT_ONLY:
-        # An earlier import may have failed to tag its machine; keep trying, or IAM denies stopping it.
+        # An earlier import may have failed to tag its machine (without the managed tag IAM denies
+        # stopping it), or a launch to write its worker's id on a machine of its batch: keep trying.
         untagged = [
             (worker, machine)
             for worker in tracked
             if (machine := discovered.get(worker.ec2_instance_id or "")) is not None
-            and machine.tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE
+            and (
+                machine.tags.get(MANAGED_BY_TAG) != MANAGED_BY_VALUE
+                or machine.tags.get(WORKER_ID_TAG) != worker.id
+            )
         ]
         for index, (worker, machine) in enumerate(untagged):
             if out_of_time():
@@ -375,17 +389,23 @@ def _adopt(
     *,
     templates: dict[str, WorkerTemplate],
     image_names: dict[str, str],
+    claims: LaunchClaims,
     findings: RegionFindings,
     now: datetime,
 ) -> None:
     """Settle a machine no tracked worker has: resurrect, terminate as leaked, or import it."""
     report_only = ctx.settings.gc_mode is GcMode.REPORT_ONLY
-    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id, findings.region)
     tagged_id = instance.tags.get(WORKER_ID_TAG)
+    batch = instance.tags.get(BATCH_TAG)
+    # A machine of a launch batch, not paired yet: the PENDING worker claiming its place pairs it. The
+    # claims are read before the machine's key item, so a pairing in between shows in one or the other.
+    claimant = claims.claimant(batch, instance.launch_index or 0) if batch and not tagged_id else None
+    owner = ctx.store.find_worker_by_ec2_instance(instance.instance_id, findings.region)
     if owner is None and tagged_id:
         # No worker recorded the machine (yet: a launch in flight), or a retired worker recorded it before
         # machine key items existed: the tag names the worker.
         owner = ctx.store.find_worker(tagged_id)
+    owner = owner or claimant
     if owner is not None:
         _settle_owned(ctx, gateway, owner, instance, findings=findings, now=now, report_only=report_only)
         return
@@ -394,6 +414,11 @@ def _adopt(
         # A launch in flight has a machine before its worker records it (and before the by-instance
         # index shows it): importing now would give that machine a second worker.
         findings.import_deferred.append(instance.instance_id)
+        return
+    if batch and not tagged_id:
+        # Its place in the batch is claimed by no worker (the claim was lost to a concurrent write):
+        # nobody will pair it, and it is not imported either.
+        _terminate_leaked(gateway, None, instance, findings, report_only=report_only)
         return
     template = _template_for(gateway, instance, templates, image_names)
     if template is None:
@@ -459,14 +484,19 @@ def _settle_owned(
 
 
 def _terminate_leaked(
-    gateway: Ec2Gateway, owner: Worker, instance: Ec2Instance, findings: RegionFindings, *, report_only: bool
+    gateway: Ec2Gateway,
+    owner: Worker | None,
+    instance: Ec2Instance,
+    findings: RegionFindings,
+    *,
+    report_only: bool,
 ) -> None:
     findings.leaked.append(instance.instance_id)
     logger.warning(
         "managed machine without a live worker",
         instance_id=instance.instance_id,
-        worker_id=owner.id,
-        worker_status=str(owner.status),
+        worker_id=owner.id if owner else None,
+        worker_status=str(owner.status) if owner else None,
         state=instance.state,
         terminated=not report_only,
     )
@@ -479,6 +509,27 @@ def _terminate_leaked(
         logger.warning("leaked machine not terminated", instance_id=instance.instance_id, error=str(error))
         return
     findings.leaked_terminated.append(instance.instance_id)
+
+
+class LaunchClaims:
+    """The places the region's PENDING workers claim in launch batches, read from the base table the
+    first time a machine of a batch turns up without a worker."""
+
+    def __init__(self, ctx: Context, region: str) -> None:
+        self._ctx = ctx
+        self._region = region
+        self._claims: dict[tuple[str, int], Worker] | None = None
+
+    def claimant(self, batch: str, index: int) -> Worker | None:
+        if self._claims is None:
+            listed = self._ctx.store.iter_workers_by_status((WorkerStatus.PENDING,), region=self._region)
+            pending = self._ctx.store.get_workers([w.id for w in listed])
+            self._claims = {
+                (w.launch_token, w.launch_index or 0): w
+                for w in pending
+                if w.status == WorkerStatus.PENDING and w.launch_token is not None
+            }
+        return self._claims.get((batch, index))
 
 
 def _ensure_tags(

@@ -1,8 +1,8 @@
 """The reconciler: one cycle over every worker needing action (see docs/operations.md).
 
 - `cycle`: the lease, the batched reads, one isolated step per worker, the report and its metrics;
-- `actions`: the transition and EC2 call a step names, and the persisted RETRY backoff;
-- `provisioning`: launching (claimed first), adopting, and retiring a launch that was abandoned;
+- `actions`: the transition and EC2 call a step names, starts in batches, and the persisted RETRY backoff;
+- `provisioning`: launching in batches (claimed first), adopting, and retiring a launch that was abandoned;
 - `scale_down`: idle tracking and scale-down of steady RUNNING workers.
 
 The batched EC2 and CloudWatch reads are in `fleetkeeper.cloud.fleet_reads`.
@@ -21,7 +21,6 @@ from fleetkeeper.services.reconcile.cycle import (
     SAFETY_MARGIN_SECONDS,
     STATS_SCOPE,
     CycleReport,
-    act,
     reconcile_fleet,
     workers_metric,
 )
@@ -48,7 +47,6 @@ __all__ = [
     "STATS_SCOPE",
     "CycleReport",
     "Work",
-    "act",
     "describe_instances",
     "launch_tags",
     "metrics_due",

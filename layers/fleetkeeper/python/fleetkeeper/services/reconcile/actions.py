@@ -1,13 +1,17 @@
-"""Acting on one worker: the transition a step names, its EC2 call, and the persisted RETRY backoff."""
+"""Acting on one worker: the transition a step names, its EC2 call (starts batched with the cycle's other
+starts), and the persisted RETRY backoff."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from fleetkeeper.cloud.ec2 import CapacityError
+from fleetkeeper.cloud.ec2 import INSTANCE_IDS_LIMIT, CapacityError
+from fleetkeeper.cloud.retry import is_retryable
 from fleetkeeper.domain.errors import Conflict, NotFound
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import DrainThen, Drift, Worker, utcnow
@@ -74,7 +78,32 @@ class Work:
 
 # A launch request that needs no repeating: it was answered (the machine is recorded), refused by EC2
 # (no machine holds its token), or given up with its worker.
-LAUNCH_FORGOTTEN: dict[str, Any] = {"launch_token": None, "launch_image_id": None}
+LAUNCH_FORGOTTEN: dict[str, Any] = {
+    "launch_token": None,
+    "launch_image_id": None,
+    "launch_index": None,
+    "launch_count": None,
+}
+
+# One worker's outcome in a cycle and the counters it adds.
+Result = tuple[Outcome, Counter[str]]
+# Runs a piece of one worker's work isolated, as the cycle runs every worker's step: what it raises is
+# that worker's alone (logged, counted, backed off; services/reconcile/cycle.py).
+Isolated = Callable[[Work, Callable[[Counter[str]], Outcome]], Result]
+
+
+def merged(before: Result, after: Result) -> Result:
+    """A worker's result once a later part of its work ran: the later outcome, every counter."""
+    return after[0], before[1] + after[1]
+
+
+def raising(error: BaseException) -> Callable[[Counter[str]], Outcome]:
+    """A worker's part that meets `error`: what its batch's call raised, for each worker of the batch."""
+
+    def step(counters: Counter[str]) -> Outcome:
+        raise error
+
+    return step
 
 
 def reset_backoff(worker: Worker) -> dict[str, Any]:
@@ -96,13 +125,73 @@ def apply_step(ctx: Context, worker: Worker, step: Step, counters: Counter[str])
     """The step's transition (conditional on the version read), then its EC2 call on the machine."""
     current = apply_transition(ctx, worker, step, counters)
     if step.call is not None and current.ec2_instance_id:
-        try:
-            call_ec2(ctx, current, step.call)
-        except CapacityError as refused:
-            if step.call is not Ec2Call.START:
-                raise
-            return start_refused(ctx, current, refused, worker.reconcile_attempts, counters)
+        call_ec2(ctx, current, step.call)
     return step.outcome
+
+
+def is_start(item: Work) -> bool:
+    """A STOPPED worker's start, which the cycle makes with the others of its region (`start_all`)."""
+    return item.error is None and item.step.call is Ec2Call.START and item.scale_down is None
+
+
+def start_all(
+    ctx: Context, items: list[Work], *, pool: Executor, run: Isolated, finish: Isolated
+) -> list[Result]:
+    """Start the cycle's STOPPED workers: each moved to STARTING in its own conditional write (`run`, which
+    may defer it), then one StartInstances per region and instance type for all of them
+    (INSTANCE_IDS_LIMIT ids a call), a refusal met by each (`finish`). EC2 starts all of a call or none:
+    one type without capacity refuses only the call of its own type, and a call refused for good (one
+    machine IAM denies) is made again one machine a call."""
+    results: dict[str, Result] = {}
+    moved: dict[str, Worker] = {}
+
+    def move(item: Work) -> None:
+        def step(counters: Counter[str]) -> Outcome:
+            moved[item.worker.id] = apply_transition(ctx, item.worker, item.step, counters)
+            return item.step.outcome
+
+        results[item.worker.id] = run(item, step)
+
+    list(pool.map(move, items))
+    alike: dict[tuple[str, str | None], list[Work]] = defaultdict(list)
+    for item in items:
+        current = moved.get(item.worker.id)
+        if current is not None and current.ec2_instance_id:
+            alike[(current.region, current.instance_type)].append(item)
+    calls = [
+        members[start : start + INSTANCE_IDS_LIMIT]
+        for members in alike.values()
+        for start in range(0, len(members), INSTANCE_IDS_LIMIT)
+    ]
+
+    def call(members: list[Work]) -> None:
+        started = [moved[item.worker.id] for item in members]
+        try:
+            ctx.ec2(started[0].region).start([w.ec2_instance_id or "" for w in started])
+        except CapacityError as refused:
+            for item, worker in zip(members, started, strict=True):
+
+                def back(
+                    counters: Counter[str],
+                    item: Work = item,
+                    worker: Worker = worker,
+                    refused: CapacityError = refused,
+                ) -> Outcome:
+                    return start_refused(ctx, worker, refused, item.worker.reconcile_attempts, counters)
+
+                results[item.worker.id] = merged(results[item.worker.id], finish(item, back))
+        except Exception as error:  # each worker meets it as its own start's failure
+            if len(members) > 1 and not is_retryable(error):
+                # EC2 refuses a whole call for one machine it will not start (IAM denies it, its id is
+                # gone): each is started alone, so that machine holds back its own worker only.
+                for item in members:
+                    call([item])
+                return
+            for item in members:
+                results[item.worker.id] = merged(results[item.worker.id], finish(item, raising(error)))
+
+    list(pool.map(call, calls))
+    return [results[item.worker.id] for item in items]
 
 
 def start_refused(
@@ -173,10 +262,10 @@ def call_ec2(ctx: Context, worker: Worker, call: Ec2Call) -> None:
     instance_id = worker.ec2_instance_id or ""
     if call is Ec2Call.STOP:
         gateway.stop(instance_id)
-    elif call is Ec2Call.START:
-        gateway.start(instance_id)
     elif call is Ec2Call.TERMINATE:
         gateway.terminate(instance_id)
+    else:  # launches and starts are made in batches (provisioning.launch_all, start_all)
+        raise ValueError(f"{call} is not made on one machine")
 
 
 def back_off(

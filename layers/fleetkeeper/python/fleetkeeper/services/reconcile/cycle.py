@@ -9,7 +9,10 @@ even a cycle that outlived its lease cannot launch a second machine for the same
 
 Isolation: whatever one worker raises, in planning or in acting, is logged with its id, counted
 (`worker_errors`) and backed off on that worker alone (RETRY, persisted); the other workers and the
-drain sweep go on. An EC2 read that fails for a region backs off that region's workers only.
+drain sweep go on. An EC2 read that fails for a region backs off that region's workers only. Launches
+and starts are made in batches (one RunInstances per batch of launches alike, one StartInstances per
+region and instance type), each worker's part of them isolated the same way: a call that fails is met
+by each of its workers as its own.
 """
 
 from __future__ import annotations
@@ -47,7 +50,16 @@ from fleetkeeper.services.capacity import PoolReads
 from fleetkeeper.services.context import Context
 from fleetkeeper.services.layout import keep_layout
 from fleetkeeper.services.reconcile import provisioning
-from fleetkeeper.services.reconcile.actions import Work, apply_step, back_off, fail, start_desired_drain
+from fleetkeeper.services.reconcile.actions import (
+    Result,
+    Work,
+    apply_step,
+    back_off,
+    fail,
+    is_start,
+    start_all,
+    start_desired_drain,
+)
 from fleetkeeper.services.reconcile.capacity import launch_refused, scale_out
 from fleetkeeper.services.reconcile.drift import plan_drift
 from fleetkeeper.services.reconcile.expiry import replace_expired
@@ -256,16 +268,32 @@ def _run_cycle(
             report.counters[f"outcome_{item.step.outcome.lower()}"] += 1
     busy = [item for item in work if item.needs_io()]
 
-    def act_in_time(item: Work) -> tuple[Outcome, Counter[str]]:
+    def finish(item: Work, step: Callable[[Counter[str]], Outcome]) -> Result:
+        return isolated(ctx, item, now, step)
+
+    def in_time(item: Work, step: Callable[[Counter[str]], Outcome]) -> Result:
         if remaining() < SAFETY_MARGIN_SECONDS:
             # Out of time: what is left waits for the next cycle rather than being cut off mid-step.
             return Outcome.REQUEUE, Counter(deferred=1)
-        return act(ctx, item, now, images)
+        return finish(item, step)
 
+    # Launches and starts are made in batches, each worker's own part isolated as any step is; a claim
+    # on a batch's place, and what follows a call that was made (a pairing, a refusal), is never deferred.
+    launches = [i for i in busy if i.error is None and i.step.call is Ec2Call.LAUNCH]
+    starts = [i for i in busy if is_start(i)]
+    batched = {id(i) for i in (*launches, *starts)}
+    alone = [i for i in busy if id(i) not in batched]
     with ContextThreadPool(max_workers=PARALLELISM) as pool:
-        for outcome, counters in pool.map(act_in_time, busy):
-            report.counters[f"outcome_{outcome.lower()}"] += 1
-            report.counters.update(counters)
+        results = [
+            *pool.map(lambda item: in_time(item, lambda c: _dispatch(ctx, item, now, c, images)), alone),
+            *provisioning.launch_all(
+                ctx, launches, now=now, images=images, pool=pool, run=in_time, finish=finish
+            ),
+            *start_all(ctx, starts, pool=pool, run=in_time, finish=finish),
+        ]
+    for outcome, counters in results:
+        report.counters[f"outcome_{outcome.lower()}"] += 1
+        report.counters.update(counters)
 
     _after_steps(ctx, work, workers, report, now=now, remaining=remaining, reads=pool_reads)
     if shard.leads:
@@ -466,16 +494,15 @@ def _collect_metrics(
 # ---- acting on one worker, isolated ----------------------------------------------------------------
 
 
-def act(
-    ctx: Context, item: Work, now: datetime, images: NewestImages | None = None
-) -> tuple[Outcome, Counter[str]]:
-    """The worker's step; whatever it raises stays with this worker (logged, counted, backed off)."""
+def isolated(ctx: Context, item: Work, now: datetime, step: Callable[[Counter[str]], Outcome]) -> Result:
+    """Run a part of one worker's work (its step, or its share of a batch); whatever it raises stays with
+    this worker (logged, counted, backed off)."""
     counters: Counter[str] = Counter()
     worker = item.worker
     if item.error is not None:
         return _worker_failed(ctx, item, item.error, now, counters), counters
     try:
-        return _dispatch(ctx, item, now, counters, images), counters
+        return step(counters), counters
     except Conflict as lost:
         # Someone else (an EC2 event, the API, a drain) changed the worker since it was read.
         counters["conflicts"] += 1
@@ -491,8 +518,6 @@ def _dispatch(
     ctx: Context, item: Work, now: datetime, counters: Counter[str], images: NewestImages | None
 ) -> Outcome:
     worker, step = item.worker, item.step
-    if step.call is Ec2Call.LAUNCH:
-        return provisioning.launch(ctx, worker, now, counters, images)
     if step.call is Ec2Call.RETIRE_LAUNCHED:
         return provisioning.retire_launched(ctx, worker, step, counters)
     if item.scale_down is not None and item.admitted is not None:
