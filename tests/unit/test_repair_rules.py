@@ -9,21 +9,29 @@ import pytest
 from pydantic import ValidationError
 
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.operations import Catalogue, OperationSpec
 from fleetkeeper.domain.repair import (
     EVENT_MARGIN,
+    STALE_AFTER,
+    AgentReading,
     Brake,
+    EventReading,
     Health,
     HealthSource,
     HealthStatus,
     RepairPolicy,
+    Restart,
     ScheduledEvent,
     Signal,
+    StatusReading,
     brake,
     event_ended,
     observe,
     observe_all,
     plan_repair,
     repair_due,
+    restart_signals,
+    signals_of,
     stopped,
 )
 
@@ -188,6 +196,7 @@ def test_given_a_stop_then_the_checks_signals_are_cleared_and_a_report_stands() 
     [
         (Src.STATUS_CHECK, timedelta(minutes=10)),
         (Src.UNREACHABLE, timedelta(minutes=15)),
+        (Src.CONNECTION_LOST, timedelta(minutes=15)),
         (Src.REPORTED, timedelta(minutes=5)),
         (Src.SCHEDULED_EVENT, timedelta(0)),
     ],
@@ -335,11 +344,13 @@ def test_a_sick_machine_drains_within_half_an_hour_and_a_reported_one_on_its_tem
     reported = Health(status=SICK, source=Src.REPORTED, since=T0)
 
     assert plan_repair(sick, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 1800
+    lost = Health(status=SICK, source=Src.CONNECTION_LOST, since=T0)
+    assert plan_repair(lost, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 1800
     assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).timeout_seconds == 4 * 3600
     assert plan_repair(reported, BRAKE_FREE, 4 * 3600, T0).start_by is None
 
 
-@pytest.mark.parametrize("source", [Src.STATUS_CHECK, Src.UNREACHABLE, Src.REPORTED])
+@pytest.mark.parametrize("source", [Src.STATUS_CHECK, Src.UNREACHABLE, Src.CONNECTION_LOST, Src.REPORTED])
 def test_every_other_repair_is_ordinary_and_held_by_the_brake_when_it_holds(source: HealthSource) -> None:
     sick = Health(status=SICK, source=source, since=T0)
 
@@ -362,3 +373,136 @@ def test_a_reason_longer_than_500_characters_is_cut() -> None:
 
     assert health is not None
     assert health.reason == "x" * 500
+
+
+def line(system: str = "ok", instance: str = "ok", events: tuple[EventReading, ...] = ()) -> StatusReading:
+    return StatusReading("i-1", "running", system, instance, events)
+
+
+def reboot_event(description: str, not_before: datetime) -> EventReading:
+    return EventReading("system-reboot", not_before, description, "instance-event-7")
+
+
+def test_given_a_stop_then_a_scheduled_event_is_stale_too() -> None:
+    sick = observe_all(
+        None,
+        [Signal(SICK, Src.SCHEDULED_EVENT, "instance-stop", retirement()), Signal(SICK, Src.REPORTED)],
+        T0,
+    )
+
+    after = stopped(sick, T0 + timedelta(minutes=5))
+
+    assert after is not None
+    assert set(after.standing()) == {Src.REPORTED}
+    assert STALE_AFTER[Restart.STOP] == {
+        Src.SCHEDULED_EVENT,
+        Src.STATUS_CHECK,
+        Src.UNREACHABLE,
+        Src.CONNECTION_LOST,
+    }
+
+
+def test_given_a_restart_then_only_the_signals_begun_before_it_are_stale() -> None:
+    before = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+    since = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=10))
+
+    cleared = observe_all(before, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), T0)
+    kept = observe_all(since, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), T0)
+
+    assert cleared is not None
+    assert cleared.status == WELL
+    assert kept is since
+
+
+def test_given_a_completed_reboot_then_the_checks_said_before_it_are_stale_and_a_report_stands() -> None:
+    sick = observe_all(
+        None,
+        [
+            Signal(SICK, Src.STATUS_CHECK, "impaired"),
+            Signal(SICK, Src.CONNECTION_LOST, "ConnectionLost"),
+            Signal(SICK, Src.REPORTED, "disk full"),
+        ],
+        T0,
+    )
+    rebooted = line(
+        "initializing", "initializing", (reboot_event("[Completed] reboot", T0 + timedelta(hours=1)),)
+    )
+
+    after = observe_all(sick, signals_of(rebooted), T0 + timedelta(hours=2))
+
+    assert after is not None
+    assert set(after.standing()) == {Src.REPORTED}
+
+
+def test_given_a_machine_still_impaired_after_its_reboot_then_its_check_counts_from_the_reboot_on() -> None:
+    sick = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+    completed = (reboot_event("[Completed] reboot", T0 + timedelta(hours=1)),)
+    now = T0 + timedelta(hours=2)
+
+    after = observe_all(sick, signals_of(line(instance="impaired", events=completed)), now)
+    # AWS lists a completed event for a week: the next sweeps find the reboot again and change nothing.
+    later = observe_all(
+        after, signals_of(line(instance="impaired", events=completed)), now + timedelta(minutes=5)
+    )
+
+    assert after is not None
+    assert (after.status, after.source, after.since) == (SICK, Src.STATUS_CHECK, now)
+    assert later is after
+
+
+def test_given_a_cancelled_reboot_then_the_checks_stand() -> None:
+    sick = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+    cancelled = (reboot_event("[Canceled] reboot", T0 + timedelta(hours=1)),)
+
+    after = observe_all(sick, signals_of(line(instance="insufficient-data", events=cancelled)), T0)
+
+    assert after is not None
+    assert set(after.standing()) == {Src.STATUS_CHECK, Src.UNREACHABLE}
+    assert after.since == T0
+
+
+def test_given_an_agent_connection_lost_then_only_its_own_online_clears_it() -> None:
+    lost = AgentReading("ConnectionLost", T0 - timedelta(minutes=3))
+
+    sick = observe_all(None, signals_of(line(), lost), T0)
+    checks_ok = observe_all(sick, signals_of(line()), T0 + timedelta(minutes=5))
+    online = observe_all(sick, signals_of(line(), AgentReading("Online", T0)), T0 + timedelta(minutes=5))
+
+    assert sick is not None
+    assert (sick.status, sick.source, sick.since) == (SICK, Src.CONNECTION_LOST, T0)
+    assert sick.reason == "SSM agent ConnectionLost, last ping 2026-03-02T11:57:00+00:00"
+    # EC2's checks passing, or no word on the agent, says nothing of it.
+    assert checks_ok is sick
+    assert online is not None
+    assert online.status == WELL
+
+
+def test_the_signals_of_a_worker_in_order_the_one_that_counts_first() -> None:
+    health = observe_all(
+        None,
+        [Signal(SICK, Src.REPORTED, "disk full"), Signal(SICK, Src.STATUS_CHECK, "impaired")],
+        T0,
+    )
+    health = observe(
+        health, Signal(SICK, Src.SCHEDULED_EVENT, "retirement", retirement()), T0 + timedelta(hours=1)
+    )
+
+    assert health is not None
+    assert [source for source, _ in health.in_order()] == [
+        Src.SCHEDULED_EVENT,
+        Src.REPORTED,
+        Src.STATUS_CHECK,
+    ]
+    assert health.source == Src.SCHEDULED_EVENT
+
+
+def test_a_worker_uses_operations_when_its_template_runs_some_at_stop_or_system_info_is_collected() -> None:
+    spec = OperationSpec(document="Doc-1")
+    both = Catalogue(operations={"collect-system-info": spec, "deregister-license": spec})
+    licenses = Catalogue(operations={"deregister-license": spec})
+
+    assert both.used_by([], 3600)
+    assert not both.used_by([], 0)
+    assert both.used_by(["deregister-license"], 0)
+    assert not licenses.used_by([], 3600)
+    assert not Catalogue().used_by(["deregister-license"], 3600)

@@ -1,4 +1,5 @@
-"""SSM Run Command adapter: send a document to one machine, read how its invocation went, cancel it.
+"""SSM adapter: Run Command (send a document to one machine, read how its invocation went, cancel it),
+and the agents' ping status the health sweep reads.
 
 Errors are classified here, once (on cloud/retry.py's classification): for the reads, throttling, 5xx and
 dropped connections are retried by `with_backoff` and end as `Unavailable` when they persist; SendCommand,
@@ -11,7 +12,7 @@ send, SSM may not know the invocation yet (`InvocationDoesNotExist`): that is "n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -27,6 +28,7 @@ from fleetkeeper.cloud.retry import (
     is_retryable,
     with_backoff,
 )
+from fleetkeeper.domain.repair import AgentReading
 from fleetkeeper.observability import logger
 
 # Invocation statuses of a command still on its way or running.
@@ -36,6 +38,8 @@ NOT_YET_KNOWN: Final = "InvocationDoesNotExist"
 # SendCommand's TimeoutSeconds: how long SSM tries to deliver to an offline machine (30 s minimum).
 DELIVERY_TIMEOUT_SECONDS: Final = 120
 COMMENT_LIMIT: Final = 100
+# DescribeInstanceInformation answers at most 50 machines a call: the ids go 50 to a call, one page each.
+INFORMATION_PAGE_SIZE: Final = 50
 
 
 SEND_ATTEMPTS: Final = 4
@@ -173,3 +177,22 @@ class CommandGateway:
             logger.warning("CancelCommand failed", command_id=command_id, error=describe(exc))
             return False
         return True
+
+
+def agent_readings(client: Any, instance_ids: Iterable[str]) -> dict[str, AgentReading]:
+    """The SSM agent's ping status of each of these machines that Systems Manager knows, one
+    DescribeInstanceInformation per 50 ids; a machine it does not know is left out."""
+    found: dict[str, AgentReading] = {}
+    ids = sorted(set(instance_ids))
+    paginator = client.get_paginator("describe_instance_information")
+    for start in range(0, len(ids), INFORMATION_PAGE_SIZE):
+        pages = paginator.paginate(
+            Filters=[{"Key": "InstanceIds", "Values": ids[start : start + INFORMATION_PAGE_SIZE]}],
+            PaginationConfig={"PageSize": INFORMATION_PAGE_SIZE},
+        )
+        for page in pages:
+            for info in page.get("InstanceInformationList", []):
+                found[str(info["InstanceId"])] = AgentReading(
+                    ping_status=str(info.get("PingStatus", "")), last_ping=info.get("LastPingDateTime")
+                )
+    return found

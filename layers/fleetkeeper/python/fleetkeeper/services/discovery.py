@@ -6,7 +6,9 @@
    own): every machine carrying the managed tag belongs to a live worker or is terminated.
 3. Health: one paged DescribeInstanceStatus of the region (1000 machines a call) records the scheduled
    events, failed status checks and silent machines of RUNNING workers (services/repair.py), so a
-   missed AWS Health event is caught here; only a change is written.
+   missed AWS Health event is caught here; DescribeInstanceInformation (50 machines a call) reads the
+   SSM agents of those that use operations, whose lost connection is a signal too. Only a change is
+   written.
 4. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
@@ -36,13 +38,14 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
 from fleetkeeper.domain.errors import Conflict
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
-from fleetkeeper.domain.repair import observe_all, signals_of
+from fleetkeeper.domain.repair import AgentReading, observe_all, signals_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.services import orphan_gc, repair
@@ -322,8 +325,9 @@ def _sweep_health(
     now: datetime,
     out_of_time: Callable[[], bool],
 ) -> None:
-    """Record what the region's status lines say of its RUNNING workers; a report-only run writes
-    nothing. A failed read is counted, and the next run reads again."""
+    """Record what the region's status lines, and the SSM agents of the workers that use operations,
+    say of its RUNNING workers; a report-only run writes nothing. A failed read is counted, and the
+    next run reads again (a failed agent read leaves the agents' signals as they stand)."""
     running = {
         w.ec2_instance_id: w for w in tracked if w.status == WorkerStatus.RUNNING and w.ec2_instance_id
     }
@@ -335,9 +339,10 @@ def _sweep_health(
         logger.warning("DescribeInstanceStatus failed", region=findings.region, error=str(error))
         findings.errors += 1
         return
+    agents = _agent_readings(ctx, running, findings)
     for index, reading in enumerate(readings):
         worker = running[reading.instance_id]
-        signals = signals_of(reading)
+        signals = signals_of(reading, agents.get(reading.instance_id))
         if observe_all(worker.health, signals, now) == worker.health:
             continue
         if out_of_time():
@@ -353,6 +358,29 @@ def _sweep_health(
         except Exception:  # one worker's, never the pass's: read again next run
             logger.exception("health not recorded", worker_id=worker.id)
             findings.errors += 1
+
+
+def _agent_readings(
+    ctx: Context, running: Mapping[str, Worker], findings: RegionFindings
+) -> dict[str, AgentReading]:
+    """The SSM agents of the running workers whose template uses operations (their agent must answer),
+    50 machines a call; none when no worker does, or when the read failed (counted)."""
+    settings = ctx.settings
+    interval = settings.system_info_interval_seconds
+    before_stop = {t.name: t.before_stop for t in ctx.store.list_templates()}
+    wanted = [
+        instance_id
+        for instance_id, worker in running.items()
+        if settings.operations_catalogue.used_by(before_stop.get(worker.template, []), interval)
+    ]
+    if not wanted:
+        return {}
+    try:
+        return ssm.agent_readings(ctx.ssm(findings.region), wanted)
+    except (ClientError, BotoCoreError) as error:
+        logger.warning("DescribeInstanceInformation failed", region=findings.region, error=str(error))
+        findings.errors += 1
+        return {}
 
 
 def _backfill_machine_keys(

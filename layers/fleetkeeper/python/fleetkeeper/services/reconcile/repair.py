@@ -183,6 +183,7 @@ def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetim
     source = {
         HealthSource.STATUS_CHECK: "failed status check",
         HealthSource.UNREACHABLE: "machine not answering",
+        HealthSource.CONNECTION_LOST: "SSM agent not answering",
         HealthSource.REPORTED: "reported unhealthy",
     }.get(health.source, str(health.source))
     return f"repair: {source}: {health.reason or '-'}"[:500]
