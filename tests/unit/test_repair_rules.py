@@ -3,12 +3,15 @@ repair's drain."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
 
+from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.models import Worker, WorkerSummary
 from fleetkeeper.domain.operations import Catalogue, OperationSpec
 from fleetkeeper.domain.repair import (
     EVENT_MARGIN,
@@ -229,6 +232,9 @@ def test_a_healthy_worker_is_never_due() -> None:
     assert not repair_due(None, RepairPolicy(), T0)
 
 
+R = WorkerStatus.RUNNING
+
+
 @pytest.mark.parametrize(
     ("unhealthy", "members", "holds"),
     [(2, 8, True), (1, 8, False), (1, 5, False), (2, 10, False), (2, 4, True), (3, 10, True)],
@@ -236,10 +242,7 @@ def test_a_healthy_worker_is_never_due() -> None:
 def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
     unhealthy: int, members: int, holds: bool
 ) -> None:
-    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
-    healths = [sick] * unhealthy + [None] * (members - unhealthy)
-
-    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
+    found = brake({R: members}, {R: unhealthy}, RepairPolicy())
 
     assert found.holds is holds
     assert found.detail == f"repair brake, {unhealthy} of {members} unhealthy"
@@ -247,37 +250,41 @@ def test_the_brake_holds_when_more_than_the_share_is_unhealthy(
 
 @pytest.mark.parametrize("members", [1, 2, 3, 4])
 def test_given_a_small_pool_with_one_sick_member_then_the_brake_lets_its_repair_through(members: int) -> None:
-    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
-    healths = [sick] + [None] * (members - 1)
-
-    found = brake([(WorkerStatus.RUNNING, h) for h in healths], RepairPolicy())
+    found = brake({R: members}, {R: 1}, RepairPolicy())
 
     assert found.holds is False, found.detail
 
 
 def test_given_a_brake_of_zero_percent_then_one_sick_worker_is_repaired_and_two_are_held() -> None:
-    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
     policy = RepairPolicy(max_unhealthy_percent=0)
 
-    one = brake([(WorkerStatus.RUNNING, sick)] + [(WorkerStatus.RUNNING, None)] * 9, policy)
-    two = brake([(WorkerStatus.RUNNING, sick)] * 2 + [(WorkerStatus.RUNNING, None)] * 8, policy)
+    one = brake({R: 10}, {R: 1}, policy)
+    two = brake({R: 10}, {R: 2}, policy)
 
     assert (one.holds, two.holds) == (False, True)
 
 
 def test_the_brake_counts_the_members_only_a_draining_one_included() -> None:
-    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
-    workers = [
-        (WorkerStatus.DRAINING, sick),
-        (WorkerStatus.RUNNING, None),
-        (WorkerStatus.STOPPED, sick),
-        (WorkerStatus.PENDING, sick),
-        (WorkerStatus.TERMINATED, sick),
-    ]
+    statuses = [WorkerStatus.DRAINING, R, WorkerStatus.STOPPED, WorkerStatus.PENDING, WorkerStatus.TERMINATED]
+    sick = [WorkerStatus.DRAINING, WorkerStatus.STOPPED, WorkerStatus.PENDING, WorkerStatus.TERMINATED]
 
-    found = brake(workers, RepairPolicy())
+    found = brake(Counter(statuses), Counter(sick), RepairPolicy())
 
     assert (found.unhealthy, found.members) == (1, 2)
+
+
+def test_the_counts_of_a_pool_are_its_scopes_and_its_unhealthy_ones_are_its_workers_read_in_full() -> None:
+    sick = Health(status=SICK, source=Src.STATUS_CHECK, since=T0)
+    fleet = [
+        Worker(id="w-1", template="lab", region="us-east-1", pool="labs", status=R, capacity=1, health=sick),
+        Worker(id="w-2", template="gpu", region="us-east-1", pool="labs", status=R, capacity=1),
+        Worker(id="w-3", template="lab", region="us-east-1", pool="other", status=R, capacity=1, health=sick),
+        WorkerSummary(id="w-4", template="lab", region="us-east-1", pool="labs", status=R, capacity=1),
+    ]
+
+    workers, unhealthy = FleetCounts.of(fleet).in_pool("labs")
+
+    assert (workers, unhealthy) == ({R: 3}, {R: 1})
 
 
 # A pool of 10 members with 3 sick: the default brake (20 %) holds.

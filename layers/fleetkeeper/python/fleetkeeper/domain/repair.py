@@ -18,7 +18,7 @@ run past the margin before NotBefore.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -332,16 +332,18 @@ class Brake:
         return f"repair brake, {self.unhealthy} of {self.members} unhealthy"
 
 
-def brake(workers: Iterable[tuple[WorkerStatus, Health | None]], policy: RepairPolicy) -> Brake:
-    """The brake over a pool's workers, each as its status and health: its members (RUNNING and those
-    being disrupted) count, the rest do not."""
-    members = unhealthy = 0
-    for status, health in workers:
-        if status not in MEMBERS:
-            continue
-        members += 1
-        unhealthy += 1 if health is not None and health.unhealthy else 0
-    return Brake(unhealthy=unhealthy, members=members, max_percent=policy.max_unhealthy_percent)
+def brake(
+    by_status: Mapping[WorkerStatus, int],
+    unhealthy_by_status: Mapping[WorkerStatus, int],
+    policy: RepairPolicy,
+) -> Brake:
+    """The brake over a pool's counts, its workers and its unhealthy ones by status: its members
+    (RUNNING and those being disrupted) count, the rest do not."""
+    return Brake(
+        unhealthy=sum(unhealthy_by_status.get(status, 0) for status in MEMBERS),
+        members=sum(by_status.get(status, 0) for status in MEMBERS),
+        max_percent=policy.max_unhealthy_percent,
+    )
 
 
 @dataclass(frozen=True)

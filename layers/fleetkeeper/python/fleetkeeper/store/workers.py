@@ -104,10 +104,11 @@ class WorkerRepository(MachineKeyRepository):
         return [found[i] for i in dict.fromkeys(worker_ids) if i in found]
 
     def unhealthy_workers(self, worker_ids: Collection[str]) -> set[str]:
-        """Which of these workers their health says are unhealthy, read eventually consistent (enough to
-        pass them over: the placing transaction's condition decides)."""
+        """Which of these workers their health says are unhealthy, read from their items strongly
+        consistent: a worker healthy again is not passed over on a stale read (a wrong NO_CAPACITY), and
+        one sick since is refused by the placing transaction's condition."""
         items = self._batch_get_items(
-            [keys.worker_key(i) for i in sorted(worker_ids)], consistent=False, projection=("id", "health")
+            [keys.worker_key(i) for i in sorted(worker_ids)], projection=("id", "health")
         )
         healths = [(str(i["id"]["S"]), deserialize(i).get("health") or {}) for i in items]
         return {id_ for id_, health in healths if health.get("status") == HealthStatus.UNHEALTHY}
@@ -125,6 +126,15 @@ class WorkerRepository(MachineKeyRepository):
         if self.layout().done:
             return read_counts(self._client, self.table_name)
         return FleetCounts.of(newest_per_worker(self._legacy_by_status(list(WorkerStatus))))
+
+    def health_counts(self, pools: Collection[str]) -> FleetCounts:
+        """Workers and unhealthy workers per scope and status, exact: the counters once the table is
+        migrated (store/counters.py); until then these pools' workers, listed through the pool index and
+        read strongly consistent."""
+        if self.layout().done:
+            return read_counts(self._client, self.table_name)
+        listed = [w.id for pool in sorted(pools) for w in self.workers_in_pool(pool)]
+        return FleetCounts.of(self.get_workers(listed))
 
     def pool_active_instances(self, pool: str) -> int:
         """Active instances across the pool's workers, each worker read consistently.
