@@ -87,7 +87,7 @@ class Restart(StrEnum):
     REBOOT = "reboot"
 
 
-# Per restart, the sources whose earlier signals it makes stale (docs/repair.md, "What ends a signal").
+# Per restart, the sources whose earlier signals it makes stale (docs/repair.md, "Signals").
 # A stop leaves the old host behind, and with it what its checks, its silence and its scheduled events
 # said; a reboot starts the machine afresh on the same host, so only what was said of the running
 # machine goes. An agent's report is the agent's to withdraw: a full disk outlives both.
