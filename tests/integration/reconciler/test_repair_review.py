@@ -10,15 +10,18 @@ import pytest
 
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
-from fleetkeeper.domain.repair import HealthSource
+from fleetkeeper.domain.repair import HealthSource, HealthStatus
 from fleetkeeper.services import ec2_events
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store import keys
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import faults, health
+from tests.integration.conftest import ControlPlane
 from tests.integration.functions import reconcile_fleet
-from tests.integration.reconciler.conftest import ContextFactory
+from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
 from tests.integration.reconciler.test_repair import IMPAIRED, pool_of, signal
+from tests.integration.reconciler.test_repair_signals import discover
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -104,3 +107,24 @@ def test_given_a_machine_signal_read_before_a_stop_and_recorded_after_it_then_it
     standing = health.standing() if health is not None else {}
     assert not set(standing) & {HealthSource.STATUS_CHECK, HealthSource.SCHEDULED_EVENT}, standing
     assert report.counters["repair_replacements"] == 0, report.counters
+
+
+def test_given_one_throttled_agent_read_then_discovery_still_records_the_lost_agent(
+    control_plane: ControlPlane, live_worker: LiveWorkerFactory, ec2: Any, store: FleetStore
+) -> None:
+    lost = live_worker(pool="labs", registered=True)
+    assert lost.ec2_instance_id is not None
+    health.disconnect(ec2, lost.ec2_instance_id)
+    # One throttle among the sweep's calls (200 of them at 10,000 workers); the SSM client makes one
+    # attempt per call (cloud/clients.CALLER_RETRIED), so the adapter is the one to retry it.
+    throttled = faults.Fault(
+        "ssm", "ThrottlingException", operations=frozenset({"DescribeInstanceInformation"}), limit=1
+    )
+
+    with faults.FaultPlan(faults=[throttled]).installed():
+        discover()
+
+    assert throttled.injected == 1
+    sick = store.get_worker(lost.id).health
+    assert sick is not None
+    assert (sick.status, sick.source) == (HealthStatus.UNHEALTHY, HealthSource.CONNECTION_LOST)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -181,18 +182,25 @@ class CommandGateway:
 
 def agent_readings(client: Any, instance_ids: Iterable[str]) -> dict[str, AgentReading]:
     """The SSM agent's ping status of each of these machines that Systems Manager knows, one
-    DescribeInstanceInformation per 50 ids; a machine it does not know is left out."""
+    DescribeInstanceInformation per 50 ids, each call retried by `with_backoff` (the SSM client makes
+    one attempt: a sweep's one throttled call of hundreds must not cost the whole read); a machine it
+    does not know is left out."""
     found: dict[str, AgentReading] = {}
     ids = sorted(set(instance_ids))
-    paginator = client.get_paginator("describe_instance_information")
     for start in range(0, len(ids), INFORMATION_PAGE_SIZE):
-        pages = paginator.paginate(
-            Filters=[{"Key": "InstanceIds", "Values": ids[start : start + INFORMATION_PAGE_SIZE]}],
-            PaginationConfig={"PageSize": INFORMATION_PAGE_SIZE},
-        )
-        for page in pages:
+        request: dict[str, Any] = {
+            "Filters": [{"Key": "InstanceIds", "Values": ids[start : start + INFORMATION_PAGE_SIZE]}],
+            "MaxResults": INFORMATION_PAGE_SIZE,
+        }
+        while True:
+            page = with_backoff(
+                partial(client.describe_instance_information, **request), name="DescribeInstanceInformation"
+            )
             for info in page.get("InstanceInformationList", []):
                 found[str(info["InstanceId"])] = AgentReading(
                     ping_status=str(info.get("PingStatus", "")), last_ping=info.get("LastPingDateTime")
                 )
+            if not page.get("NextToken"):
+                break
+            request["NextToken"] = page["NextToken"]
     return found

@@ -40,7 +40,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
-from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.errors import Conflict, Unavailable
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
@@ -377,7 +377,7 @@ def _agent_readings(
         return {}
     try:
         return ssm.agent_readings(ctx.ssm(findings.region), wanted)
-    except (ClientError, BotoCoreError) as error:
+    except (ClientError, BotoCoreError, Unavailable) as error:
         logger.warning("DescribeInstanceInformation failed", region=findings.region, error=str(error))
         findings.errors += 1
         return {}
