@@ -484,6 +484,19 @@ def test_given_an_agent_connection_lost_then_only_its_own_online_clears_it() -> 
     assert online.status == WELL
 
 
+def test_given_a_machine_started_again_then_its_agents_connection_lost_is_no_signal_until_it_booted() -> None:
+    # Right after a start EC2 says running, checks initializing, while SSM still says ConnectionLost with
+    # the last ping from before the stop: the agent has not had the time to ping.
+    before_the_stop = AgentReading("ConnectionLost", T0 - timedelta(minutes=30))
+
+    booting = observe_all(None, signals_of(line("initializing", "initializing"), before_the_stop), T0)
+    booted = observe_all(None, signals_of(line(), before_the_stop), T0 + timedelta(minutes=5))
+
+    assert booting is None
+    assert booted is not None
+    assert (booted.status, booted.source) == (SICK, Src.CONNECTION_LOST)
+
+
 def test_the_signals_of_a_worker_in_order_the_one_that_counts_first() -> None:
     health = observe_all(
         None,

@@ -425,6 +425,9 @@ class AgentReading:
 
 # Statuses that mean EC2 has heard nothing from the machine (an `initializing` machine is still booting).
 _SILENT: Final = frozenset({"insufficient-data"})
+# A machine still booting (after a launch, a start or a reboot): its agent has not pinged yet, so SSM
+# still says ConnectionLost from before; that is no signal until the checks have run.
+_BOOTING: Final = frozenset({"initializing"})
 # SSM's PingStatus of an agent that stopped answering, and of one that answers.
 CONNECTION_LOST: Final = "ConnectionLost"
 ONLINE: Final = "Online"
@@ -472,7 +475,7 @@ def signals_of(reading: StatusReading, agent: AgentReading | None = None) -> lis
     if agent is not None:
         last = agent.last_ping.astimezone(UTC).isoformat() if agent.last_ping is not None else "-"
         said = f"SSM agent {agent.ping_status}, last ping {last}"
-        if agent.ping_status == CONNECTION_LOST:
+        if agent.ping_status == CONNECTION_LOST and statuses.isdisjoint(_BOOTING):
             unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.CONNECTION_LOST, said))
         elif agent.ping_status == ONLINE:
             healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.CONNECTION_LOST, said))
