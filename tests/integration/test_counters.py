@@ -169,7 +169,19 @@ def test_given_a_worker_counted_healthy_while_unhealthy_then_its_next_write_coun
     worker = running_worker(pool="labs")
     sick = observe(None, Signal(HealthStatus.UNHEALTHY, HealthSource.REPORTED, "disk full"), utcnow())
     worker = store.update_worker(worker, {"health": sick}, actor="agent", action="WorkerHealthChanged")
-    # As an earlier release left it: counted in its status's cell, not among the unhealthy ones.
+    counted_plain(store, worker)
+    assert store.fleet_counts().in_pool("labs") == ({WorkerStatus.RUNNING: 1}, {})
+
+    store.transition_worker(
+        store.get_worker(worker.id), WorkerStatus.DRAINING, cause=Cause.CONTROL, actor="t"
+    )
+
+    assert store.fleet_counts().in_pool("labs") == ({WorkerStatus.DRAINING: 1}, {WorkerStatus.DRAINING: 1})
+
+
+def counted_plain(store: FleetStore, worker: Worker) -> None:
+    """Count an unhealthy worker as an earlier release left it: in its status's cell, not among the
+    unhealthy ones."""
     healthy_cell = keys.counted_cell(worker).replace(keys.UNHEALTHY_MARK, "")
     store._client.update_item(
         TableName=store.table_name,
@@ -178,15 +190,40 @@ def test_given_a_worker_counted_healthy_while_unhealthy_then_its_next_write_coun
         ExpressionAttributeNames={"#ca": COUNTED_AS},
         ExpressionAttributeValues={":cell": {"S": healthy_cell}},
     )
-    store._client.transact_write_items(
-        TransactItems=counter_updates(
-            store.table_name, worker.id, {keys.counted_cell(worker): -1, healthy_cell: 1}
-        )
+    moves: list[Any] = counter_updates(
+        store.table_name, worker.id, {keys.counted_cell(worker): -1, healthy_cell: 1}
     )
-    assert store.fleet_counts().in_pool("labs") == ({WorkerStatus.RUNNING: 1}, {})
+    store._client.transact_write_items(TransactItems=moves)
 
-    store.transition_worker(
-        store.get_worker(worker.id), WorkerStatus.DRAINING, cause=Cause.CONTROL, actor="t"
-    )
 
-    assert store.fleet_counts().in_pool("labs") == ({WorkerStatus.DRAINING: 1}, {WorkerStatus.DRAINING: 1})
+def test_given_sick_workers_counted_healthy_then_counting_the_pools_health_moves_them_once_and_marks_it(
+    store: FleetStore, running_worker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = [running_worker(pool="labs") for _ in range(4)]
+    report = Signal(HealthStatus.UNHEALTHY, HealthSource.REPORTED, "disk full")
+    sick = [
+        store.update_worker(w, {"health": observe(None, report, utcnow())}, actor="agent", action="sick")
+        for w in fleet[:3]
+    ]
+    for worker in sick:
+        counted_plain(store, worker)
+    assert store.fleet_counts().in_pool("labs")[1] == {}
+    # A writer heals the third worker between the walk's read and its move: its own write counts it.
+    read = store._batch_get_items
+
+    def read_then_heal(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        items = read(*args, **kwargs)
+        current = store.get_worker(sick[2].id)
+        healed = observe(current.health, Signal(HealthStatus.HEALTHY, HealthSource.REPORTED), utcnow())
+        store.update_worker(current, {"health": healed}, actor="agent", action="healed")
+        return items
+
+    monkeypatch.setattr(store, "_batch_get_items", read_then_heal)
+    assert store.count_health("labs") is None  # refused once: no mark, the next cycle walks again
+    monkeypatch.undo()
+    assert store.fleet_counts() == truth(store, fleet)
+    assert store.fleet_counts().in_pool("labs")[1] == {WorkerStatus.RUNNING: 2}
+
+    assert store.count_health("labs") == 0  # every member where it belongs now: the pool is marked
+    monkeypatch.setattr(store, "workers_in_pool", lambda pool: pytest.fail(f"{pool} walked again"))
+    assert store.count_health("labs") == 0

@@ -47,11 +47,6 @@ def counted_as_an_earlier_release_left_it(store: FleetStore, worker: Worker) -> 
     store._client.transact_write_items(TransactItems=items)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the counters count a worker among the unhealthy only from its next write, and a sick worker "
-    "the brake holds is never written again: after the deploy the brake reads 0 of 8",
-)
 def test_given_a_quarter_of_a_pool_sick_before_health_was_counted_then_the_brake_still_holds(
     make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
 ) -> None:

@@ -11,7 +11,8 @@ A cell also says whether the worker is unhealthy (store/keys.counted_cell): a he
 worker to its status's other cell in the same way, so each status's unhealthy workers are counted
 exactly beside all of them (`u_<status>` beside `n_<status>`), and the repair brake reads them here
 instead of through a lagging index. A worker recorded unhealthy before cells said so is counted among
-them by its next write (its item names the cell it was counted in, and the write moves it from there).
+them by its next write (its item names the cell it was counted in, and the write moves it from there),
+or by the one walk of its pool that precedes the brake's first read of it (store/workers.count_health).
 
 Where the counts live: a scope's counts are split into COUNTER_ITEMS items (the worker's bucket picks
 one), spread over COUNTER_PARTITIONS partition keys, `PK = COUNTS#<p>`, `SK = <scope>#<item>`, one

@@ -100,6 +100,12 @@ def counted_cell(worker: Worker) -> str:
     return f"{worker.status}{mark}@{scope_of(worker)}"
 
 
+def health_counted_key(pool: str) -> dict[str, str]:
+    """The mark that every member of the pool is counted in the cell its health says (store/workers.py,
+    `count_health`)."""
+    return {"PK": f"HEALTHCOUNTED#{pool}", "SK": "MARK"}
+
+
 def worker_index_attributes(worker: Worker, *, legacy: bool = False) -> dict[str, Any]:
     """The index attributes of a worker item; with `legacy`, the earlier release's too (store/layout.py).
 

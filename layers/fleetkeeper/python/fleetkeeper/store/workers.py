@@ -14,6 +14,7 @@ from typing import Any
 
 from fleetkeeper.domain.admission import Claim, counted, settled
 from fleetkeeper.domain.capacity import member_moves
+from fleetkeeper.domain.disruption import MEMBERS
 from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolFull, PoolNotActive, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
@@ -30,6 +31,7 @@ from fleetkeeper.store.codec import deserialize, load_record, record_attributes,
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
 from fleetkeeper.store.disruption import BudgetTaken, PoolMoved, count_updates
 from fleetkeeper.store.machine_keys import MachineKeyRepository
+from fleetkeeper.store.migration import relayout_items
 from fleetkeeper.store.schema import BY_EC2_INSTANCE, BY_KIND, BY_PARENT, BY_POOL, BY_SHARD, BY_STATUS
 from fleetkeeper.store.table import (
     BATCH_GET_SIZE,
@@ -135,6 +137,37 @@ class WorkerRepository(MachineKeyRepository):
             return read_counts(self._client, self.table_name)
         listed = [w.id for pool in sorted(pools) for w in self.workers_in_pool(pool)]
         return FleetCounts.of(self.get_workers(listed))
+
+    def count_health(self, pool: str) -> int | None:
+        """Count every member of the pool in the cell its health says, once per pool: the workers moved
+        (0: none, or the pool is marked counted), or None when one was written meanwhile (the next cycle
+        walks again).
+
+        A worker last written before cells said health sits in its status's plain cell, and a sick one
+        the brake holds may never be written again. The walk lists the members through the pool index,
+        reads them strongly consistent and moves each with the migration's write, conditional on the
+        version and cell read (a concurrent write wins and counts the worker itself). A walk refused
+        nothing marks the pool: every write since counts by health. Before the table is migrated the
+        counts come from the items (`health_counts`), and the migration counts each worker by health."""
+        marker = keys.health_counted_key(pool)
+        if not self.layout().done or self._get(marker) is not None:
+            return 0
+        members = [keys.worker_key(w.id) for w in self.workers_in_pool(pool) if w.status in MEMBERS]
+        legacy = self.layout().legacy_writes
+        moved = refused = 0
+        for raw in self._batch_get_items(members):
+            items = relayout_items(self.table_name, raw, legacy=legacy)
+            if items is None:
+                continue
+            if self._transact_unless_refused(items):
+                moved += 1
+            else:
+                refused += 1
+        if refused:
+            return None
+        mark = {**marker, "counted_at": utcnow().isoformat(), "moved": moved}
+        self._transact_unless_refused([self._put(mark, "attribute_not_exists(PK)")])
+        return moved
 
     def pool_active_instances(self, pool: str) -> int:
         """Active instances across the pool's workers, each worker read consistently.

@@ -92,6 +92,8 @@ def repair_workers(
     # The brake over each pool with a due repair, from the exact counts of the whole fleet, read once
     # and strongly consistent: a shard's share of a pool is no measure of it, nor is a lagging index.
     due_pools = sorted({w.pool for w, _ in candidates if w.pool is not None})
+    for pool in due_pools:
+        _count_health(ctx, pool, counters)
     counts = ctx.store.health_counts(due_pools) if due_pools else FleetCounts()
     brakes = {pool: brake(*counts.in_pool(pool), policy(pool)) for pool in due_pools}
     blocked: dict[str | None, str] = {}
@@ -140,6 +142,16 @@ def repair_workers(
     counters["repair_blocked_pools"] += len(blocked)
     metrics.add_metric(name=METRIC_REPAIR_BLOCKED, unit=MetricUnit.Count, value=len(blocked))
     return {pool: detail for pool, detail in blocked.items() if pool is not None}
+
+
+def _count_health(ctx: Context, pool: str, counters: Counter[str]) -> None:
+    """Before the brake first reads a pool's counters, count the workers that fell sick before cells
+    said health among its unhealthy (store/workers.count_health); once per pool, one read after."""
+    moved = ctx.store.count_health(pool)
+    if moved is None:
+        counters["repair_health_recount_deferred"] += 1
+    elif moved:
+        counters["repair_health_recounted"] += moved
 
 
 def _still_sick(decided: Health) -> admission.Expect:
