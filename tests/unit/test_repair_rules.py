@@ -191,7 +191,10 @@ def test_given_a_stop_then_the_checks_signals_are_cleared_and_a_report_stands() 
     assert (after.status, set(after.standing())) == (SICK, {Src.REPORTED})
     assert cleared is not None
     assert cleared.status == WELL
-    assert stopped(None, T0) is None
+    # A worker never found sick keeps its stop too: a word said before it may still arrive.
+    never_sick = stopped(None, T0)
+    assert never_sick is not None
+    assert (never_sick.status, never_sick.standing()) == (WELL, {})
 
 
 @pytest.mark.parametrize(
@@ -413,12 +416,61 @@ def test_given_a_restart_then_only_the_signals_begun_before_it_are_stale() -> No
     before = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
     since = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=10))
 
-    cleared = observe_all(before, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), T0)
-    kept = observe_all(since, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), T0)
+    now = T0 + timedelta(minutes=15)
+    cleared = observe_all(before, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), now)
+    kept = observe_all(since, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), now)
 
     assert cleared is not None
     assert cleared.status == WELL
-    assert kept is since
+    assert kept is not None
+    assert since is not None
+    assert (kept.status, kept.standing()) == (SICK, since.standing())
+
+
+@pytest.mark.parametrize("source", sorted(STALE_AFTER[Restart.STOP]))
+def test_given_a_machine_signal_said_before_a_stop_and_recorded_after_it_then_it_is_stale(
+    source: HealthSource,
+) -> None:
+    event = retirement(event_id="arn:aws:health:us-east-1::event/EC2/e-1")
+    said = Signal(SICK, source, "said before the stop", event if source == Src.SCHEDULED_EVENT else None)
+    stop = T0 + timedelta(minutes=1)
+    restarted = stopped(None, stop)
+
+    # A sweep that began before the stop (its `now`), or an AWS Health event timed before it, late.
+    swept = observe(restarted, said, T0)
+    delivered = observe(restarted, Signal(SICK, source, "late", said.event, at=T0), stop + timedelta(hours=3))
+    # Said since the restart, it stands.
+    since = observe(restarted, said, stop + timedelta(minutes=5))
+
+    assert swept is restarted
+    assert delivered is restarted
+    assert since is not None
+    assert (since.status, set(since.standing())) == (SICK, {source})
+
+
+def test_given_a_report_said_before_a_stop_and_recorded_after_it_then_it_stands() -> None:
+    restarted = stopped(None, T0 + timedelta(minutes=1))
+
+    after = observe(restarted, Signal(SICK, Src.REPORTED, "disk full"), T0)
+
+    assert after is not None
+    assert (after.status, after.source) == (SICK, Src.REPORTED)
+
+
+def test_given_a_reboot_completed_before_its_date_then_the_checks_toleration_runs_on() -> None:
+    # The machine was rebooted before its event's NotBefore: the event is completed, its date ahead.
+    sick = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
+    completed = (reboot_event("[Completed] reboot", T0 + timedelta(days=2)),)
+    now = T0 + timedelta(hours=1)
+
+    after = observe_all(sick, signals_of(line(instance="impaired", events=completed)), now)
+    later = observe_all(
+        after, signals_of(line(instance="impaired", events=completed)), now + timedelta(minutes=5)
+    )
+
+    assert after is not None
+    assert (after.status, after.source, after.since) == (SICK, Src.STATUS_CHECK, T0)
+    assert later is after
 
 
 def test_given_a_completed_reboot_then_the_checks_said_before_it_are_stale_and_a_report_stands() -> None:

@@ -63,11 +63,6 @@ def test_given_a_quarter_of_a_pool_sick_before_health_was_counted_then_the_brake
     assert store.find_worker(replacement_id(first.id, "repair")) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="record_health folds a machine signal read before a stop into the worker after the stop: "
-    "since predates the restart, yet nothing makes it stale, and the restarted worker is repaired",
-)
 @pytest.mark.parametrize("source", ["discovery", "health-event"])
 def test_given_a_machine_signal_read_before_a_stop_and_recorded_after_it_then_it_is_stale(
     make_ctx: ContextFactory,

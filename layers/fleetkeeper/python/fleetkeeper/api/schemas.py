@@ -606,7 +606,7 @@ class HealthView(BaseModel):
             repair = RepairView(reason=owner.reason, since=owner.since, step=step)
         return cls.model_validate(
             {
-                **health.model_dump(exclude={"signals", "heard"}),
+                **health.model_dump(exclude={"signals", "heard", "stale_before"}),
                 "signals": signals,
                 "repair_in_progress": repair is not None,
                 "repair": repair,
@@ -652,7 +652,8 @@ class WorkerView(BaseModel):
         default=None, description="how the machine differs from its template now (docs/rollouts.md)"
     )
     health: HealthView | None = Field(
-        default=None, description="what its health signals last said (docs/repair.md); null: never unhealthy"
+        default=None,
+        description="what its health signals last said (docs/repair.md); null: never unhealthy nor stopped",
     )
 
     @classmethod

@@ -4,7 +4,8 @@
 A worker's `health` keeps each source's unhealthy signal: an EC2 scheduled event (AWS's date), a
 failed status check, a machine EC2 hears nothing from, an SSM agent that lost its connection, or what
 its own agent reports. `observe` folds a new signal into it; a signal clears only what its own source
-said (or what a restart of the machine made stale, `STALE_AFTER`), the worker is unhealthy while any
+said (or what a restart of the machine made stale, `STALE_AFTER`: the health keeps the restart's time,
+so a word said before it and recorded after it is stale too), the worker is unhealthy while any
 source says so, and a scheduled event's signal counts first, because its date is fixed. A repair is
 due once a signal has lasted its pool's toleration (a scheduled event at once). The brake stops a
 pool's repairs while more than `max_unhealthy_percent` of its members are unhealthy: that many at once
@@ -125,6 +126,10 @@ class Health(_Record):
     signals: dict[HealthSource, Standing] = Field(default_factory=dict)
     # When AWS Health last spoke of each event, by its ARN, closed ones too: an older word is stale.
     heard: dict[str, _When] = Field(default_factory=dict)
+    # Per source, the machine's last restart that makes its signals stale (STALE_AFTER): a word of the
+    # source said before it is stale however late it arrives (a sweep's reading written after a stop,
+    # an AWS Health event EventBridge delivered late).
+    stale_before: dict[HealthSource, _When] = Field(default_factory=dict)
 
     @property
     def unhealthy(self) -> bool:
@@ -165,10 +170,11 @@ class Signal:
     source: HealthSource
     reason: str | None = None
     event: ScheduledEvent | None = None
-    # When the source said it, for a word that carries its time (an AWS Health event).
+    # When the source said it, for a word that carries its time (an AWS Health event); else when it is
+    # recorded (`observe`'s now: a discovery sweep's start).
     at: datetime | None = None
-    # A healthy word that clears only a signal begun before this moment: a restart makes stale what
-    # was said before it, not what was said since.
+    # A restart of the machine at this moment (`restart_signals`): what the source said before it is
+    # stale, what it says since stands.
     stale_before: datetime | None = None
 
 
@@ -225,8 +231,19 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
     Each source's unhealthy signal stands until that source says healthy (a scheduled event's, only the
     same event ending), keeping its `since`; the worker is unhealthy while any stands. The one that
     counts is a scheduled event's (its date is fixed), else the oldest. A timed word on an event older
-    than the last one heard of it is stale (events arrive out of order). Nothing is recorded for a
-    healthy signal about a worker never found unhealthy, but when it names the time of its event."""
+    than the last one heard of it is stale (events arrive out of order), and so is any word of a source
+    said before a restart that makes it stale, standing or arriving. Nothing is recorded for a healthy
+    signal about a worker never found unhealthy, but when it names the time of its event or a
+    restart."""
+    stale = dict(current.stale_before) if current is not None else {}
+    if signal.stale_before is not None:
+        if signal.stale_before > now:
+            # A reboot event completed before its NotBefore: its date places nothing in time, and the
+            # sources' own words still end what it ended.
+            return current
+        stale[signal.source] = max(signal.stale_before, stale.get(signal.source, signal.stale_before))
+    elif _said_before_restart(stale, signal.source, signal.at or now):
+        return current
     standing = current.standing() if current is not None else {}
     heard = dict(current.heard) if current is not None else {}
     event_id = signal.event.event_id if signal.event is not None else None
@@ -240,31 +257,35 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         heard[event_id] = signal.at
         heard = dict(sorted(heard.items(), key=lambda pair: pair[1])[-MAX_HEARD:])
     found = standing.get(signal.source)
-    if signal.status == HealthStatus.HEALTHY:
-        if (
-            found is not None
-            and not _other_event(found.event, signal.event)
-            and (signal.stale_before is None or found.since < signal.stale_before)
-        ):
+    if signal.stale_before is not None:
+        # A restart says nothing of the machine since: it only makes earlier words stale, just below.
+        standing = {s: f for s, f in standing.items() if not _said_before_restart(stale, s, f.since)}
+    elif signal.status == HealthStatus.HEALTHY:
+        if found is not None and not _other_event(found.event, signal.event):
             del standing[signal.source]
     else:
         reason = _cut(signal.reason)
         if found is None or (found.reason, found.event) != (reason, signal.event):
             since = found.since if found is not None else now
             standing[signal.source] = Standing(reason=reason, since=since, event=signal.event)
-    if current is None and not standing and not heard:
+    if current is None and not standing and not heard and not stale:
         return None
-    if current is not None and (standing, heard) == (current.standing(), current.heard):
+    if current is not None and (standing, heard, stale) == (
+        current.standing(),
+        current.heard,
+        current.stale_before,
+    ):
         return current
     if not standing:
         if current is not None and not current.unhealthy:
-            return current.model_copy(update={"heard": heard})
+            return current.model_copy(update={"heard": heard, "stale_before": stale})
         return Health(
             status=HealthStatus.HEALTHY,
             source=signal.source,
             reason=_cut(signal.reason),
             since=now,
             heard=heard,
+            stale_before=stale,
         )
     source, counts = _in_order(standing)[0]
     return Health(
@@ -275,7 +296,17 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         event=counts.event,
         signals=standing,
         heard=heard,
+        stale_before=stale,
     )
+
+
+def _said_before_restart(
+    stale: Mapping[HealthSource, datetime], source: HealthSource, said: datetime
+) -> bool:
+    """The one staleness rule: a word of a source said before the machine's last restart that makes
+    that source stale (STALE_AFTER) no longer stands, whether it stood already or arrives late."""
+    restart = stale.get(source)
+    return restart is not None and said < restart
 
 
 def restart_signals(restart: Restart, at: datetime) -> list[Signal]:
