@@ -11,8 +11,12 @@ This module hooks moto's SSM backend (in the moto server's own process, as lambd
   command is not delivered (`TimedOut`, `DeliveryTimedOut`), nor is one whose agent a simulation
   disconnected (health.py).
 - **Ping status.** DescribeInstanceInformation (which moto does not have) lists the registered machines
-  as Systems Manager does: `Online` while running, `ConnectionLost` while stopped or disconnected, with
-  AWS's bounds (MaxResults 5-50, at most 100 filter values) and its paging.
+  as Systems Manager does: `Online` while running, `ConnectionLost` while booting, stopping or
+  disconnected, a stopped one not at all, with AWS's bounds (MaxResults 5-50, at most 100 filter
+  values) and its paging. It honours the filters fleetkeeper uses, `InstanceIds` and `PingStatus`
+  (together they must all hold), and refuses any other key rather than ignore it; a call naming an id
+  that is not a live machine (unknown, shutting down, terminated) is refused whole with
+  `InvalidInstanceId`, as AWS refuses it.
 - **The catalogue's documents.** Each command runs what the stage's document runs on a worker image
   (infra/operations.py), against what the emulator knows of the machine:
   - `collect-system-info` prints one JSON object: hostname, instance id, instance type, vCPUs, memory
@@ -71,15 +75,20 @@ class Result:
     details: str | None = None
 
 
-def _machines(backend: SimpleSystemManagerBackend) -> dict[str, Any]:
-    """The region's emulated instances that Systems Manager manages (registered by their agent)."""
+def _instances(backend: SimpleSystemManagerBackend) -> dict[str, Any]:
+    """The region's emulated instances that are not shutting down or terminated."""
     ec2 = ec2_backends[backend.account_id][backend.region_name]
     return {
         i.id: i
         for reservation in ec2.reservations.values()
         for i in reservation.instances
-        if i.state not in UNREACHABLE_STATES and i.iam_instance_profile
+        if i.state not in UNREACHABLE_STATES
     }
+
+
+def _machines(backend: SimpleSystemManagerBackend) -> dict[str, Any]:
+    """The region's emulated instances that Systems Manager manages (registered by their agent)."""
+    return {i: instance for i, instance in _instances(backend).items() if instance.iam_instance_profile}
 
 
 def _registered(backend: SimpleSystemManagerBackend, instance_id: str) -> Any:
@@ -248,24 +257,36 @@ INFORMATION_MIN_RESULTS: Final = 5
 FILTER_VALUES_MAX: Final = 100
 
 
-def _wanted_ids(response: SimpleSystemManagerResponse) -> list[str] | None:
-    """The instance ids the request filters on (either filter form), or None for every machine."""
-    wanted: list[str] | None = None
-    for entry in response._get_param("Filters") or []:
-        if entry.get("Key") == "InstanceIds":
-            wanted = list(entry.get("Values") or [])
-    for entry in response._get_param("InstanceInformationFilterList") or []:
-        if entry.get("key") == "InstanceIds":
-            wanted = list(entry.get("valueSet") or [])
-    if wanted is not None and not 1 <= len(wanted) <= FILTER_VALUES_MAX:
+# The filter keys the emulator honours; AWS knows more, and one it would honour is never ignored here.
+_FILTER_KEYS: Final = frozenset({"InstanceIds", "PingStatus"})
+
+
+def _filters(response: SimpleSystemManagerResponse) -> dict[str, set[str]]:
+    """The request's filters (either form, not both: AWS refuses that) by key, each within AWS's bounds
+    on its values."""
+    current = response._get_param("Filters") or []
+    legacy = response._get_param("InstanceInformationFilterList") or []
+    if current and legacy:
         raise SSMException(
-            "ValidationException", f"a filter takes 1 to {FILTER_VALUES_MAX} values, not {len(wanted)}"
+            "ValidationException", "Filters and InstanceInformationFilterList exclude each other"
         )
-    return wanted
+    entries = [(e.get("Key"), e.get("Values")) for e in current]
+    entries += [(e.get("key"), e.get("valueSet")) for e in legacy]
+    found: dict[str, set[str]] = {}
+    for key, values in entries:
+        if key not in _FILTER_KEYS:
+            raise SSMException("ValidationException", f"the local stack does not emulate filter key {key}")
+        listed = list(values or [])
+        if not 1 <= len(listed) <= FILTER_VALUES_MAX:
+            raise SSMException(
+                "ValidationException", f"a filter takes 1 to {FILTER_VALUES_MAX} values, not {len(listed)}"
+            )
+        found[str(key)] = set(listed)
+    return found
 
 
 def information(instance: Any, now: datetime) -> dict[str, Any]:
-    """What Systems Manager says of one registered machine."""
+    """What Systems Manager says of one registered machine that is not stopped."""
     lost = health.agent_lost_since(health.tags_of(instance))
     online = lost is None and instance.state not in OFFLINE_STATES
     return {
@@ -285,14 +306,23 @@ def _describe_information(response: SimpleSystemManagerResponse) -> ActionResult
             "ValidationException",
             f"MaxResults must be from {INFORMATION_MIN_RESULTS} to {INFORMATION_MAX_RESULTS}, not {size}",
         )
-    machines = _machines(response.ssm_backend)
-    wanted = _wanted_ids(response)
-    ids = sorted(machines if wanted is None else set(wanted) & machines.keys())
-    start = int(response._get_param("NextToken") or 0)
+    backend = response.ssm_backend
+    filters = _filters(response)
+    wanted = filters.get("InstanceIds")
+    if wanted is not None:
+        invalid = sorted(wanted - _instances(backend).keys())
+        if invalid:
+            raise InvalidInstanceId(invalid[0], backend.account_id)
     now = datetime.now(UTC)
-    answer: dict[str, Any] = {
-        "InstanceInformationList": [information(machines[i], now) for i in ids[start : start + size]]
+    listed = {
+        i: information(machine, now)
+        for i, machine in _machines(backend).items()
+        if machine.state != "stopped" and (wanted is None or i in wanted)
     }
+    pings = filters.get("PingStatus")
+    ids = sorted(i for i, info in listed.items() if pings is None or info["PingStatus"] in pings)
+    start = int(response._get_param("NextToken") or 0)
+    answer: dict[str, Any] = {"InstanceInformationList": [listed[i] for i in ids[start : start + size]]}
     if start + size < len(ids):
         answer["NextToken"] = str(start + size)
     return ActionResult(answer)

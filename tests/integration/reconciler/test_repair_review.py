@@ -1,5 +1,5 @@
-"""Defects found reviewing the exact unhealthy counts and the staleness rule of repair signals: each test
-shows what an operator expects and is marked xfail(strict) until the product does it."""
+"""Defects found reviewing the exact unhealthy counts, the staleness rule of repair signals and the agent
+read: each test shows what an operator expects."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.clients import client
@@ -218,3 +219,110 @@ def test_given_sixty_registered_machines_then_their_agents_are_read_in_two_calls
     assert set(found) == set(ids)
     assert found[ids[0]].ping_status == "ConnectionLost"
     assert {found[i].ping_status for i in ids[1:]} == {"Online"}
+
+
+def registered_machines(ec2: Any, lab_image: str, count: int) -> list[str]:
+    """Machines launched and registered with the emulated Systems Manager through the stage's profile."""
+    launched = ec2.run_instances(ImageId=lab_image, InstanceType="m5.large", MinCount=count, MaxCount=count)
+    ids = [str(i["InstanceId"]) for i in launched["Instances"]]
+    # One by one: moto gives a profile named at launch to the first machine of a launch only.
+    for instance_id in ids:
+        ec2.associate_iam_instance_profile(
+            IamInstanceProfile={"Name": ensure_worker_profile()}, InstanceId=instance_id
+        )
+    return ids
+
+
+def listed(ssm_client: Any, **request: Any) -> list[str]:
+    """Every instance id DescribeInstanceInformation lists for the request, page by page."""
+    found: list[str] = []
+    while True:
+        page = ssm_client.describe_instance_information(MaxResults=5, **request)
+        found += [info["InstanceId"] for info in page["InstanceInformationList"]]
+        if not page.get("NextToken"):
+            return found
+        request["NextToken"] = page["NextToken"]
+
+
+def test_given_the_emulated_agents_then_describe_instance_information_honours_its_filters(
+    ec2: Any, lab_image: str
+) -> None:
+    online, *lost, stopped, gone = registered_machines(ec2, lab_image, 10)
+    for instance_id in lost:
+        health.disconnect(ec2, instance_id)
+    ec2.stop_instances(InstanceIds=[stopped])
+    ec2.terminate_instances(InstanceIds=[gone])
+    ssm_client = client("ssm", "us-east-1")
+    by_ping = [{"Key": "PingStatus", "Values": ["ConnectionLost"]}]
+
+    # Paged five a call; a stopped machine is not listed at all, as on AWS.
+    assert sorted(listed(ssm_client, Filters=by_ping)) == sorted(lost)
+    assert listed(
+        ssm_client,
+        Filters=[
+            {"Key": "InstanceIds", "Values": [online, lost[0]]},
+            {"Key": "PingStatus", "Values": ["Online"]},
+        ],
+    ) == [online]
+    assert listed(ssm_client, Filters=[{"Key": "InstanceIds", "Values": [stopped]}]) == []
+    # One id AWS will not take refuses the whole call.
+    with pytest.raises(ClientError) as refused:
+        listed(ssm_client, Filters=[{"Key": "InstanceIds", "Values": [online, gone]}])
+    assert refused.value.response["Error"]["Code"] == "InvalidInstanceId"
+    # A key the emulator does not honour is refused, never ignored.
+    with pytest.raises(ClientError) as unknown:
+        listed(ssm_client, Filters=[{"Key": "tag:Purpose", "Values": ["lab"]}])
+    assert unknown.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_given_one_machine_shut_down_among_those_asked_by_id_then_the_others_are_still_read(
+    ec2: Any, lab_image: str
+) -> None:
+    *ids, gone = registered_machines(ec2, lab_image, 4)
+    health.disconnect(ec2, ids[0])
+    ec2.terminate_instances(InstanceIds=[gone])
+
+    with aws_calls() as calls:
+        found = ssm.agent_readings(client("ssm", "us-east-1"), [*ids, gone])
+
+    assert {i: r.ping_status for i, r in found.items()} == {
+        ids[0]: "ConnectionLost",
+        ids[1]: "Online",
+        ids[2]: "Online",
+    }
+    # The refused call, then one per id.
+    assert calls.of("ssm", "DescribeInstanceInformation") == 1 + 4
+
+
+def test_given_lost_agents_then_a_sweep_lists_them_once_and_reads_by_id_only_those_standing(
+    control_plane: ControlPlane, live_worker: LiveWorkerFactory, ec2: Any, store: Any
+) -> None:
+    # The stage collects system information from every worker: each one's agent must answer.
+    fleet = [live_worker(pool="labs", registered=True) for _ in range(6)]
+    lost = fleet[0]
+    assert lost.ec2_instance_id is not None
+    health.disconnect(ec2, lost.ec2_instance_id)
+
+    with aws_calls() as first:
+        discover()
+    with aws_calls() as steady:
+        discover()
+    health.recover(ec2, lost.ec2_instance_id)
+    with aws_calls() as healed:
+        discover()
+
+    # One read of the region's lost agents, whatever the fleet's size.
+    assert first.of("ssm", "DescribeInstanceInformation") == 1
+    assert [call.get("Filters") for call in first.sent("ssm", "DescribeInstanceInformation")] == [
+        [{"Key": "PingStatus", "Values": ["ConnectionLost"]}]
+    ]
+    # Then the lost one's agent by id too, to see it answer again.
+    assert [call.get("Filters") for call in steady.sent("ssm", "DescribeInstanceInformation")] == [
+        [{"Key": "PingStatus", "Values": ["ConnectionLost"]}],
+        [{"Key": "InstanceIds", "Values": [lost.ec2_instance_id]}],
+    ]
+    assert healed.of("ssm", "DescribeInstanceInformation") == 2
+    after = store.get_worker(lost.id).health
+    assert after is not None
+    assert (after.status, after.signals) == (HealthStatus.HEALTHY, {})
+    assert all(store.get_worker(w.id).health is None for w in fleet[1:])

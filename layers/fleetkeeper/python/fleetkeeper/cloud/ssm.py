@@ -29,7 +29,7 @@ from fleetkeeper.cloud.retry import (
     is_retryable,
     with_backoff,
 )
-from fleetkeeper.domain.repair import AgentReading
+from fleetkeeper.domain.repair import CONNECTION_LOST, AgentReading
 from fleetkeeper.observability import logger
 
 # Invocation statuses of a command still on its way or running.
@@ -180,27 +180,51 @@ class CommandGateway:
         return True
 
 
+def lost_agents(client: Any) -> dict[str, AgentReading]:
+    """Every SSM agent of the region that Systems Manager says lost its connection: one
+    DescribeInstanceInformation filtered on `PingStatus`, paged 50 a call. AWS combines no tag filter
+    with another, so it lists the account's region, not only the stage's workers: the caller keeps its
+    own."""
+    return _information(client, [{"Key": "PingStatus", "Values": [CONNECTION_LOST]}])
+
+
 def agent_readings(client: Any, instance_ids: Iterable[str]) -> dict[str, AgentReading]:
     """The SSM agent's ping status of each of these machines that Systems Manager knows, one
-    DescribeInstanceInformation per 50 ids, each call retried by `with_backoff` (the SSM client makes
-    one attempt: a sweep's one throttled call of hundreds must not cost the whole read); a machine it
-    does not know is left out."""
+    DescribeInstanceInformation per 50 ids; a machine it does not know is left out. AWS refuses a whole
+    call with InvalidInstanceId for one id it will not take (a machine shutting down): such a call is
+    asked again id by id, and only the refused ids are left out."""
     found: dict[str, AgentReading] = {}
     ids = sorted(set(instance_ids))
     for start in range(0, len(ids), INFORMATION_PAGE_SIZE):
-        request: dict[str, Any] = {
-            "Filters": [{"Key": "InstanceIds", "Values": ids[start : start + INFORMATION_PAGE_SIZE]}],
-            "MaxResults": INFORMATION_PAGE_SIZE,
-        }
-        while True:
-            page = with_backoff(
-                partial(client.describe_instance_information, **request), name="DescribeInstanceInformation"
-            )
-            for info in page.get("InstanceInformationList", []):
-                found[str(info["InstanceId"])] = AgentReading(
-                    ping_status=str(info.get("PingStatus", "")), last_ping=info.get("LastPingDateTime")
-                )
-            if not page.get("NextToken"):
-                break
-            request["NextToken"] = page["NextToken"]
+        chunk = ids[start : start + INFORMATION_PAGE_SIZE]
+        try:
+            found.update(_information(client, [{"Key": "InstanceIds", "Values": chunk}]))
+        except ClientError as error:
+            if error_code(error) != NOT_MANAGED:
+                raise
+            for instance_id in chunk:
+                try:
+                    found.update(_information(client, [{"Key": "InstanceIds", "Values": [instance_id]}]))
+                except ClientError as alone:
+                    if error_code(alone) != NOT_MANAGED:
+                        raise
     return found
+
+
+def _information(client: Any, filters: list[dict[str, Any]]) -> dict[str, AgentReading]:
+    """The agents DescribeInstanceInformation lists under these filters, every page, each call retried by
+    `with_backoff` (the SSM client makes one attempt: a sweep's one throttled call must not cost the
+    whole read)."""
+    found: dict[str, AgentReading] = {}
+    request: dict[str, Any] = {"Filters": filters, "MaxResults": INFORMATION_PAGE_SIZE}
+    while True:
+        page = with_backoff(
+            partial(client.describe_instance_information, **request), name="DescribeInstanceInformation"
+        )
+        for info in page.get("InstanceInformationList", []):
+            found[str(info["InstanceId"])] = AgentReading(
+                ping_status=str(info.get("PingStatus", "")), last_ping=info.get("LastPingDateTime")
+            )
+        if not page.get("NextToken"):
+            return found
+        request["NextToken"] = page["NextToken"]

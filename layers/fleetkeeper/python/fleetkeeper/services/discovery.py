@@ -6,9 +6,10 @@
    own): every machine carrying the managed tag belongs to a live worker or is terminated.
 3. Health: one paged DescribeInstanceStatus of the region (1000 machines a call) records the scheduled
    events, failed status checks and silent machines of RUNNING workers (services/repair.py), so a
-   missed AWS Health event is caught here; DescribeInstanceInformation (50 machines a call) reads the
-   SSM agents of those that use operations, whose lost connection is a signal too. Only a change is
-   written.
+   missed AWS Health event is caught here; DescribeInstanceInformation lists the region's lost SSM
+   agents (one paged read filtered on ConnectionLost), a signal on the workers that use operations,
+   and reads by id (50 a call) only the agents of workers whose lost connection stands, to clear it.
+   Only a change is written.
 4. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
@@ -45,7 +46,7 @@ from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, wo
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
-from fleetkeeper.domain.repair import AgentReading, observe_all, signals_of
+from fleetkeeper.domain.repair import AgentReading, HealthSource, StatusReading, observe_all, signals_of
 from fleetkeeper.domain.tags import MANAGED_BY_TAG, MANAGED_BY_VALUE, POOL_TAG, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.observability import emit_counters, logger, metrics
 from fleetkeeper.services import orphan_gc, repair
@@ -339,7 +340,7 @@ def _sweep_health(
         logger.warning("DescribeInstanceStatus failed", region=findings.region, error=str(error))
         findings.errors += 1
         return
-    agents = _agent_readings(ctx, running, findings)
+    agents = _agent_readings(ctx, running, readings, findings)
     for index, reading in enumerate(readings):
         worker = running[reading.instance_id]
         signals = signals_of(reading, agents.get(reading.instance_id))
@@ -361,26 +362,40 @@ def _sweep_health(
 
 
 def _agent_readings(
-    ctx: Context, running: Mapping[str, Worker], findings: RegionFindings
+    ctx: Context, running: Mapping[str, Worker], readings: Sequence[StatusReading], findings: RegionFindings
 ) -> dict[str, AgentReading]:
-    """The SSM agents of the running workers whose template uses operations (their agent must answer),
-    50 machines a call; none when no worker does, or when the read failed (counted)."""
+    """What Systems Manager says of the agents of the running workers: a lost one, for the workers whose
+    template uses operations (their agent must answer), from one paged read of the region's lost
+    agents; and by id, 50 a call, only the agents of the workers whose lost connection stands, to clear
+    it (a machine not listed lost says nothing: it may be Online, or not registered). The ids asked
+    for are those the status read saw running. None when no worker needs either, or when a read
+    failed (counted)."""
     settings = ctx.settings
     interval = settings.system_info_interval_seconds
     before_stop = {t.name: t.before_stop for t in ctx.store.list_templates()}
-    wanted = [
+    seen_running = [r.instance_id for r in readings if r.state == "running"]
+    wanted = {
         instance_id
-        for instance_id, worker in running.items()
-        if settings.operations_catalogue.used_by(before_stop.get(worker.template, []), interval)
+        for instance_id in seen_running
+        if settings.operations_catalogue.used_by(before_stop.get(running[instance_id].template, []), interval)
+    }
+    lost_standing = [
+        instance_id
+        for instance_id in seen_running
+        if (health := running[instance_id].health) is not None
+        and HealthSource.CONNECTION_LOST in health.standing()
     ]
-    if not wanted:
+    if not wanted and not lost_standing:
         return {}
+    client = ctx.ssm(findings.region)
     try:
-        return ssm.agent_readings(ctx.ssm(findings.region), wanted)
+        lost = ssm.lost_agents(client) if wanted else {}
+        known = ssm.agent_readings(client, lost_standing) if lost_standing else {}
     except (ClientError, BotoCoreError, Unavailable) as error:
         logger.warning("DescribeInstanceInformation failed", region=findings.region, error=str(error))
         findings.errors += 1
         return {}
+    return {**{i: reading for i, reading in lost.items() if i in wanted}, **known}
 
 
 def _backfill_machine_keys(
