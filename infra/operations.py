@@ -32,6 +32,8 @@ HOOKS_DIR: Final = "/opt/fleetkeeper/hooks"
 MANAGED_INSTANCE: Final = {"StringEquals": {f"ssm:resourceTag/{MANAGED_BY_TAG}": MANAGED_BY_VALUE}}
 # The calls the reconciler and the drain's finish step make (cloud/ssm.py).
 READ_ACTIONS: Final = ("ssm:CancelCommand", "ssm:GetCommandInvocation", "ssm:ListCommands")
+# Discovery's read of the agents' ping status (docs/repair.md).
+AGENT_READ_ACTIONS: Final = ("ssm:DescribeInstanceInformation",)
 
 
 def _run_hook(name: str, *, stdin: str | None = None) -> list[str]:
@@ -163,5 +165,21 @@ class WorkerOperations(Construct):
             wildcard_reason=(
                 "GetCommandInvocation, ListCommands and CancelCommand support no resource-level "
                 "permissions; the statement is limited to the stage's worker regions."
+            ),
+        )
+
+    def grant_agent_reads(self, role: iam.IRole) -> None:
+        """DescribeInstanceInformation in the worker regions: whether the agents of the workers that use
+        operations still answer (none does when the catalogue is empty)."""
+        if not self._config.operations.catalogue:
+            return
+        allow(
+            role,
+            actions=list(AGENT_READ_ACTIONS),
+            resources=["*"],
+            conditions={"StringEquals": {"aws:RequestedRegion": sorted(self._config.regions)}},
+            wildcard_reason=(
+                "DescribeInstanceInformation supports no resource-level permissions; the statement is "
+                "limited to the stage's worker regions."
             ),
         )

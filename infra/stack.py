@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from aws_cdk import CfnOutput, Environment, Stack, Tags
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.api import AdminApi
@@ -120,18 +121,14 @@ class FleetkeeperStack(Stack):
         messaging.grant_notify(roles["reconcile"])
         worker_operations.grant_run(roles["reconcile"])
 
-        table.grant_data(roles["discover"], batch_write=True)  # the orphan breaker's pages of ids
-        # DescribeInstanceStatus: the sweep of scheduled events and failed status checks (docs/repair.md).
-        ec2.grant_describe(
-            roles["discover"], ["ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceStatus"]
+        _grant_discovery(
+            roles["discover"],
+            table=table,
+            ec2=ec2,
+            worker_operations=worker_operations,
+            messaging=messaging,
+            drain=drain,
         )
-        ec2.grant_import_tagging(roles["discover"])
-        # A managed machine without a live worker (retired on purpose, a second launch of one worker, a
-        # failed launch's late machine) is terminated by discovery: only machines tagged as fleetkeeper's.
-        ec2.grant_lifecycle(roles["discover"], ["ec2:TerminateInstances"])
-        messaging.grant_audit(roles["discover"])
-        # An orphan's drain is failed; its lost instances may complete a waiting pool drain.
-        drain.grant_task_response(roles["discover"])
 
         table.grant_data(roles["ec2_events"])
         ec2.grant_describe(roles["ec2_events"], ["ec2:DescribeInstances"])  # addresses of a running machine
@@ -191,3 +188,27 @@ class FleetkeeperStack(Stack):
         for logical_id, (value, description) in outputs.items():
             output = CfnOutput(self, logical_id, value=value, description=description)
             output.override_logical_id(logical_id)
+
+
+def _grant_discovery(
+    role: iam.IRole,
+    *,
+    table: FleetTable,
+    ec2: Ec2Access,
+    worker_operations: WorkerOperations,
+    messaging: Messaging,
+    drain: DrainWorkflowRef,
+) -> None:
+    """What the discovery function calls, and nothing else."""
+    table.grant_data(role, batch_write=True)  # the orphan breaker's pages of ids
+    # DescribeInstanceStatus: the sweep of scheduled events and failed status checks (docs/repair.md).
+    ec2.grant_describe(role, ["ec2:DescribeInstances", "ec2:DescribeImages", "ec2:DescribeInstanceStatus"])
+    ec2.grant_import_tagging(role)
+    # DescribeInstanceInformation: the SSM agents of the workers that use operations (docs/repair.md).
+    worker_operations.grant_agent_reads(role)
+    # A managed machine without a live worker (retired on purpose, a second launch of one worker, a
+    # failed launch's late machine) is terminated by discovery: only machines tagged as fleetkeeper's.
+    ec2.grant_lifecycle(role, ["ec2:TerminateInstances"])
+    messaging.grant_audit(role)
+    # An orphan's drain is failed; its lost instances may complete a waiting pool drain.
+    drain.grant_task_response(role)

@@ -204,10 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     simulate_parser.add_argument(
         "signal",
-        choices=["retirement", "impair", "silence", "recover", "ice"],
+        choices=["retirement", "impair", "silence", "disconnect", "recover", "ice"],
         help="retirement: a scheduled event; impair: failed status checks; silence: no status at all; "
-        "recover: checks pass and a scheduled event is cancelled; ice: RunInstances and StartInstances "
-        "of the instance type answer InsufficientInstanceCapacity",
+        "disconnect: the SSM agent is ConnectionLost; recover: checks pass, the agent answers and a "
+        "scheduled event is cancelled; ice: RunInstances and StartInstances of the instance type answer "
+        "InsufficientInstanceCapacity",
     )
     simulate_parser.add_argument(
         "instance_id", help="the machine, e.g. i-0123456789abcdef0; for ice the instance type, e.g. m5.large"

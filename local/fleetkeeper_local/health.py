@@ -9,8 +9,10 @@ hooks moto's instances (in the moto server's own process, as machines.py does fo
   DescribeInstanceStatus lists it, and the event pump (scheduler.py) delivers the AWS Health
   scheduled change to the EC2 events handler, as EventBridge does on AWS;
 - `impair`: the instance status check fails (`impaired`); `silence`: no status at all (`insufficient-data`);
-- `recover`: the checks pass again, and a scheduled event is cancelled (`[Canceled]`, and a closed Health
-  event).
+- `disconnect`: the machine's SSM agent stops answering: Systems Manager says `ConnectionLost` from then
+  on, and Run Command no longer reaches it (machines.py answers DescribeInstanceInformation);
+- `recover`: the checks pass again, the agent answers again, and a scheduled event is cancelled
+  (`[Canceled]`, and a closed Health event).
 
 Only the local stack uses this; it is never shipped to Lambda.
 """
@@ -23,6 +25,8 @@ from typing import Any, Final
 
 EVENT_TAG: Final = "fleetkeeper-local:scheduled-event"
 STATUS_TAG: Final = "fleetkeeper-local:status"
+# When the machine's SSM agent last answered, once it stopped answering (an ISO time).
+AGENT_LOST_TAG: Final = "fleetkeeper-local:agent-lost"
 IMPAIRED: Final = "impaired"
 SILENT: Final = "insufficient-data"
 CANCELLED: Final = "cancelled"
@@ -65,9 +69,24 @@ def impair(ec2: Any, instance_id: str, *, status: str = IMPAIRED) -> None:
     ec2.create_tags(Resources=[instance_id], Tags=[{"Key": STATUS_TAG, "Value": status}])
 
 
+def disconnect(ec2: Any, instance_id: str) -> None:
+    """The machine's SSM agent stops answering now (its EC2 checks still pass)."""
+    last_ping = datetime.now(UTC).isoformat()
+    ec2.create_tags(Resources=[instance_id], Tags=[{"Key": AGENT_LOST_TAG, "Value": last_ping}])
+
+
+def agent_lost_since(tags: dict[str, str]) -> datetime | None:
+    """When the agent of a machine with these tags last answered, if it stopped answering."""
+    found = tags.get(AGENT_LOST_TAG)
+    try:
+        return datetime.fromisoformat(found) if found else None
+    except ValueError:
+        return None
+
+
 def recover(ec2: Any, instance_id: str) -> None:
-    """Checks pass again; a scheduled event is cancelled."""
-    ec2.delete_tags(Resources=[instance_id], Tags=[{"Key": STATUS_TAG}])
+    """Checks pass and the agent answers again; a scheduled event is cancelled."""
+    ec2.delete_tags(Resources=[instance_id], Tags=[{"Key": STATUS_TAG}, {"Key": AGENT_LOST_TAG}])
     found = _tag(ec2, instance_id, EVENT_TAG)
     parsed = parse_event_tag(found) if found else None
     if parsed is not None:
@@ -76,7 +95,7 @@ def recover(ec2: Any, instance_id: str) -> None:
         ec2.create_tags(Resources=[instance_id], Tags=[{"Key": EVENT_TAG, "Value": cancelled}])
 
 
-def _tags_of(instance: Any) -> dict[str, str]:
+def tags_of(instance: Any) -> dict[str, str]:
     backend_tags = instance.ec2_backend.tags.get(instance.id, {})
     return dict(backend_tags)
 
@@ -98,7 +117,7 @@ def install() -> None:
         def instance_status(self: Any) -> dict[str, Any]:
             # The instance check alone: the machine's own fault, not the host's (the system check).
             answer: dict[str, Any] = original.fget(self)  # type: ignore[attr-defined]
-            simulated = _tags_of(self).get(STATUS_TAG)
+            simulated = tags_of(self).get(STATUS_TAG)
             if answer.get("Status") != "ok" or simulated is None:
                 return answer
             passed = "failed" if simulated == IMPAIRED else simulated
@@ -110,7 +129,7 @@ def install() -> None:
 
 
 def _events_of(instance: Any) -> list[dict[str, Any]]:
-    parsed = parse_event_tag(_tags_of(instance).get(EVENT_TAG, ""))
+    parsed = parse_event_tag(tags_of(instance).get(EVENT_TAG, ""))
     if parsed is None:
         return []
     code, not_before, event_id, state = parsed

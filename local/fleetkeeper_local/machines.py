@@ -8,7 +8,15 @@ This module hooks moto's SSM backend (in the moto server's own process, as lambd
   only with an instance profile that grants it Systems Manager. An instance that the emulated EC2 does not
   know, that is terminated or shutting down, or that was launched without an instance profile, answers
   SendCommand with `InvalidInstanceId`, as AWS does. A stopped one is registered but offline: its
-  command is not delivered (`TimedOut`, `DeliveryTimedOut`).
+  command is not delivered (`TimedOut`, `DeliveryTimedOut`), nor is one whose agent a simulation
+  disconnected (health.py).
+- **Ping status.** DescribeInstanceInformation (which moto does not have) lists the registered machines
+  as Systems Manager does: `Online` while running, `ConnectionLost` while booting, stopping or
+  disconnected, a stopped one not at all, with AWS's bounds (MaxResults 5-50, at most 100 filter
+  values) and its paging. It honours the filters fleetkeeper uses, `InstanceIds` and `PingStatus`
+  (together they must all hold), and refuses any other key rather than ignore it; a call naming an id
+  that is not a live machine (unknown, shutting down, terminated) is refused whole with
+  `InvalidInstanceId`, as AWS refuses it.
 - **The catalogue's documents.** Each command runs what the stage's document runs on a worker image
   (infra/operations.py), against what the emulator knows of the machine:
   - `collect-system-info` prints one JSON object: hostname, instance id, instance type, vCPUs, memory
@@ -40,6 +48,7 @@ from moto.ssm.responses import SimpleSystemManagerResponse
 
 from fleetkeeper.domain.operations import SYSTEM_INFO_OPERATION
 from fleetkeeper.settings import get_settings
+from fleetkeeper_local import health
 
 UNREACHABLE_STATES: Final = frozenset({"shutting-down", "terminated"})
 OFFLINE_STATES: Final = frozenset({"pending", "stopping", "stopped"})
@@ -66,14 +75,32 @@ class Result:
     details: str | None = None
 
 
+def _instances(backend: SimpleSystemManagerBackend) -> dict[str, Any]:
+    """The region's emulated instances that are not shutting down or terminated."""
+    ec2 = ec2_backends[backend.account_id][backend.region_name]
+    return {
+        i.id: i
+        for reservation in ec2.reservations.values()
+        for i in reservation.instances
+        if i.state not in UNREACHABLE_STATES
+    }
+
+
+def _machines(backend: SimpleSystemManagerBackend) -> dict[str, Any]:
+    """The region's emulated instances that Systems Manager manages (registered by their agent)."""
+    return {i: instance for i, instance in _instances(backend).items() if instance.iam_instance_profile}
+
+
 def _registered(backend: SimpleSystemManagerBackend, instance_id: str) -> Any:
     """The emulated instance if Run Command reaches it; InvalidInstanceId otherwise."""
-    ec2 = ec2_backends[backend.account_id][backend.region_name]
-    known = (i for reservation in ec2.reservations.values() for i in reservation.instances)
-    instance = next((i for i in known if i.id == instance_id), None)
-    if instance is None or instance.state in UNREACHABLE_STATES or not instance.iam_instance_profile:
+    instance = _machines(backend).get(instance_id)
+    if instance is None:
         raise InvalidInstanceId(instance_id, backend.account_id)
     return instance
+
+
+def _offline(instance: Any) -> bool:
+    return instance.state in OFFLINE_STATES or health.agent_lost_since(health.tags_of(instance)) is not None
 
 
 def _operation_of(document: str | None) -> str | None:
@@ -137,7 +164,7 @@ def run(
     now: datetime,
 ) -> Result | None:
     """The result of the document on the machine; None for a document outside the catalogue."""
-    if instance.state in OFFLINE_STATES:
+    if _offline(instance):
         return Result("TimedOut", code=-1, details="DeliveryTimedOut")
     operation = _operation_of(document)
     if operation == SYSTEM_INFO_OPERATION:
@@ -197,6 +224,8 @@ def install() -> None:
         # moto has no CancelCommand; the operations' timeouts and cancels call it.
         SimpleSystemManagerBackend.cancel_command = _cancel_command  # type: ignore[attr-defined]
         SimpleSystemManagerResponse.cancel_command = _cancel_command_answer  # type: ignore[attr-defined]
+        # Nor DescribeInstanceInformation; discovery's health sweep reads the agents' ping with it.
+        SimpleSystemManagerResponse.describe_instance_information = _describe_information  # type: ignore[attr-defined]
         _installed = True
 
 
@@ -220,3 +249,80 @@ def _cancel_command_answer(response: SimpleSystemManagerResponse) -> ActionResul
         response.ssm_backend, response._get_param("CommandId"), response._get_param("InstanceIds", [])
     )
     return ActionResult({})
+
+
+# DescribeInstanceInformation's bounds on AWS.
+INFORMATION_MAX_RESULTS: Final = 50
+INFORMATION_MIN_RESULTS: Final = 5
+FILTER_VALUES_MAX: Final = 100
+
+
+# The filter keys the emulator honours; AWS knows more, and one it would honour is never ignored here.
+_FILTER_KEYS: Final = frozenset({"InstanceIds", "PingStatus"})
+
+
+def _filters(response: SimpleSystemManagerResponse) -> dict[str, set[str]]:
+    """The request's filters (either form, not both: AWS refuses that) by key, each within AWS's bounds
+    on its values."""
+    current = response._get_param("Filters") or []
+    legacy = response._get_param("InstanceInformationFilterList") or []
+    if current and legacy:
+        raise SSMException(
+            "ValidationException", "Filters and InstanceInformationFilterList exclude each other"
+        )
+    entries = [(e.get("Key"), e.get("Values")) for e in current]
+    entries += [(e.get("key"), e.get("valueSet")) for e in legacy]
+    found: dict[str, set[str]] = {}
+    for key, values in entries:
+        if key not in _FILTER_KEYS:
+            raise SSMException("ValidationException", f"the local stack does not emulate filter key {key}")
+        listed = list(values or [])
+        if not 1 <= len(listed) <= FILTER_VALUES_MAX:
+            raise SSMException(
+                "ValidationException", f"a filter takes 1 to {FILTER_VALUES_MAX} values, not {len(listed)}"
+            )
+        found[str(key)] = set(listed)
+    return found
+
+
+def information(instance: Any, now: datetime) -> dict[str, Any]:
+    """What Systems Manager says of one registered machine that is not stopped."""
+    lost = health.agent_lost_since(health.tags_of(instance))
+    online = lost is None and instance.state not in OFFLINE_STATES
+    return {
+        "InstanceId": instance.id,
+        "PingStatus": "Online" if online else "ConnectionLost",
+        "LastPingDateTime": (now if online else lost or now).timestamp(),
+        "PlatformType": "Linux",
+        "ResourceType": "EC2Instance",
+        "IPAddress": str(instance.private_ip or ""),
+    }
+
+
+def _describe_information(response: SimpleSystemManagerResponse) -> ActionResult:
+    size = int(response._get_param("MaxResults") or INFORMATION_MAX_RESULTS)
+    if not INFORMATION_MIN_RESULTS <= size <= INFORMATION_MAX_RESULTS:
+        raise SSMException(
+            "ValidationException",
+            f"MaxResults must be from {INFORMATION_MIN_RESULTS} to {INFORMATION_MAX_RESULTS}, not {size}",
+        )
+    backend = response.ssm_backend
+    filters = _filters(response)
+    wanted = filters.get("InstanceIds")
+    if wanted is not None:
+        invalid = sorted(wanted - _instances(backend).keys())
+        if invalid:
+            raise InvalidInstanceId(invalid[0], backend.account_id)
+    now = datetime.now(UTC)
+    listed = {
+        i: information(machine, now)
+        for i, machine in _machines(backend).items()
+        if machine.state != "stopped" and (wanted is None or i in wanted)
+    }
+    pings = filters.get("PingStatus")
+    ids = sorted(i for i, info in listed.items() if pings is None or info["PingStatus"] in pings)
+    start = int(response._get_param("NextToken") or 0)
+    answer: dict[str, Any] = {"InstanceInformationList": [listed[i] for i in ids[start : start + size]]}
+    if start + size < len(ids):
+        answer["NextToken"] = str(start + size)
+    return ActionResult(answer)

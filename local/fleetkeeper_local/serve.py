@@ -319,9 +319,12 @@ def simulate(args: argparse.Namespace) -> int:
         elif args.signal == "silence":
             health.impair(ec2, args.instance_id, status=health.SILENT)
             print(f"{args.instance_id}: no status (insufficient-data)")
+        elif args.signal == "disconnect":
+            health.disconnect(ec2, args.instance_id)
+            print(f"{args.instance_id}: SSM agent ConnectionLost")
         else:
             health.recover(ec2, args.instance_id)
-            print(f"{args.instance_id}: status checks pass; a scheduled event is cancelled")
+            print(f"{args.instance_id}: checks pass, the agent answers; a scheduled event is cancelled")
     except (BotoCoreError, ClientError) as exc:
         print(f"error: the local stack does not answer or has no such machine ({exc})", file=sys.stderr)
         return 2

@@ -93,3 +93,17 @@ def test_given_a_worker_region_besides_the_home_region_then_its_stack_carries_th
     template = Template.from_stack(forwarders["us-east-1"])
     assert sorted(d["Name"] for d in properties(template, "AWS::SSM::Document")) == home
     assert len(home) == 3
+
+
+def test_given_discovery_then_it_reads_the_agents_ping_in_the_worker_regions_and_runs_no_command(
+    pinned: Template,
+) -> None:
+    grants = grants_of_function(pinned, "fleetkeeper-pinned-discover")
+    (ping,) = [g for g in grants if g.action == "ssm:DescribeInstanceInformation"]
+
+    assert ping.conditions == {"StringEquals": {"aws:RequestedRegion": ["eu-west-1", "us-east-1"]}}
+    assert not [g for g in grants if g.action in {"ssm:SendCommand", "ssm:GetCommandInvocation"}]
+    # It decides which workers use operations from the same catalogue the runners read.
+    variables = function_properties(pinned, "fleetkeeper-pinned-discover")["Environment"]["Variables"]
+    assert "collect-system-info" in json.loads(variables["OPERATIONS_CATALOGUE"])
+    assert variables["SYSTEM_INFO_INTERVAL_SECONDS"] == "3600"

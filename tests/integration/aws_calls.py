@@ -8,6 +8,7 @@ Open the counter outside any fault plan, so that it also counts the calls the pl
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -58,6 +59,8 @@ def aws_calls() -> Iterator[CallCount]:
         parts = event_name.split(".")  # before-call.<service>.<Operation>
         name = f"{parts[1]}:{parts[-1]}"
         body = (params or {}).get("body")
+        if isinstance(body, bytes) and body.startswith(b"{"):
+            body = json.loads(body)  # the JSON protocols (SSM, DynamoDB) send their parameters as JSON
         with lock:
             seen[name] += 1
             seen.requests.append((name, dict(body) if isinstance(body, dict) else {}))

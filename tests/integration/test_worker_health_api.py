@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from fleetkeeper.domain.repair import HealthSource, HealthStatus, Signal
+from fleetkeeper.services import repair
 from fleetkeeper_local.controlplane import (
     DEFAULT_CALLER,
     TOOLING_CALLER,
@@ -41,6 +43,35 @@ def test_given_the_worker_agent_then_a_report_is_recorded_and_shown(control_plan
         "unhealthy",
         health["since"],
     )
+
+
+def test_given_a_report_and_a_failed_check_then_get_shows_every_signal_the_one_that_counts_first(
+    control_plane, running_worker
+) -> None:
+    worker = running_worker()
+    control_plane.api("POST", f"/api/v1/workers/{worker.id}/health", SICK, caller=TOOLING_CALLER)
+    failed = Signal(HealthStatus.UNHEALTHY, HealthSource.STATUS_CHECK, "instance status impaired")
+    repair.record_health(control_plane.ctx, worker.id, [failed], actor="discovery-gc")
+
+    status, shown = control_plane.api("GET", f"/api/v1/workers/{worker.id}")
+
+    assert status == 200
+    health = shown["health"]
+    assert [(s["status"], s["source"], s["reason"]) for s in health["signals"]] == [
+        ("unhealthy", "reported", "disk /var full"),
+        ("unhealthy", "status_check", "instance status impaired"),
+    ]
+    assert health["signals"][0]["since"] == health["since"]
+    assert health["signals"][1]["since"] >= health["since"]
+    assert (health["repair_in_progress"], health["repair"]) == (False, None)
+
+    control_plane.api(
+        "POST", f"/api/v1/workers/{worker.id}/health", {"status": "healthy"}, caller=TOOLING_CALLER
+    )
+    status, shown = control_plane.api("GET", f"/api/v1/workers/{worker.id}")
+
+    assert [s["source"] for s in shown["health"]["signals"]] == ["status_check"]
+    assert (shown["health"]["status"], shown["health"]["source"]) == ("unhealthy", "status_check")
 
 
 def test_given_a_report_then_healthy_withdraws_it(control_plane, running_worker) -> None:
@@ -134,6 +165,7 @@ def test_given_a_pools_repair_settings_then_they_are_kept_and_a_bad_one_is_named
         "max_unhealthy_percent": 40,
         "status_check": "3m",
         "unreachable": "15m",
+        "connection_lost": "15m",
         "reported": "5m",
     }
     status, view = control_plane.api("GET", "/api/v1/pools/labs/disruption")

@@ -22,6 +22,7 @@ from fleetkeeper.services.reconcile import replacement
 from fleetkeeper.services.reconcile.cycle import CycleReport
 from fleetkeeper.services.reconcile.replacement import replacement_id
 from fleetkeeper.store.repository import FleetStore
+from fleetkeeper_local import faults
 from fleetkeeper_local.event_shapes import health_event
 from fleetkeeper_local.images import publish_newer_image
 from fleetkeeper_local.invocation import invoke
@@ -250,6 +251,29 @@ def test_given_a_quarter_of_a_pool_impaired_then_the_brake_holds_every_repair_un
     assert released.counters["repair_replacements"] == 1
     assert store.find_worker(replacement_id(first.id, "repair")) is not None
     assert store.find_worker(replacement_id(second.id, "repair")) is None
+
+
+def test_given_members_the_lagging_index_does_not_show_yet_then_the_brake_counts_them_exactly(
+    make_ctx: ContextFactory, store: FleetStore, ec2: Any, drains_started: list[dict[str, Any]]
+) -> None:
+    first, second, *_ = pool_of(store, ec2, 6)
+    t0 = utcnow()
+    plan = faults.FaultPlan(index_lag_seconds=600)
+
+    with plan.installed():
+        # Four more members, and two sick: 2 of 10 is 20 %, which does not hold the brake; the index,
+        # which does not list the four yet, would make it 2 of 6.
+        pool_of(make_ctx().store, ec2, 4)
+        signal(make_ctx, first.id, IMPAIRED, at=t0)
+        signal(make_ctx, second.id, IMPAIRED, at=t0)
+        listed = make_ctx().store.workers_in_pool("labs")
+        report = reconcile_fleet(make_ctx(), now=t0 + timedelta(minutes=11))
+
+    assert len(listed) == 6
+    assert report.counters["repair_held_repair_brake"] == 0, report.counters
+    assert report.notes[repair.BRAKE_NOTE] == {}
+    # The pool's default budget lets one disruption at a time: the other waits on it, not on the brake.
+    assert (report.counters["repair_replacements"], report.counters["repair_held_budget"]) == (1, 1)
 
 
 def live_replacement(store: FleetStore, worker_id: str) -> Worker | None:

@@ -545,19 +545,73 @@ class ScheduledEventView(BaseModel):
     event_id: str | None
 
 
+class SignalView(BaseModel):
+    status: HealthStatus = Field(description="unhealthy: only a source that says so has a signal")
+    source: HealthSource = Field(
+        description="scheduled_event (EC2), status_check (EC2's checks failed), unreachable (EC2 hears "
+        "nothing), connection_lost (the SSM agent of a worker that uses operations), reported (the "
+        "worker's agent)"
+    )
+    reason: str | None
+    since: datetime = Field(description="when this source began to say so")
+    event: ScheduledEventView | None = None
+
+
+class RepairView(BaseModel):
+    reason: str = Field(
+        description="repair (admitted by the pool's budgets) or scheduled_event (imposed by AWS's date)"
+    )
+    since: datetime = Field(description="when the repair took the worker over")
+    step: Literal["replacing", "draining"] = Field(
+        description="replacing: its replacement is made and awaited while it serves; draining: its drain runs"
+    )
+
+
 class HealthView(BaseModel):
     status: HealthStatus
-    source: HealthSource = Field(
-        description="scheduled_event (EC2), status_check (EC2's checks failed), unreachable (no status "
-        "at all), reported (the worker's agent)"
-    )
+    source: HealthSource = Field(description="the source of the signal that counts now (see `signals`)")
     reason: str | None
     since: datetime = Field(description="when the signal that counts now began")
     event: ScheduledEventView | None = None
+    signals: list[SignalView] = Field(
+        default_factory=list,
+        description="every source's signal that stands, the one that counts first; empty when healthy",
+    )
     repair_in_progress: bool = Field(
         default=False,
         description="a repair owns the worker: its replacement is being made, or it is draining",
     )
+    repair: RepairView | None = Field(default=None, description="the repair in progress, if any")
+
+    @classmethod
+    def of(cls, worker: Worker) -> HealthView | None:
+        health, owner = worker.health, worker.owner
+        if health is None:
+            return None
+        signals = [
+            SignalView(
+                status=HealthStatus.UNHEALTHY,
+                source=source,
+                reason=found.reason,
+                since=found.since,
+                event=ScheduledEventView.model_validate(found.event.model_dump()) if found.event else None,
+            )
+            for source, found in health.in_order()
+        ]
+        repair = None
+        if owner is not None and repairing(worker):
+            step: Literal["replacing", "draining"] = (
+                "draining" if worker.status != WorkerStatus.RUNNING else "replacing"
+            )
+            repair = RepairView(reason=owner.reason, since=owner.since, step=step)
+        return cls.model_validate(
+            {
+                **health.model_dump(exclude={"signals", "heard", "stale_before"}),
+                "signals": signals,
+                "repair_in_progress": repair is not None,
+                "repair": repair,
+            }
+        )
 
 
 class WorkerView(BaseModel):
@@ -598,7 +652,8 @@ class WorkerView(BaseModel):
         default=None, description="how the machine differs from its template now (docs/rollouts.md)"
     )
     health: HealthView | None = Field(
-        default=None, description="what its health signals last said (docs/repair.md); null: never unhealthy"
+        default=None,
+        description="what its health signals last said (docs/repair.md); null: never unhealthy nor stopped",
     )
 
     @classmethod
@@ -608,8 +663,7 @@ class WorkerView(BaseModel):
         # A worker that ended keeps its last drift as history; it is no longer drifted.
         current = current_drift(worker)
         data["drift"] = current.model_dump() if current is not None else None
-        if worker.health is not None:
-            data["health"] = {**worker.health.model_dump(), "repair_in_progress": repairing(worker)}
+        data["health"] = HealthView.of(worker)
         return cls.model_validate(data)
 
 

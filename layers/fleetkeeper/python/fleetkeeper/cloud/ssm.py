@@ -1,4 +1,5 @@
-"""SSM Run Command adapter: send a document to one machine, read how its invocation went, cancel it.
+"""SSM adapter: Run Command (send a document to one machine, read how its invocation went, cancel it),
+and the agents' ping status the health sweep reads.
 
 Errors are classified here, once (on cloud/retry.py's classification): for the reads, throttling, 5xx and
 dropped connections are retried by `with_backoff` and end as `Unavailable` when they persist; SendCommand,
@@ -11,9 +12,10 @@ send, SSM may not know the invocation yet (`InvocationDoesNotExist`): that is "n
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -27,6 +29,7 @@ from fleetkeeper.cloud.retry import (
     is_retryable,
     with_backoff,
 )
+from fleetkeeper.domain.repair import CONNECTION_LOST, AgentReading
 from fleetkeeper.observability import logger
 
 # Invocation statuses of a command still on its way or running.
@@ -36,6 +39,8 @@ NOT_YET_KNOWN: Final = "InvocationDoesNotExist"
 # SendCommand's TimeoutSeconds: how long SSM tries to deliver to an offline machine (30 s minimum).
 DELIVERY_TIMEOUT_SECONDS: Final = 120
 COMMENT_LIMIT: Final = 100
+# DescribeInstanceInformation answers at most 50 machines a call: the ids go 50 to a call, one page each.
+INFORMATION_PAGE_SIZE: Final = 50
 
 
 SEND_ATTEMPTS: Final = 4
@@ -173,3 +178,53 @@ class CommandGateway:
             logger.warning("CancelCommand failed", command_id=command_id, error=describe(exc))
             return False
         return True
+
+
+def lost_agents(client: Any) -> dict[str, AgentReading]:
+    """Every SSM agent of the region that Systems Manager says lost its connection: one
+    DescribeInstanceInformation filtered on `PingStatus`, paged 50 a call. AWS combines no tag filter
+    with another, so it lists the account's region, not only the stage's workers: the caller keeps its
+    own."""
+    return _information(client, [{"Key": "PingStatus", "Values": [CONNECTION_LOST]}])
+
+
+def agent_readings(client: Any, instance_ids: Iterable[str]) -> dict[str, AgentReading]:
+    """The SSM agent's ping status of each of these machines that Systems Manager knows, one
+    DescribeInstanceInformation per 50 ids; a machine it does not know is left out. AWS refuses a whole
+    call with InvalidInstanceId for one id it will not take (a machine shutting down): such a call is
+    asked again id by id, and only the refused ids are left out."""
+    found: dict[str, AgentReading] = {}
+    ids = sorted(set(instance_ids))
+    for start in range(0, len(ids), INFORMATION_PAGE_SIZE):
+        chunk = ids[start : start + INFORMATION_PAGE_SIZE]
+        try:
+            found.update(_information(client, [{"Key": "InstanceIds", "Values": chunk}]))
+        except ClientError as error:
+            if error_code(error) != NOT_MANAGED:
+                raise
+            for instance_id in chunk:
+                try:
+                    found.update(_information(client, [{"Key": "InstanceIds", "Values": [instance_id]}]))
+                except ClientError as alone:
+                    if error_code(alone) != NOT_MANAGED:
+                        raise
+    return found
+
+
+def _information(client: Any, filters: list[dict[str, Any]]) -> dict[str, AgentReading]:
+    """The agents DescribeInstanceInformation lists under these filters, every page, each call retried by
+    `with_backoff` (the SSM client makes one attempt: a sweep's one throttled call must not cost the
+    whole read)."""
+    found: dict[str, AgentReading] = {}
+    request: dict[str, Any] = {"Filters": filters, "MaxResults": INFORMATION_PAGE_SIZE}
+    while True:
+        page = with_backoff(
+            partial(client.describe_instance_information, **request), name="DescribeInstanceInformation"
+        )
+        for info in page.get("InstanceInformationList", []):
+            found[str(info["InstanceId"])] = AgentReading(
+                ping_status=str(info.get("PingStatus", "")), last_ping=info.get("LastPingDateTime")
+            )
+        if not page.get("NextToken"):
+            return found
+        request["NextToken"] = page["NextToken"]

@@ -10,20 +10,37 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from fleetkeeper.domain.disruption import pool_of_scope
 from fleetkeeper.domain.lifecycle import WorkerStatus
-from fleetkeeper.domain.models import WorkerSummary
+from fleetkeeper.domain.models import Worker, WorkerSummary
 from fleetkeeper.domain.scale_down import scope_of
 
 
 @dataclass(frozen=True)
 class FleetCounts:
-    """How many workers each (scope, status) cell holds."""
+    """How many workers each (scope, status) cell holds, and how many of them are unhealthy."""
 
     cells: Mapping[tuple[str, WorkerStatus], int] = field(default_factory=dict)
+    unhealthy: Mapping[tuple[str, WorkerStatus], int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, workers: Iterable[WorkerSummary]) -> FleetCounts:
-        return cls(dict(Counter((scope_of(w), w.status) for w in workers)))
+        """The counts of these workers; their health counts only where they are read in full."""
+        listed = list(workers)
+        sick = [w for w in listed if isinstance(w, Worker) and w.health is not None and w.health.unhealthy]
+        return cls(
+            dict(Counter((scope_of(w), w.status) for w in listed)),
+            dict(Counter((scope_of(w), w.status) for w in sick)),
+        )
+
+    def in_pool(self, pool: str) -> tuple[Counter[WorkerStatus], Counter[WorkerStatus]]:
+        """The pool's workers by status, and its unhealthy ones by status."""
+        counted: tuple[Counter[WorkerStatus], Counter[WorkerStatus]] = (Counter(), Counter())
+        for found, cells in zip(counted, (self.cells, self.unhealthy), strict=True):
+            for (scope, status), count in cells.items():
+                if pool_of_scope(scope) == pool:
+                    found[status] += count
+        return counted
 
     @property
     def by_status(self) -> Counter[WorkerStatus]:

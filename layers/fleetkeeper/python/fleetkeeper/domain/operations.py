@@ -12,7 +12,7 @@ import json
 import re
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
@@ -132,6 +132,17 @@ class Catalogue(BaseModel):
             known = ", ".join(sorted(self.operations)) or "none"
             raise InvalidInput(field, f"unknown operation '{name}'; this stage offers: {known}")
         return spec
+
+    def collects_system_info(self, interval_seconds: int) -> bool:
+        """Whether every RUNNING worker runs collect-system-info, once per interval."""
+        return interval_seconds > 0 and SYSTEM_INFO_OPERATION in self.operations
+
+    def used_by(self, before_stop: Sequence[str], system_info_interval_seconds: int) -> bool:
+        """Whether a worker whose template runs `before_stop` relies on Run Command, so that its SSM
+        agent must answer: it runs operations before it stops, or collects its system information."""
+        return bool(self.operations) and (
+            bool(before_stop) or self.collects_system_info(system_info_interval_seconds)
+        )
 
     def parameters_for(self, name: str, given: Mapping[str, str]) -> dict[str, str]:
         """The parameters an operation runs with: the given ones checked, defaults filled in.

@@ -2,8 +2,10 @@
 (docs/repair.md).
 
 A worker's `health` keeps each source's unhealthy signal: an EC2 scheduled event (AWS's date), a
-failed status check, a machine that does not answer, or what its own agent reports. `observe` folds a
-new signal into it; a signal clears only what its own source said, the worker is unhealthy while any
+failed status check, a machine EC2 hears nothing from, an SSM agent that lost its connection, or what
+its own agent reports. `observe` folds a new signal into it; a signal clears only what its own source
+said (or what a restart of the machine made stale, `STALE_AFTER`: the health keeps the restart's time,
+so a word said before it and recorded after it is stale too), the worker is unhealthy while any
 source says so, and a scheduled event's signal counts first, because its date is fixed. A repair is
 due once a signal has lasted its pool's toleration (a scheduled event at once). The brake stops a
 pool's repairs while more than `max_unhealthy_percent` of its members are unhealthy: that many at once
@@ -17,7 +19,7 @@ run past the margin before NotBefore.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -67,7 +69,33 @@ class HealthSource(StrEnum):
     SCHEDULED_EVENT = "scheduled_event"
     STATUS_CHECK = "status_check"
     UNREACHABLE = "unreachable"
+    CONNECTION_LOST = "connection_lost"
     REPORTED = "reported"
+
+
+# The machine itself is sick: its sessions are suffering already (a short drain, SICK_DRAIN_TIMEOUT).
+SICK_MACHINE: Final = frozenset(
+    {HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE, HealthSource.CONNECTION_LOST}
+)
+
+
+class Restart(StrEnum):
+    """What happened to a machine that makes what was said of it before stale."""
+
+    # A stop: the machine starts again on other hardware.
+    STOP = "stop"
+    # AWS rebooted the machine or its host for a scheduled event (a completed reboot or maintenance).
+    REBOOT = "reboot"
+
+
+# Per restart, the sources whose earlier signals it makes stale (docs/repair.md, "Signals").
+# A stop leaves the old host behind, and with it what its checks, its silence and its scheduled events
+# said; a reboot starts the machine afresh on the same host, so only what was said of the running
+# machine goes. An agent's report is the agent's to withdraw: a full disk outlives both.
+STALE_AFTER: Final[dict[Restart, frozenset[HealthSource]]] = {
+    Restart.STOP: SICK_MACHINE | {HealthSource.SCHEDULED_EVENT},
+    Restart.REBOOT: SICK_MACHINE,
+}
 
 
 class ScheduledEvent(_Record):
@@ -98,6 +126,10 @@ class Health(_Record):
     signals: dict[HealthSource, Standing] = Field(default_factory=dict)
     # When AWS Health last spoke of each event, by its ARN, closed ones too: an older word is stale.
     heard: dict[str, _When] = Field(default_factory=dict)
+    # Per source, the machine's last restart that makes its signals stale (STALE_AFTER): a word of the
+    # source said before it is stale however late it arrives (a sweep's reading written after a stop,
+    # an AWS Health event EventBridge delivered late).
+    stale_before: dict[HealthSource, _When] = Field(default_factory=dict)
 
     @property
     def unhealthy(self) -> bool:
@@ -118,6 +150,17 @@ class Health(_Record):
             return dict(self.signals)
         return {self.source: Standing(reason=self.reason, since=self.since, event=self.event)}
 
+    def in_order(self) -> list[tuple[HealthSource, Standing]]:
+        """The standing signals, the one that counts first: a scheduled event's (its date is fixed),
+        then the oldest."""
+        return _in_order(self.standing())
+
+
+def _in_order(standing: dict[HealthSource, Standing]) -> list[tuple[HealthSource, Standing]]:
+    return sorted(
+        standing.items(), key=lambda pair: (pair[0] != HealthSource.SCHEDULED_EVENT, pair[1].since, pair[0])
+    )
+
 
 @dataclass(frozen=True)
 class Signal:
@@ -127,8 +170,12 @@ class Signal:
     source: HealthSource
     reason: str | None = None
     event: ScheduledEvent | None = None
-    # When the source said it, for a word that carries its time (an AWS Health event).
+    # When the source said it, for a word that carries its time (an AWS Health event); else when it is
+    # recorded (`observe`'s now: a discovery sweep's start).
     at: datetime | None = None
+    # A restart of the machine at this moment (`restart_signals`): what the source said before it is
+    # stale, what it says since stands.
+    stale_before: datetime | None = None
 
 
 def _toleration(text: str) -> str:
@@ -154,7 +201,12 @@ class RepairPolicy(_Record):
         default="10m", description="how long a failed EC2 status check lasts before the worker is repaired"
     )
     unreachable: Toleration = Field(
-        default="15m", description="how long a machine may not answer at all before it is repaired"
+        default="15m", description="how long EC2 may hear nothing from a machine before it is repaired"
+    )
+    connection_lost: Toleration = Field(
+        default="15m",
+        description="how long the SSM agent of a worker that uses operations may stay ConnectionLost "
+        "before it is repaired",
     )
     reported: Toleration = Field(
         default="5m", description="how long an unhealthy report may stand, not withdrawn, before a repair"
@@ -179,8 +231,19 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
     Each source's unhealthy signal stands until that source says healthy (a scheduled event's, only the
     same event ending), keeping its `since`; the worker is unhealthy while any stands. The one that
     counts is a scheduled event's (its date is fixed), else the oldest. A timed word on an event older
-    than the last one heard of it is stale (events arrive out of order). Nothing is recorded for a
-    healthy signal about a worker never found unhealthy, but when it names the time of its event."""
+    than the last one heard of it is stale (events arrive out of order), and so is any word of a source
+    said before a restart that makes it stale, standing or arriving. Nothing is recorded for a healthy
+    signal about a worker never found unhealthy, but when it names the time of its event or a
+    restart."""
+    stale = dict(current.stale_before) if current is not None else {}
+    if signal.stale_before is not None:
+        if signal.stale_before > now:
+            # A reboot event completed before its NotBefore: its date places nothing in time, and the
+            # sources' own words still end what it ended.
+            return current
+        stale[signal.source] = max(signal.stale_before, stale.get(signal.source, signal.stale_before))
+    elif _said_before_restart(stale, signal.source, signal.at or now):
+        return current
     standing = current.standing() if current is not None else {}
     heard = dict(current.heard) if current is not None else {}
     event_id = signal.event.event_id if signal.event is not None else None
@@ -194,7 +257,10 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         heard[event_id] = signal.at
         heard = dict(sorted(heard.items(), key=lambda pair: pair[1])[-MAX_HEARD:])
     found = standing.get(signal.source)
-    if signal.status == HealthStatus.HEALTHY:
+    if signal.stale_before is not None:
+        # A restart says nothing of the machine since: it only makes earlier words stale, just below.
+        standing = {s: f for s, f in standing.items() if not _said_before_restart(stale, s, f.since)}
+    elif signal.status == HealthStatus.HEALTHY:
         if found is not None and not _other_event(found.event, signal.event):
             del standing[signal.source]
     else:
@@ -202,23 +268,26 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         if found is None or (found.reason, found.event) != (reason, signal.event):
             since = found.since if found is not None else now
             standing[signal.source] = Standing(reason=reason, since=since, event=signal.event)
-    if current is None and not standing and not heard:
+    if current is None and not standing and not heard and not stale:
         return None
-    if current is not None and (standing, heard) == (current.standing(), current.heard):
+    if current is not None and (standing, heard, stale) == (
+        current.standing(),
+        current.heard,
+        current.stale_before,
+    ):
         return current
     if not standing:
         if current is not None and not current.unhealthy:
-            return current.model_copy(update={"heard": heard})
+            return current.model_copy(update={"heard": heard, "stale_before": stale})
         return Health(
             status=HealthStatus.HEALTHY,
             source=signal.source,
             reason=_cut(signal.reason),
             since=now,
             heard=heard,
+            stale_before=stale,
         )
-    source, counts = min(
-        standing.items(), key=lambda pair: (pair[0] != HealthSource.SCHEDULED_EVENT, pair[1].since)
-    )
+    source, counts = _in_order(standing)[0]
     return Health(
         status=HealthStatus.UNHEALTHY,
         source=source,
@@ -227,16 +296,31 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
         event=counts.event,
         signals=standing,
         heard=heard,
+        stale_before=stale,
     )
+
+
+def _said_before_restart(
+    stale: Mapping[HealthSource, datetime], source: HealthSource, said: datetime
+) -> bool:
+    """The one staleness rule: a word of a source said before the machine's last restart that makes
+    that source stale (STALE_AFTER) no longer stands, whether it stood already or arrives late."""
+    restart = stale.get(source)
+    return restart is not None and said < restart
+
+
+def restart_signals(restart: Restart, at: datetime) -> list[Signal]:
+    """What a restart of the machine at `at` says: each source it makes stale is healthy again, for
+    the signals begun before it."""
+    return [
+        Signal(HealthStatus.HEALTHY, source, f"machine {restart}", stale_before=at)
+        for source in sorted(STALE_AFTER[restart])
+    ]
 
 
 def stopped(current: Health | None, now: datetime) -> Health | None:
-    """The worker's health once its machine stopped: a start moves it to other hardware, so what its
-    status checks said (failed, or silent) no longer stands."""
-    gone = (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE)
-    return observe_all(
-        current, [Signal(HealthStatus.HEALTHY, source, "machine stopped") for source in gone], now
-    )
+    """The worker's health once its machine stopped (`Restart.STOP`)."""
+    return observe_all(current, restart_signals(Restart.STOP, now), now)
 
 
 def _other_event(standing: ScheduledEvent | None, ended: ScheduledEvent | None) -> bool:
@@ -279,16 +363,18 @@ class Brake:
         return f"repair brake, {self.unhealthy} of {self.members} unhealthy"
 
 
-def brake(workers: Iterable[tuple[WorkerStatus, Health | None]], policy: RepairPolicy) -> Brake:
-    """The brake over a pool's workers, each as its status and health: its members (RUNNING and those
-    being disrupted) count, the rest do not."""
-    members = unhealthy = 0
-    for status, health in workers:
-        if status not in MEMBERS:
-            continue
-        members += 1
-        unhealthy += 1 if health is not None and health.unhealthy else 0
-    return Brake(unhealthy=unhealthy, members=members, max_percent=policy.max_unhealthy_percent)
+def brake(
+    by_status: Mapping[WorkerStatus, int],
+    unhealthy_by_status: Mapping[WorkerStatus, int],
+    policy: RepairPolicy,
+) -> Brake:
+    """The brake over a pool's counts, its workers and its unhealthy ones by status: its members
+    (RUNNING and those being disrupted) count, the rest do not."""
+    return Brake(
+        unhealthy=sum(unhealthy_by_status.get(status, 0) for status in MEMBERS),
+        members=sum(by_status.get(status, 0) for status in MEMBERS),
+        max_percent=policy.max_unhealthy_percent,
+    )
 
 
 @dataclass(frozen=True)
@@ -326,7 +412,7 @@ def plan_repair(health: Health, held: Brake, template_timeout_seconds: int, now:
             start_by=latest_start,
             timeout_seconds=_seconds(min(template, left)),
         )
-    sick = health.source in (HealthSource.STATUS_CHECK, HealthSource.UNREACHABLE)
+    sick = health.source in SICK_MACHINE
     return RepairPlan(
         imposed=False,
         braked=held.holds,
@@ -360,14 +446,33 @@ class StatusReading:
     events: tuple[EventReading, ...] = ()
 
 
+@dataclass(frozen=True)
+class AgentReading:
+    """What Systems Manager says of the machine's SSM agent (DescribeInstanceInformation)."""
+
+    ping_status: str
+    last_ping: datetime | None = None
+
+
 # Statuses that mean EC2 has heard nothing from the machine (an `initializing` machine is still booting).
 _SILENT: Final = frozenset({"insufficient-data"})
+# A machine still booting (after a launch, a start or a reboot): its agent has not pinged yet, so SSM
+# still says ConnectionLost from before; that is no signal until the checks have run.
+_BOOTING: Final = frozenset({"initializing"})
+# SSM's PingStatus of an agent that stopped answering, and of one that answers.
+CONNECTION_LOST: Final = "ConnectionLost"
+ONLINE: Final = "Online"
+# Scheduled events whose completion means AWS rebooted the machine or its host (`Restart.REBOOT`).
+REBOOT_CODES: Final = frozenset({"instance-reboot", "system-reboot", "system-maintenance"})
 
 
-def signals_of(reading: StatusReading) -> list[Signal]:
-    """What a running machine's status line says, healthy signals first so that a signal of the same
-    line that is still unhealthy stands: scheduled events (an ended one clears, the earliest live one
-    counts), failed checks (`impaired`), and no status at all (`insufficient-data`)."""
+def signals_of(reading: StatusReading, agent: AgentReading | None = None) -> list[Signal]:
+    """What a running machine's status line (and, for a worker that uses operations, its SSM agent)
+    says, healthy signals first so that a signal of the same reading that is still unhealthy stands:
+    scheduled events (an ended one clears, the earliest live one counts, a completed reboot makes the
+    checks said before it stale), failed checks (`impaired`), no status at all (`insufficient-data`),
+    and an agent that lost its connection. `agent` None: no word on the agent (not read, or the
+    machine is not registered with Systems Manager), which clears nothing."""
     if reading.state != "running":
         return []
     healthy: list[Signal] = []
@@ -380,6 +485,8 @@ def signals_of(reading: StatusReading) -> list[Signal]:
         text = f"{found.code}: {found.description or '-'}"
         if event_ended(found.description):
             healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
+            if _completed(found.description) and found.code in REBOOT_CODES and found.not_before:
+                healthy += restart_signals(Restart.REBOOT, found.not_before)
         else:
             live.append((found.not_before or datetime.max.replace(tzinfo=UTC), text, event))
     if live:
@@ -396,6 +503,13 @@ def signals_of(reading: StatusReading) -> list[Signal]:
             Signal(HealthStatus.HEALTHY, HealthSource.STATUS_CHECK, checks),
             Signal(HealthStatus.HEALTHY, HealthSource.UNREACHABLE, checks),
         ]
+    if agent is not None:
+        last = agent.last_ping.astimezone(UTC).isoformat() if agent.last_ping is not None else "-"
+        said = f"SSM agent {agent.ping_status}, last ping {last}"
+        if agent.ping_status == CONNECTION_LOST and statuses.isdisjoint(_BOOTING):
+            unhealthy.append(Signal(HealthStatus.UNHEALTHY, HealthSource.CONNECTION_LOST, said))
+        elif agent.ping_status == ONLINE:
+            healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.CONNECTION_LOST, said))
     return healthy + unhealthy
 
 
@@ -413,3 +527,7 @@ _ENDED_PREFIXES: Final = ("[Completed]", "[Canceled]", "[Cancelled]")
 def event_ended(description: str | None) -> bool:
     """Whether a DescribeInstanceStatus event's description says AWS completed or cancelled it."""
     return description is not None and description.strip().startswith(_ENDED_PREFIXES)
+
+
+def _completed(description: str | None) -> bool:
+    return description is not None and description.strip().startswith(_ENDED_PREFIXES[0])

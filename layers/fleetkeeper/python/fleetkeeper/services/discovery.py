@@ -7,7 +7,10 @@
    belongs to a live worker or is terminated.
 3. Health: one paged DescribeInstanceStatus of the region (1000 machines a call) records the scheduled
    events, failed status checks and silent machines of RUNNING workers (services/repair.py), so a
-   missed AWS Health event is caught here; only a change is written.
+   missed AWS Health event is caught here; DescribeInstanceInformation lists the region's lost SSM
+   agents (one paged read filtered on ConnectionLost), a signal on the workers that use operations,
+   and reads by id (50 a call) only the agents of workers whose lost connection stands, to clear it.
+   Only a change is written.
 4. GC: workers (not TERMINATED, not PENDING) whose machine is missing from what was discovered are
    verified with one batched DescribeInstances by id; confirmed missing or terminated -> TERMINATED
    (soft delete, terminated_by discovery-gc), their active instances end as worker_lost, an open
@@ -37,13 +40,14 @@ from typing import Any
 from aws_lambda_powertools.metrics import MetricUnit
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fleetkeeper.cloud import ssm
 from fleetkeeper.cloud.ec2 import Ec2Gateway, Ec2Instance
-from fleetkeeper.domain.errors import Conflict
+from fleetkeeper.domain.errors import Conflict, Unavailable
 from fleetkeeper.domain.lifecycle import Cause, WorkerStatus, can_transition, worker_status_for_ec2_state
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.orphan_breaker import BreakerDecision, decide
 from fleetkeeper.domain.reconcile import GC_ACTOR, may_resurrect
-from fleetkeeper.domain.repair import observe_all, signals_of
+from fleetkeeper.domain.repair import AgentReading, HealthSource, StatusReading, observe_all, signals_of
 from fleetkeeper.domain.tags import (
     BATCH_TAG,
     MANAGED_BY_TAG,
@@ -336,8 +340,9 @@ def _sweep_health(
     now: datetime,
     out_of_time: Callable[[], bool],
 ) -> None:
-    """Record what the region's status lines say of its RUNNING workers; a report-only run writes
-    nothing. A failed read is counted, and the next run reads again."""
+    """Record what the region's status lines, and the SSM agents of the workers that use operations,
+    say of its RUNNING workers; a report-only run writes nothing. A failed read is counted, and the
+    next run reads again (a failed agent read leaves the agents' signals as they stand)."""
     running = {
         w.ec2_instance_id: w for w in tracked if w.status == WorkerStatus.RUNNING and w.ec2_instance_id
     }
@@ -349,9 +354,10 @@ def _sweep_health(
         logger.warning("DescribeInstanceStatus failed", region=findings.region, error=str(error))
         findings.errors += 1
         return
+    agents = _agent_readings(ctx, running, readings, findings)
     for index, reading in enumerate(readings):
         worker = running[reading.instance_id]
-        signals = signals_of(reading)
+        signals = signals_of(reading, agents.get(reading.instance_id))
         if observe_all(worker.health, signals, now) == worker.health:
             continue
         if out_of_time():
@@ -367,6 +373,43 @@ def _sweep_health(
         except Exception:  # one worker's, never the pass's: read again next run
             logger.exception("health not recorded", worker_id=worker.id)
             findings.errors += 1
+
+
+def _agent_readings(
+    ctx: Context, running: Mapping[str, Worker], readings: Sequence[StatusReading], findings: RegionFindings
+) -> dict[str, AgentReading]:
+    """What Systems Manager says of the agents of the running workers: a lost one, for the workers whose
+    template uses operations (their agent must answer), from one paged read of the region's lost
+    agents; and by id, 50 a call, only the agents of the workers whose lost connection stands, to clear
+    it (a machine not listed lost says nothing: it may be Online, or not registered). The ids asked
+    for are those the status read saw running. None when no worker needs either, or when a read
+    failed (counted)."""
+    settings = ctx.settings
+    interval = settings.system_info_interval_seconds
+    before_stop = {t.name: t.before_stop for t in ctx.store.list_templates()}
+    seen_running = [r.instance_id for r in readings if r.state == "running"]
+    wanted = {
+        instance_id
+        for instance_id in seen_running
+        if settings.operations_catalogue.used_by(before_stop.get(running[instance_id].template, []), interval)
+    }
+    lost_standing = [
+        instance_id
+        for instance_id in seen_running
+        if (health := running[instance_id].health) is not None
+        and HealthSource.CONNECTION_LOST in health.standing()
+    ]
+    if not wanted and not lost_standing:
+        return {}
+    client = ctx.ssm(findings.region)
+    try:
+        lost = ssm.lost_agents(client) if wanted else {}
+        known = ssm.agent_readings(client, lost_standing) if lost_standing else {}
+    except (ClientError, BotoCoreError, Unavailable) as error:
+        logger.warning("DescribeInstanceInformation failed", region=findings.region, error=str(error))
+        findings.errors += 1
+        return {}
+    return {**{i: reading for i, reading in lost.items() if i in wanted}, **known}
 
 
 def _backfill_machine_keys(

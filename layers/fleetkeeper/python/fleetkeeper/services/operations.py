@@ -372,7 +372,7 @@ def reconcile_operations(
 
     settings = ctx.settings
     interval = settings.system_info_interval_seconds
-    if interval <= 0 or SYSTEM_INFO_OPERATION not in settings.operations_catalogue.operations:
+    if not settings.operations_catalogue.collects_system_info(interval):
         return
     for worker in workers:
         if time_left() < margin_seconds:

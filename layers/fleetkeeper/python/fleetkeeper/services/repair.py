@@ -2,7 +2,8 @@
 sick for longer than their pool tolerates (docs/repair.md; the rules are domain/repair.py).
 
 The signals come from the EC2 events function (AWS Health scheduled changes), discovery's sweep of
-DescribeInstanceStatus, and the worker's agent (`POST /api/v1/workers/{id}/health`); each goes through
+DescribeInstanceStatus and of DescribeInstanceInformation (the SSM agents of the workers that use
+operations), and the worker's agent (`POST /api/v1/workers/{id}/health`); each goes through
 `record_health`, which writes only a change. The reconcile cycle then proposes the due repairs to the
 door, surge-first, as expiry does (services/reconcile/repair.py): a voluntary disruption of reason
 `repair`, counted by the pool's budgets and stopped by the pool's brake; a scheduled event passes the

@@ -7,6 +7,13 @@ cell, +1 on the new. Either all of it commits or none of it does, so a count is 
 concurrency; a lost answer or a cancelled transaction (TransactionConflict, throttling) changes nothing,
 and the retry's version condition keeps a committed write from counting twice.
 
+A cell also says whether the worker is unhealthy (store/keys.counted_cell): a health change moves the
+worker to its status's other cell in the same way, so each status's unhealthy workers are counted
+exactly beside all of them (`u_<status>` beside `n_<status>`), and the repair brake reads them here
+instead of through a lagging index. A worker recorded unhealthy before cells said so is counted among
+them by its next write (its item names the cell it was counted in, and the write moves it from there),
+or by the one walk of its pool that precedes the brake's first read of it (store/workers.count_health).
+
 Where the counts live: a scope's counts are split into COUNTER_ITEMS items (the worker's bucket picks
 one), spread over COUNTER_PARTITIONS partition keys, `PK = COUNTS#<p>`, `SK = <scope>#<item>`, one
 number attribute per status. Splitting keeps concurrent transitions of one scope from conflicting on
@@ -27,7 +34,7 @@ from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.sharding import bucket_of
 from fleetkeeper.store.codec import deserialize
-from fleetkeeper.store.keys import COUNTER_ITEMS, COUNTER_PARTITIONS
+from fleetkeeper.store.keys import COUNTER_ITEMS, COUNTER_PARTITIONS, UNHEALTHY_MARK
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
 # The worker attribute naming the cell it is counted in; absent on items not counted yet.
 COUNTED_AS = "counted_as"
 _STATUS_PREFIX = "n_"
+_UNHEALTHY_PREFIX = "u_"
 
 
 def status_attribute(status: WorkerStatus) -> str:
@@ -42,10 +50,15 @@ def status_attribute(status: WorkerStatus) -> str:
     return _STATUS_PREFIX + status
 
 
-def split_cell(cell: str) -> tuple[str, WorkerStatus]:
-    """`RUNNING@lab#-` as (scope, status)."""
+def unhealthy_attribute(status: WorkerStatus) -> str:
+    """The counter item attribute that holds how many of a status's workers are unhealthy."""
+    return _UNHEALTHY_PREFIX + status
+
+
+def split_cell(cell: str) -> tuple[str, WorkerStatus, bool]:
+    """`RUNNING@lab#-` as (scope, status, unhealthy); `RUNNING!@lab#-` for an unhealthy worker."""
     status, _, scope = cell.partition("@")
-    return scope, WorkerStatus(status)
+    return scope, WorkerStatus(status.removesuffix(UNHEALTHY_MARK)), status.endswith(UNHEALTHY_MARK)
 
 
 def counter_key(scope: str, worker_id: str) -> dict[str, dict[str, str]]:
@@ -55,20 +68,22 @@ def counter_key(scope: str, worker_id: str) -> dict[str, dict[str, str]]:
 
 def counter_updates(table_name: str, worker_id: str, moves: Mapping[str, int]) -> list[dict[str, Any]]:
     """The transaction items that add `moves` (cell -> +1 or -1) to the worker's counter items."""
-    by_scope: dict[str, dict[WorkerStatus, int]] = defaultdict(dict)
+    by_scope: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for cell, delta in moves.items():
-        scope, status = split_cell(cell)
-        by_scope[scope][status] = by_scope[scope].get(status, 0) + delta
+        scope, status, unhealthy = split_cell(cell)
+        by_scope[scope][status_attribute(status)] += delta
+        if unhealthy:
+            by_scope[scope][unhealthy_attribute(status)] += delta
     items: list[dict[str, Any]] = []
     for scope, deltas in sorted(by_scope.items()):
-        changes = {status: delta for status, delta in deltas.items() if delta}
+        changes = {attribute: delta for attribute, delta in deltas.items() if delta}
         if not changes:
             continue
         names = {"#scope": "scope"}
         values: dict[str, Any] = {":scope": {"S": scope}}
         adds = []
-        for n, (status, delta) in enumerate(sorted(changes.items())):
-            names[f"#c{n}"] = status_attribute(status)
+        for n, (attribute, delta) in enumerate(sorted(changes.items())):
+            names[f"#c{n}"] = attribute
             values[f":c{n}"] = {"N": str(delta)}
             adds.append(f"#c{n} :c{n}")
         items.append(
@@ -149,12 +164,17 @@ def counter_keys(
 
 
 def read_counts(client: DynamoDBClient, table_name: str) -> FleetCounts:
-    """Every cell's count, strongly consistent: one Query per counter partition key."""
-    cells: dict[tuple[str, WorkerStatus], int] = defaultdict(int)
+    """Every cell's count, and its unhealthy workers', strongly consistent: one Query per counter
+    partition key."""
+    counted: dict[str, dict[tuple[str, WorkerStatus], int]] = {
+        _STATUS_PREFIX: defaultdict(int),
+        _UNHEALTHY_PREFIX: defaultdict(int),
+    }
     for item in _counter_items(client, table_name):
         plain = deserialize(item)
         scope = str(plain["scope"])
         for name, value in plain.items():
-            if name.startswith(_STATUS_PREFIX) and value:
-                cells[(scope, WorkerStatus(name.removeprefix(_STATUS_PREFIX)))] += int(value)
-    return FleetCounts(dict(cells))
+            prefix = name[:2]
+            if prefix in counted and value:
+                counted[prefix][(scope, WorkerStatus(name[2:]))] += int(value)
+    return FleetCounts(dict(counted[_STATUS_PREFIX]), dict(counted[_UNHEALTHY_PREFIX]))

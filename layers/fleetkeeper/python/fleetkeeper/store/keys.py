@@ -88,9 +88,22 @@ def instance_state_partition(state: str, partition: int) -> str:
     return f"INSTANCE#{state}#{partition:02d}"
 
 
+# Marks the cell of an unhealthy worker (`RUNNING!@lab#labs`): counted in its status and among its
+# status's unhealthy ones (store/counters.py), so the repair brake's count is exact.
+UNHEALTHY_MARK = "!"
+
+
 def counted_cell(worker: Worker) -> str:
-    """The counter cell a worker is counted in: its status and its scope (template and pool)."""
-    return f"{worker.status}@{scope_of(worker)}"
+    """The counter cell a worker is counted in: its status, whether it is unhealthy, and its scope
+    (template and pool)."""
+    mark = UNHEALTHY_MARK if worker.health is not None and worker.health.unhealthy else ""
+    return f"{worker.status}{mark}@{scope_of(worker)}"
+
+
+def health_counted_key(pool: str) -> dict[str, str]:
+    """The mark that every member of the pool is counted in the cell its health says (store/workers.py,
+    `count_health`)."""
+    return {"PK": f"HEALTHCOUNTED#{pool}", "SK": "MARK"}
 
 
 def worker_index_attributes(worker: Worker, *, legacy: bool = False) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from fleetkeeper.cloud.retry import cancellation_reasons
 from fleetkeeper.domain.errors import StaleWrite
 from fleetkeeper.domain.models import Instance, Worker
 from fleetkeeper.store import keys
@@ -28,7 +27,7 @@ from fleetkeeper.store.codec import deserialize, load_record, serialize, seriali
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves
 from fleetkeeper.store.layout import LAYOUT_KEY, LayoutState, read_layout_state
 from fleetkeeper.store.schema import BY_KIND, BY_POOL, BY_SHARD
-from fleetkeeper.store.table import CONDITION_FAILED, TableAccess, put_next_version
+from fleetkeeper.store.table import TableAccess, put_next_version
 
 # What DynamoDB answers for an index that is not there yet, still backfilling, or not granted yet.
 _NOT_READY = frozenset({"ValidationException", "ResourceNotFoundException", "AccessDeniedException"})
@@ -93,44 +92,10 @@ class MigrationRepository(TableAccess):
         if _relayout(entry, legacy=legacy) is None:
             return "unchanged"
         raw = self._get(keys.worker_key(str(entry["id"]["S"])))
-        if raw is None:
+        items = relayout_items(self.table_name, raw, legacy=legacy) if raw is not None else None
+        if items is None:
             return "unchanged"
-        change = _relayout(raw, legacy=legacy)
-        if change is None:
-            return "unchanged"
-        worker, counted, wanted, stale = change
-        worker_id = worker.id
-        cell = str(wanted[COUNTED_AS])
-        names: dict[str, str] = {"#v": "version", "#ca": COUNTED_AS}
-        values: dict[str, Any] = {":v": serialize_value(worker.version)}
-        sets = []
-        for n, (name, value) in enumerate(wanted.items()):
-            names[f"#s{n}"] = name
-            values[f":s{n}"] = serialize_value(value)
-            sets.append(f"#s{n} = :s{n}")
-        removes = []
-        for n, name in enumerate(stale):
-            names[f"#r{n}"] = name
-            removes.append(f"#r{n}")
-        if counted is None:
-            condition = "#v = :v AND attribute_not_exists(#ca)"
-        else:
-            condition = "#v = :v AND #ca = :ca"
-            values[":ca"] = serialize_value(counted)
-        update = {
-            "Update": {
-                "TableName": self.table_name,
-                "Key": serialize(keys.worker_key(worker_id)),
-                "UpdateExpression": "SET "
-                + ", ".join(sets)
-                + (" REMOVE " + ", ".join(removes) if removes else ""),
-                "ConditionExpression": condition,
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": values,
-            }
-        }
-        counts = counter_updates(self.table_name, worker_id, moves(counted, cell))
-        return self._try([update, *counts])
+        return self._try(items)
 
     def rekey_instance(self, entry: dict[str, Any]) -> str:
         """Move one instance from the legacy state and kind partitions to the write-sharded state key:
@@ -160,13 +125,47 @@ class MigrationRepository(TableAccess):
         return self._try([update])
 
     def _try(self, items: Sequence[dict[str, Any]]) -> str:
-        try:
-            self._transact(items, {})
-        except ClientError as exc:
-            if any(r.get("Code") == CONDITION_FAILED for r in cancellation_reasons(exc)):
-                return "refused"
-            raise
-        return "changed"
+        return "changed" if self._transact_unless_refused(items) else "refused"
+
+
+def relayout_items(table_name: str, raw: dict[str, Any], *, legacy: bool) -> list[dict[str, Any]] | None:
+    """The transaction that brings a worker item (read strongly consistent) to the bucket layout and
+    counts it in the cell it belongs in (keys.counted_cell), under the condition that it is still the
+    version read and counted where it was read; None when it is already there."""
+    change = _relayout(raw, legacy=legacy)
+    if change is None:
+        return None
+    worker, counted, wanted, stale = change
+    worker_id = worker.id
+    cell = str(wanted[COUNTED_AS])
+    names: dict[str, str] = {"#v": "version", "#ca": COUNTED_AS}
+    values: dict[str, Any] = {":v": serialize_value(worker.version)}
+    sets = []
+    for n, (name, value) in enumerate(wanted.items()):
+        names[f"#s{n}"] = name
+        values[f":s{n}"] = serialize_value(value)
+        sets.append(f"#s{n} = :s{n}")
+    removes = []
+    for n, name in enumerate(stale):
+        names[f"#r{n}"] = name
+        removes.append(f"#r{n}")
+    if counted is None:
+        condition = "#v = :v AND attribute_not_exists(#ca)"
+    else:
+        condition = "#v = :v AND #ca = :ca"
+        values[":ca"] = serialize_value(counted)
+    expression = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    update = {
+        "Update": {
+            "TableName": table_name,
+            "Key": serialize(keys.worker_key(worker_id)),
+            "UpdateExpression": expression,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+    }
+    return [update, *counter_updates(table_name, worker_id, moves(counted, cell))]
 
 
 def _relayout(

@@ -302,6 +302,17 @@ class TableAccess:
                 raise
             raise refused from exc
 
+    def _transact_unless_refused(self, items: Sequence[Mapping[str, Any]]) -> bool:
+        """Write the items in one transaction: False when a condition of theirs failed (another writer
+        came first; so does a lost answer's retry, which reading again tells apart)."""
+        try:
+            self._transact(items, {})
+        except ClientError as exc:
+            if any(r.get("Code") == CONDITION_FAILED for r in cancellation_reasons(exc)):
+                return False
+            raise
+        return True
+
     def _put(
         self,
         item: dict[str, Any],

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetkeeper.domain.admission import Claim, counted, settled
 from fleetkeeper.domain.capacity import member_moves
+from fleetkeeper.domain.disruption import MEMBERS
 from fleetkeeper.domain.drift import current_drift
 from fleetkeeper.domain.errors import Conflict, InvalidInput, PoolFull, PoolNotActive, StaleWrite
 from fleetkeeper.domain.fleet_counts import FleetCounts
@@ -31,6 +32,7 @@ from fleetkeeper.store.codec import deserialize, load_record, record_attributes,
 from fleetkeeper.store.counters import COUNTED_AS, counter_updates, moves, read_counts
 from fleetkeeper.store.disruption import BudgetTaken, PoolMoved, count_updates
 from fleetkeeper.store.machine_keys import MachineKeyRepository
+from fleetkeeper.store.migration import relayout_items
 from fleetkeeper.store.schema import BY_EC2_INSTANCE, BY_KIND, BY_PARENT, BY_POOL, BY_SHARD, BY_STATUS
 from fleetkeeper.store.table import (
     BATCH_GET_SIZE,
@@ -105,10 +107,11 @@ class WorkerRepository(MachineKeyRepository):
         return [found[i] for i in dict.fromkeys(worker_ids) if i in found]
 
     def unhealthy_workers(self, worker_ids: Collection[str]) -> set[str]:
-        """Which of these workers their health says are unhealthy, read eventually consistent (enough to
-        pass them over: the placing transaction's condition decides)."""
+        """Which of these workers their health says are unhealthy, read from their items strongly
+        consistent: a worker healthy again is not passed over on a stale read (a wrong NO_CAPACITY), and
+        one sick since is refused by the placing transaction's condition."""
         items = self._batch_get_items(
-            [keys.worker_key(i) for i in sorted(worker_ids)], consistent=False, projection=("id", "health")
+            [keys.worker_key(i) for i in sorted(worker_ids)], projection=("id", "health")
         )
         healths = [(str(i["id"]["S"]), deserialize(i).get("health") or {}) for i in items]
         return {id_ for id_, health in healths if health.get("status") == HealthStatus.UNHEALTHY}
@@ -126,6 +129,46 @@ class WorkerRepository(MachineKeyRepository):
         if self.layout().done:
             return read_counts(self._client, self.table_name)
         return FleetCounts.of(newest_per_worker(self._legacy_by_status(list(WorkerStatus))))
+
+    def health_counts(self, pools: Collection[str]) -> FleetCounts:
+        """Workers and unhealthy workers per scope and status, exact: the counters once the table is
+        migrated (store/counters.py); until then these pools' workers, listed through the pool index and
+        read strongly consistent."""
+        if self.layout().done:
+            return read_counts(self._client, self.table_name)
+        listed = [w.id for pool in sorted(pools) for w in self.workers_in_pool(pool)]
+        return FleetCounts.of(self.get_workers(listed))
+
+    def count_health(self, pool: str) -> int | None:
+        """Count every member of the pool in the cell its health says, once per pool: the workers moved
+        (0: none, or the pool is marked counted), or None when one was written meanwhile (the next cycle
+        walks again).
+
+        A worker last written before cells said health sits in its status's plain cell, and a sick one
+        the brake holds may never be written again. The walk lists the members through the pool index,
+        reads them strongly consistent and moves each with the migration's write, conditional on the
+        version and cell read (a concurrent write wins and counts the worker itself). A walk refused
+        nothing marks the pool: every write since counts by health. Before the table is migrated the
+        counts come from the items (`health_counts`), and the migration counts each worker by health."""
+        marker = keys.health_counted_key(pool)
+        if not self.layout().done or self._get(marker) is not None:
+            return 0
+        members = [keys.worker_key(w.id) for w in self.workers_in_pool(pool) if w.status in MEMBERS]
+        legacy = self.layout().legacy_writes
+        moved = refused = 0
+        for raw in self._batch_get_items(members):
+            items = relayout_items(self.table_name, raw, legacy=legacy)
+            if items is None:
+                continue
+            if self._transact_unless_refused(items):
+                moved += 1
+            else:
+                refused += 1
+        if refused:
+            return None
+        mark = {**marker, "counted_at": utcnow().isoformat(), "moved": moved}
+        self._transact_unless_refused([self._put(mark, "attribute_not_exists(PK)")])
+        return moved
 
     def pool_active_instances(self, pool: str) -> int:
         """Active instances across the pool's workers, each worker read consistently.

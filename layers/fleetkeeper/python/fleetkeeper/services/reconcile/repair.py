@@ -1,6 +1,6 @@
 """The reconcile cycle's repairs: the due ones proposed to the door, surge-first as expiry's
 (services/reconcile/replacement.py), a pool's brake judged over all its members, whichever shard
-holds them (docs/repair.md)."""
+holds them, from the exact counts (docs/repair.md)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Final
 from aws_lambda_powertools.metrics import MetricUnit
 
 from fleetkeeper.domain.admission import Held, WaitReason
-from fleetkeeper.domain.disruption import MEMBERS
-from fleetkeeper.domain.lifecycle import WorkerStatus
+from fleetkeeper.domain.fleet_counts import FleetCounts
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.repair import (
+    Brake,
     Health,
     HealthSource,
     RepairPlan,
@@ -32,6 +32,8 @@ from fleetkeeper.services.reconcile import replacement
 from fleetkeeper.services.repair import ask_for, repairing
 
 PURPOSE: Final = "repair"
+# A worker in no pool has no share of a pool to be held by.
+NO_BRAKE: Final = Brake(unhealthy=0, members=0, max_percent=0)
 # Repairs one cycle (one shard) starts or advances at most, scheduled events first by their date.
 MAX_REPAIRS_PER_CYCLE: Final = 10
 # Pools whose brake held a repair this cycle; the RepairBlocked alarm watches it.
@@ -87,14 +89,18 @@ def repair_workers(
         return templates[name]
 
     candidates = _candidates(workers, policy, now)
-    # The brake over each pool with a due repair, its members read once, fleet-wide: a shard's share of
-    # a pool is no measure of it.
-    brakes = {pool: brake(_members(ctx, pool), policy(pool)) for pool in {w.pool for w, _ in candidates}}
+    # The brake over each pool with a due repair, from the exact counts of the whole fleet, read once
+    # and strongly consistent: a shard's share of a pool is no measure of it, nor is a lagging index.
+    due_pools = sorted({w.pool for w, _ in candidates if w.pool is not None})
+    for pool in due_pools:
+        _count_health(ctx, pool, counters)
+    counts = ctx.store.health_counts(due_pools) if due_pools else FleetCounts()
+    brakes = {pool: brake(*counts.in_pool(pool), policy(pool)) for pool in due_pools}
     blocked: dict[str | None, str] = {}
     started = 0
     with admission.door(ctx, now) as door:
         for worker, health in candidates:
-            held = brakes[worker.pool]
+            held = brakes.get(worker.pool or "", NO_BRAKE)
             plan = plan_repair(health, held, drain_timeout(worker.template), now)
             ask = ask_for(plan)
             # Before the cap: a braked pool's repairs take none of the cycle's places.
@@ -138,6 +144,16 @@ def repair_workers(
     return {pool: detail for pool, detail in blocked.items() if pool is not None}
 
 
+def _count_health(ctx: Context, pool: str, counters: Counter[str]) -> None:
+    """Before the brake first reads a pool's counters, count the workers that fell sick before cells
+    said health among its unhealthy (store/workers.count_health); once per pool, one read after."""
+    moved = ctx.store.count_health(pool)
+    if moved is None:
+        counters["repair_health_recount_deferred"] += 1
+    elif moved:
+        counters["repair_health_recounted"] += moved
+
+
 def _still_sick(decided: Health) -> admission.Expect:
     """The repair's check on the worker its admitting and draining writes read: the signal it was
     decided on still counts (same source, same `since`); a report withdrawn or an event closed since
@@ -160,15 +176,6 @@ def _still_sick(decided: Health) -> admission.Expect:
     return check
 
 
-def _members(ctx: Context, pool: str | None) -> list[tuple[WorkerStatus, Health | None]]:
-    """The pool's workers fleet-wide, each as its status and health: listed by the pool's index, read
-    from their items (eventually consistent: the brake is a proportion, not an exact decision)."""
-    if pool is None:
-        return []
-    listed = [w.id for w in ctx.store.workers_in_pool(pool) if w.status in MEMBERS]
-    return [(w.status, w.health) for w in ctx.store.get_workers(listed, consistent=False)]
-
-
 def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetime) -> str:
     """What the drain's audit says: the signal, and for a scheduled event whether its date forced it."""
     event = health.event
@@ -183,6 +190,7 @@ def _drain_reason(worker: Worker, health: Health, plan: RepairPlan, now: datetim
     source = {
         HealthSource.STATUS_CHECK: "failed status check",
         HealthSource.UNREACHABLE: "machine not answering",
+        HealthSource.CONNECTION_LOST: "SSM agent not answering",
         HealthSource.REPORTED: "reported unhealthy",
     }.get(health.source, str(health.source))
     return f"repair: {source}: {health.reason or '-'}"[:500]
