@@ -190,8 +190,8 @@ clean: ## remove .venv, node_modules and every cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
 # then the rollout budget, disruption counts and store transition properties and the cron windows' oracle
-# at 60 examples (`make test` runs 4, 1, 8 and 12), the API fuzz's linked sequences at 100 (`make test` runs 15), and the
-# tests marked `scale` (the full sizes of which `make test` runs a slice).
+# at 60 examples (`make test` runs 4, 1, 8 and 12), the API fuzz's linked sequences at 100 (`make test`
+# runs 15), and the tests marked `scale` (the full sizes of which `make test` runs a slice).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
 PROPERTY_EXAMPLES ?= 60
