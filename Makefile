@@ -189,9 +189,9 @@ clean: ## remove .venv, node_modules and every cache
 	rm -rf $(VENV) .tools node_modules cdk.out build .mypy_cache .pytest_cache .ruff_cache
 
 # The torture run: 8 clients, 5,000 random operations with AWS faults on, then every invariant checked;
-# then the rollout budget and disruption counts properties and the cron windows' oracle at 60 examples
-# (`make test` runs 4, 2 and 12), the API fuzz's linked sequences at 100 (`make test` runs 15), and the
-# tests marked `scale` (the full sizes of which `make test` runs a slice).
+# then the rollout budget, disruption counts and store transition properties and the cron windows' oracle
+# at 60 examples (`make test` runs 4, 1, 8 and 12), the API fuzz's linked sequences at 100 (`make test`
+# runs 15), and the tests marked `scale` (the full sizes of which `make test` runs a slice).
 # Override with e.g. `make stress STRESS_ARGS="--seed 7 --ops 3000"`.
 STRESS_ARGS ?=
 PROPERTY_EXAMPLES ?= 60
@@ -199,6 +199,7 @@ stress: install ## torture run: 8 clients x 5,000 ops with AWS faults on, the pr
 	$(PY) -m bench.stress $(STRESS_ARGS)
 	FLEETKEEPER_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(VENV)/bin/pytest -q -p no:randomly --durations=15 \
 		tests/integration/reconciler/test_rollout_budget_property.py \
-		tests/integration/reconciler/test_door_counts_property.py tests/unit/test_windows_property.py
+		tests/integration/reconciler/test_door_counts_property.py tests/integration/test_store_properties.py \
+		tests/unit/test_windows_property.py
 	FLEETKEEPER_FUZZ_SEQUENCES=100 $(VENV)/bin/pytest -q -p no:randomly tests/integration/test_api_fuzz.py
 	$(VENV)/bin/pytest -q -p no:randomly --durations=15 -m scale tests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -30,9 +31,13 @@ WRITE_ROUTES = (
 MAX_ANSWER_BYTES = 16 * 1024
 
 
+# Building the document costs a quarter of a CPU-second, and it is the same for every test of the process.
+_contract = functools.cache(contract)
+
+
 def _body_routes() -> list[tuple[str, str]]:
     """Every route that takes a body, with its path parameters filled in."""
-    document = contract()
+    document = _contract()
     return [
         (
             method.upper(),
@@ -113,7 +118,7 @@ def _query_parameters(kind: str | None = None) -> list[tuple[str, str, str]]:
     """(method, path, name) of every query parameter of the contract (only those of JSON type `kind` if
     given), path parameters filled in."""
     found = []
-    for path, item in contract()["paths"].items():
+    for path, item in _contract()["paths"].items():
         for method, operation in item.items():
             for parameter in operation.get("parameters", []) if isinstance(operation, dict) else []:
                 schema = parameter["schema"]

@@ -28,7 +28,7 @@ from fleetkeeper_local import faults
 pytestmark = pytest.mark.integration
 
 THREADS = 8
-MOVES_PER_THREAD = 40
+MOVES_PER_THREAD = 15
 # RUNNING <-> DRAINING: a drain and its cancel, the two moves the reconciler and the API make most.
 NEXT = {WorkerStatus.RUNNING: WorkerStatus.DRAINING, WorkerStatus.DRAINING: WorkerStatus.RUNNING}
 

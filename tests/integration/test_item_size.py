@@ -50,7 +50,8 @@ def _fill(shape: Shape, total: int) -> dict[str, Any]:
     """An item of the shape whose size by the formula is exactly `total`."""
     base = {"PK": {"S": "SIZE#probe"}, "SK": {"S": "SIZE"}}
     guess = total - item_size({**base, **shape(100)}) + 100
-    for n in range(guess - 64, guess + 64):
+    # Nearest first: the guess is usually exact, and a filler of 21,000 ids costs 15 ms a try.
+    for n in sorted(range(guess - 64, guess + 64), key=lambda n: abs(n - guess)):
         item = {**base, **shape(n)}
         if item_size(item) == total:
             return item

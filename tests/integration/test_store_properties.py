@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -22,6 +23,8 @@ from fleetkeeper.services import catalog
 from fleetkeeper.store.repository import FleetStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EXAMPLES = int(os.environ.get("FLEETKEEPER_PROPERTY_EXAMPLES", "8"))  # `make stress` runs 60
 
 
 def test_given_random_operations_then_the_store_only_ever_holds_legal_transitions(store: FleetStore):
@@ -97,7 +100,7 @@ def test_given_random_operations_then_the_store_only_ever_holds_legal_transition
     run_state_machine_as_test(
         WorkerLifecycle,
         settings=settings(
-            max_examples=20,
+            max_examples=EXAMPLES,
             stateful_step_count=12,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -1,4 +1,4 @@
-"""What admission costs: a rollout step that asks the door for ten drains reads its pool's state once and
+"""What admission costs: a rollout step that asks the door for five drains reads its pool's state once and
 shares it among them, and reads no index per candidate. Every DynamoDB request of the step is counted
 by a botocore hook on the real client, by operation, with the items index queries return."""
 
@@ -25,7 +25,7 @@ from tests.integration.conftest import WorkerFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DRAINS = 10
+DRAINS = 5
 
 
 @dataclass
@@ -71,7 +71,7 @@ def one_step(
     make_ctx: Callable[..., Context], store: FleetStore, make: WorkerFactory, pool: str, size: int
 ) -> Requests:
     """The requests of the first cycle step of a rollout over a pool of `size` workers whose wave and
-    budget are ten drains; the rollout is cancelled afterwards, so the next cycle steps another alone."""
+    budget are five drains; the rollout is cancelled afterwards, so the next cycle steps another alone."""
     catalog.put_pool(store, pool, actor="test", disruption=DisruptionPolicy(budgets=[Budget(max=DRAINS)]))
     for _ in range(size):
         make(pool=pool)
@@ -93,19 +93,19 @@ def one_step(
     return seen
 
 
-def test_given_rollout_steps_over_pools_of_20_and_80_then_each_reads_its_pool_once_and_no_index_per_candidate(
+def test_given_rollout_steps_over_pools_of_10_and_40_then_each_reads_its_pool_once_and_no_index_per_candidate(
     make_ctx: Callable[..., Context],
     store: FleetStore,
     running_worker: WorkerFactory,
     drains_started: list[dict[str, Any]],
 ) -> None:
-    small = one_step(make_ctx, store, running_worker, "small", 20)
+    small = one_step(make_ctx, store, running_worker, "small", 10)
     assert len(drains_started) == DRAINS
-    big = one_step(make_ctx, store, running_worker, "big", 80)
+    big = one_step(make_ctx, store, running_worker, "big", 40)
     assert len(drains_started) == 2 * DRAINS
 
-    for pool, size, seen in (("small", 20, small), ("big", 80, big)):
-        # The pool item and its counts, once for the ten admissions.
+    for pool, size, seen in (("small", 10, small), ("big", 40, big)):
+        # The pool item and its counts, once for the five admissions.
         assert (seen.reads_of[f"POOL#{pool}"], seen.reads_of[f"DISRUPTING#{pool}"]) == (1, 1), seen
         assert seen.index_items <= 2 * size, seen
     # However large the pool, the same queries: none per candidate. The listing of running rollouts
