@@ -16,8 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_callback
+from moto.stepfunctions.parser.asl.utils.boto_client import boto_client_for
 
 from fleetkeeper.observability import logger
 from fleetkeeper_local.faults import InvocationCrashed
@@ -238,6 +241,7 @@ def install() -> LambdaDispatcher:
 
         LambdaSimpleBackend.invoke = invoke  # type: ignore[method-assign]
         _answer_early_callbacks()
+        _reuse_lambda_clients()
         _installed = True
     return dispatcher
 
@@ -260,3 +264,24 @@ def _answer_early_callbacks() -> None:
         return original(self, env, callback_endpoint, heartbeat_endpoint)
 
     callback_state._wait_for_task_token_heartbeat = wait  # type: ignore[method-assign]
+
+
+def _reuse_lambda_clients() -> None:
+    """Give moto's Step Functions one Lambda client per region instead of a new one for every task.
+
+    moto builds a boto3 client for each Lambda task it runs, which costs more CPU than the step's own
+    work. Its clients differ only by region (the state's credentials are not used) and by the default
+    session they come from, which carries the local layers' hooks (aws_rules makes a new one), so one is
+    kept per region and made again when the default session changes."""
+    clients: dict[tuple[str, str], tuple[Any, Any]] = {}
+    lock = threading.Lock()
+
+    def client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        with lock:
+            made = clients.get((region, service))
+            if made is None or made[0] is not boto3.DEFAULT_SESSION:
+                client = boto_client_for(region=region, service=service)
+                made = clients[region, service] = (boto3.DEFAULT_SESSION, client)
+            return made[1]
+
+    lambda_eval_utils.boto_client_for = client_for  # type: ignore[attr-defined]

@@ -21,6 +21,7 @@ from fleetkeeper.domain.errors import DrainDeadlineMoved
 from fleetkeeper.domain.lifecycle import InstanceState, WorkerStatus
 from fleetkeeper.domain.models import DrainOutcome, utcnow
 from fleetkeeper.services import drains
+from fleetkeeper.services.drains import commands as drain_commands
 from fleetkeeper.services.drains.contract import DrainInput
 from fleetkeeper_local import faults
 from tests.integration.conftest import ControlPlane, WorkerFactory, eventually
@@ -424,11 +425,15 @@ def test_given_no_drain_to_force_then_404_or_409_naming_the_state(
 
 
 def test_given_a_deadline_moved_as_often_as_a_drain_allows_then_the_next_move_is_409_and_a_force_still_works(
-    control_plane: ControlPlane, ec2_worker: WorkerFactory
+    control_plane: ControlPlane, ec2_worker: WorkerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The refusal after the last allowed move is the point, not the bound's size: three moves show it
+    # as the hundred allowed would, each an API call.
+    allowed = 3
+    monkeypatch.setattr(drain_commands, "MAX_DEADLINE_MOVES", allowed)
     # No execution waits (its start was lost), so each move is one write: the bound is the record's.
     worker_id, _ = unserved_drain(control_plane, ec2_worker, 600)
-    for n in range(MAX_DEADLINE_MOVES):
+    for n in range(allowed):
         move_now(control_plane, worker_id, 700 + n)
 
     status, body = move(control_plane, worker_id, 7200)
@@ -436,14 +441,11 @@ def test_given_a_deadline_moved_as_often_as_a_drain_allows_then_the_next_move_is
     assert (status, body["error"], body["details"]["max_moves"]) == (
         409,
         "TOO_MANY_DEADLINE_MOVES",
-        MAX_DEADLINE_MOVES,
+        allowed,
     ), body
     record = control_plane.ctx.store.get_worker(worker_id).drain
     assert record is not None
-    assert (record.deadline_moves, record.timeout_seconds) == (
-        MAX_DEADLINE_MOVES,
-        700 + MAX_DEADLINE_MOVES - 1,
-    )
+    assert (record.deadline_moves, record.timeout_seconds) == (allowed, 700 + allowed - 1)
     status, body = force(control_plane, worker_id)
     assert (status, body["forced_by"]) == (202, ALICE)
 

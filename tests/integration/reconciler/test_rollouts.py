@@ -14,7 +14,7 @@ from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker
 from fleetkeeper.domain.rollouts import replacement_id
 from fleetkeeper.observability import metrics
-from fleetkeeper.services.rollouts.step import MAX_ROLLOUTS_PER_CYCLE
+from fleetkeeper.services.rollouts import step
 from tests.integration.emf import metric_totals
 from tests.integration.functions import reconcile_fleet
 
@@ -24,11 +24,16 @@ MAX_CYCLES = 80
 
 
 @pytest.fixture
-def pool_of_six(control_plane, live_worker) -> list[Worker]:
-    """Six RUNNING workers of template lab in pool labs, whose budget lets two be disrupted at once."""
-    status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 2}]}})
-    assert status == 201
-    return [live_worker(pool="labs") for _ in range(6)]
+def pool_of(control_plane, live_worker) -> Callable[[int], list[Worker]]:
+    """`count` RUNNING workers of template lab in pool labs, whose budget lets two be disrupted at once.
+    Each wave costs about four reconcile cycles, so a test takes as few workers as its waves need."""
+
+    def make(count: int) -> list[Worker]:
+        status, _ = control_plane.api("PUT", "/api/v1/pools/labs", {"disruption": {"budgets": [{"max": 2}]}})
+        assert status == 201
+        return [live_worker(pool="labs") for _ in range(count)]
+
+    return make
 
 
 def _statuses(control_plane, ids: list[str]) -> dict[str, WorkerStatus]:
@@ -52,9 +57,9 @@ def _run(
 
 
 def test_given_drain_first_with_max_unavailable_2_then_never_more_than_2_are_out_of_placement(
-    control_plane, pool_of_six
+    control_plane, pool_of
 ):
-    old = [w.id for w in pool_of_six]
+    old = [w.id for w in pool_of(4)]
     _, started = control_plane.api(
         "POST",
         "/api/v1/rollouts",
@@ -70,7 +75,7 @@ def test_given_drain_first_with_max_unavailable_2_then_never_more_than_2_are_out
 
     done = _run(control_plane, started["id"], sample, until=lambda v: v["status"] != "RUNNING")
 
-    assert (done["status"], done["replaced"], done["percent"]) == ("SUCCEEDED", 6, 100), done
+    assert (done["status"], done["replaced"], done["percent"]) == ("SUCCEEDED", 4, 100), done
     assert max(worst) <= 2, worst
     assert max(worst) == 2, worst  # both workers of a wave drain together, never more
     finals = _statuses(control_plane, old + new)
@@ -78,13 +83,13 @@ def test_given_drain_first_with_max_unavailable_2_then_never_more_than_2_are_out
     assert all(finals[w] == WorkerStatus.RUNNING for w in new)
 
 
-def test_given_surge_then_the_running_count_never_drops_below_the_start(control_plane, pool_of_six, capsys):
+def test_given_surge_then_the_running_count_never_drops_below_the_start(control_plane, pool_of, capsys):
     # The cycles run the reconciler's service without its handler: publish what earlier tests left.
     metrics.flush_metrics()
     capsys.readouterr()
-    old = [w.id for w in pool_of_six]
+    old = [w.id for w in pool_of(4)]
     _, started = control_plane.api(
-        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 3}
+        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 2}
     )
     new = [replacement_id(started["id"], w) for w in old]
     running: list[int] = []
@@ -95,8 +100,8 @@ def test_given_surge_then_the_running_count_never_drops_below_the_start(control_
 
     done = _run(control_plane, started["id"], sample, until=lambda v: v["status"] != "RUNNING")
 
-    assert (done["status"], done["replaced"]) == ("SUCCEEDED", 6), done
-    assert min(running) >= 6, running
+    assert (done["status"], done["replaced"]) == ("SUCCEEDED", 4), done
+    assert min(running) >= 4, running
     # Each old worker's drain started only once its replacement ran: they ran side by side.
     store = control_plane.ctx.store
     for old_id, new_id in zip(old, new, strict=True):
@@ -109,21 +114,22 @@ def test_given_surge_then_the_running_count_never_drops_below_the_start(control_
     published = metric_totals(capsys.readouterr().out)
     outcomes = (published["RolloutStarted"], published["RolloutSucceeded"], published["RolloutFailed"])
     assert outcomes == (1, 1, 0)
-    assert published["RolloutWaveStarted"] == 2  # six workers, three a wave: each wave announced once
+    assert published["RolloutWaveStarted"] == 2  # four workers, two a wave: each wave announced once
     assert published["Reconcile.rollout_steps"] >= 2  # a step per cycle at least, one wave each
 
 
 def test_given_a_checkpoint_then_the_rollout_pauses_there_and_a_cancel_stops_new_waves(
-    control_plane, pool_of_six
+    control_plane, pool_of
 ):
-    old = [w.id for w in pool_of_six]
+    # Three waves of one: the first reaches the checkpoint, the second starts, the third never does.
+    old = [w.id for w in pool_of(3)]
     _, started = control_plane.api(
         "POST",
         "/api/v1/rollouts",
         {
             "template": "lab",
             "pool": "labs",
-            "max_unavailable": 2,
+            "max_unavailable": 1,
             "strategy": "drain_first",
             "checkpoints": [30],
         },
@@ -131,7 +137,7 @@ def test_given_a_checkpoint_then_the_rollout_pauses_there_and_a_cancel_stops_new
 
     paused = _run(control_plane, started["id"], lambda: None, until=lambda v: v["status"] != "RUNNING")
 
-    assert (paused["status"], paused["checkpoint"], paused["replaced"]) == ("PAUSED", 30, 2), paused
+    assert (paused["status"], paused["checkpoint"], paused["replaced"]) == ("PAUSED", 30, 1), paused
     assert paused["blocked"]["reason"] == "checkpoint"
     # Paused: cycles start nothing new.
     before = _statuses(control_plane, old)
@@ -141,7 +147,7 @@ def test_given_a_checkpoint_then_the_rollout_pauses_there_and_a_cancel_stops_new
 
     status, resumed = control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/resume")
     assert (status, resumed["status"], resumed["checkpoint"]) == (200, "RUNNING", None)
-    reconcile_fleet(control_plane.ctx)  # the next wave starts: two more drains
+    reconcile_fleet(control_plane.ctx)  # the next wave starts: one more drain
     status, cancelled = control_plane.api("POST", f"/api/v1/rollouts/{started['id']}/cancel")
     assert (status, cancelled["status"]) == (200, "CANCELLED")
     touched = {w for w, s in _statuses(control_plane, old).items() if s != WorkerStatus.RUNNING}
@@ -150,9 +156,9 @@ def test_given_a_checkpoint_then_the_rollout_pauses_there_and_a_cancel_stops_new
         time.sleep(0.2)
     # No wave after the cancel: the last two workers stay in service.
     after = _statuses(control_plane, old)
-    untouched = sorted(old)[4:]
+    untouched = sorted(old)[2:]
     assert all(after[w] == WorkerStatus.RUNNING for w in untouched), after
-    assert len(touched) == 4
+    assert len(touched) == 2
 
 
 def test_given_a_budget_that_allows_no_rollout_then_it_waits_and_says_why(control_plane, live_worker):
@@ -214,13 +220,13 @@ def test_given_a_checkpoint_delay_then_the_rollout_goes_on_by_itself_and_replace
 
 
 def test_given_a_worker_already_draining_for_another_reason_then_a_surge_rollout_gives_it_no_replacement(
-    control_plane, pool_of_six
+    control_plane, pool_of
 ):
     # Its expiry (or an operator) already drains it, and replaces it if it should be: a second
     # replacement would add a worker the scope never lost.
-    ids = sorted(w.id for w in pool_of_six)
+    ids = sorted(w.id for w in pool_of(4))
     _, started = control_plane.api(
-        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 3}
+        "POST", "/api/v1/rollouts", {"template": "lab", "pool": "labs", "max_unavailable": 2}
     )
     # The last wave's worker starts draining after the rollout began; a session keeps it DRAINING
     # while its wave comes.
@@ -234,7 +240,7 @@ def test_given_a_worker_already_draining_for_another_reason_then_a_surge_rollout
 
     done = _run(control_plane, started["id"], lambda: None, until=lambda v: v["status"] != "RUNNING")
 
-    assert (done["status"], done["replaced"], done["skipped"]) == ("SUCCEEDED", 5, 1), done
+    assert (done["status"], done["replaced"], done["skipped"]) == ("SUCCEEDED", 3, 1), done
     assert control_plane.ctx.store.find_worker(replacement_id(started["id"], leaving)) is None
     assert control_plane.ctx.store.get_worker(leaving).status is WorkerStatus.DRAINING
     finals = _statuses(control_plane, [replacement_id(started["id"], w) for w in others])
@@ -242,10 +248,13 @@ def test_given_a_worker_already_draining_for_another_reason_then_a_surge_rollout
 
 
 def test_given_more_active_rollouts_than_a_cycle_serves_then_each_advances_within_two_cycles(
-    control_plane, live_worker
+    control_plane, live_worker, monkeypatch
 ):
+    # The limit is what the test is about, not its size: four a cycle shows it as twenty would.
+    monkeypatch.setattr(step, "MAX_ROLLOUTS_PER_CYCLE", 4)
+    served = step.MAX_ROLLOUTS_PER_CYCLE
     started = []
-    for _ in range(MAX_ROLLOUTS_PER_CYCLE + 5):
+    for _ in range(served + 3):
         worker = live_worker(pool="labs")
         status, view = control_plane.api("POST", "/api/v1/rollouts", {"worker_ids": [worker.id]})
         assert status == 202, view
@@ -260,7 +269,7 @@ def test_given_more_active_rollouts_than_a_cycle_serves_then_each_advances_withi
     after_first = advanced()
     second = reconcile_fleet(control_plane.ctx)
 
-    assert first.counters["rollout_steps"] == len(after_first) == MAX_ROLLOUTS_PER_CYCLE
-    # The second cycle starts after the last one served: the five left first, then around.
-    assert second.counters["rollout_steps"] == MAX_ROLLOUTS_PER_CYCLE
+    assert first.counters["rollout_steps"] == len(after_first) == served
+    # The second cycle starts after the last one served: the three left first, then around.
+    assert second.counters["rollout_steps"] == served
     assert advanced() == set(started)
