@@ -473,6 +473,22 @@ def test_given_a_reboot_completed_before_its_date_then_the_checks_toleration_run
     assert later is after
 
 
+def test_given_a_reboot_completed_before_its_date_then_its_date_passing_makes_nothing_stale() -> None:
+    # AWS lists a completed event for a week: sweeps after its NotBefore still find the early reboot,
+    # and its date must not then restart the toleration of a check that failed since.
+    not_before = T0 + timedelta(days=2)
+    completed = (reboot_event("[Completed] reboot", not_before),)
+    early = observe_all(None, signals_of(line(instance="impaired", events=completed)), T0)
+
+    past_date = observe_all(
+        early, signals_of(line(instance="impaired", events=completed)), not_before + timedelta(minutes=5)
+    )
+
+    assert early is not None
+    assert past_date is not None
+    assert (past_date.status, past_date.source, past_date.since) == (SICK, Src.STATUS_CHECK, T0)
+
+
 def test_given_a_completed_reboot_then_the_checks_said_before_it_are_stale_and_a_report_stands() -> None:
     sick = observe_all(
         None,
