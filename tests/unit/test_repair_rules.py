@@ -417,8 +417,8 @@ def test_given_a_restart_then_only_the_signals_begun_before_it_are_stale() -> No
     since = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0 + timedelta(minutes=10))
 
     now = T0 + timedelta(minutes=15)
-    cleared = observe_all(before, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), now)
-    kept = observe_all(since, restart_signals(Restart.REBOOT, T0 + timedelta(minutes=5)), now)
+    cleared = observe_all(before, restart_signals(Restart.STOP, T0 + timedelta(minutes=5)), now)
+    kept = observe_all(since, restart_signals(Restart.STOP, T0 + timedelta(minutes=5)), now)
 
     assert cleared is not None
     assert cleared.status == WELL
@@ -489,7 +489,7 @@ def test_given_a_reboot_completed_before_its_date_then_its_date_passing_makes_no
     assert (past_date.status, past_date.source, past_date.since) == (SICK, Src.STATUS_CHECK, T0)
 
 
-def test_given_a_completed_reboot_then_the_checks_said_before_it_are_stale_and_a_report_stands() -> None:
+def test_given_a_completed_reboot_then_each_signal_stands_until_its_own_source_answers_again() -> None:
     sick = observe_all(
         None,
         [
@@ -504,12 +504,18 @@ def test_given_a_completed_reboot_then_the_checks_said_before_it_are_stale_and_a
     )
 
     after = observe_all(sick, signals_of(rebooted), T0 + timedelta(hours=2))
+    booted = line("ok", "ok", (reboot_event("[Completed] reboot", T0 + timedelta(hours=1)),))
+    answering = observe_all(after, signals_of(booted), T0 + timedelta(hours=3))
 
+    # Checks still initializing say nothing yet; once they pass, they end their own signal. No word on
+    # the agent: its silence stands until it pings, and the agent's report until it withdraws it.
     assert after is not None
-    assert set(after.standing()) == {Src.REPORTED}
+    assert set(after.standing()) == {Src.STATUS_CHECK, Src.CONNECTION_LOST, Src.REPORTED}
+    assert answering is not None
+    assert set(answering.standing()) == {Src.CONNECTION_LOST, Src.REPORTED}
 
 
-def test_given_a_machine_still_impaired_after_its_reboot_then_its_check_counts_from_the_reboot_on() -> None:
+def test_given_a_machine_still_impaired_after_its_reboot_then_its_check_counts_from_before_it() -> None:
     sick = observe(None, Signal(SICK, Src.STATUS_CHECK, "impaired"), T0)
     completed = (reboot_event("[Completed] reboot", T0 + timedelta(hours=1)),)
     now = T0 + timedelta(hours=2)
@@ -521,7 +527,7 @@ def test_given_a_machine_still_impaired_after_its_reboot_then_its_check_counts_f
     )
 
     assert after is not None
-    assert (after.status, after.source, after.since) == (SICK, Src.STATUS_CHECK, now)
+    assert (after.status, after.source, after.since) == (SICK, Src.STATUS_CHECK, T0)
     assert later is after
 
 

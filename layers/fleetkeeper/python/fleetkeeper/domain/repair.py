@@ -82,19 +82,17 @@ SICK_MACHINE: Final = frozenset(
 class Restart(StrEnum):
     """What happened to a machine that makes what was said of it before stale."""
 
-    # A stop: the machine starts again on other hardware.
+    # A stop: the machine starts again on other hardware. A reboot is no restart here: nothing dates it
+    # reliably (AWS lists an event completed early with its later NotBefore), so the sources end their
+    # own signals once the machine is back (docs/repair.md, "Signals").
     STOP = "stop"
-    # AWS rebooted the machine or its host for a scheduled event (a completed reboot or maintenance).
-    REBOOT = "reboot"
 
 
 # Per restart, the sources whose earlier signals it makes stale (docs/repair.md, "Signals").
 # A stop leaves the old host behind, and with it what its checks, its silence and its scheduled events
-# said; a reboot starts the machine afresh on the same host, so only what was said of the running
-# machine goes. An agent's report is the agent's to withdraw: a full disk outlives both.
+# said. An agent's report is the agent's to withdraw: a full disk outlives a stop.
 STALE_AFTER: Final[dict[Restart, frozenset[HealthSource]]] = {
     Restart.STOP: SICK_MACHINE | {HealthSource.SCHEDULED_EVENT},
-    Restart.REBOOT: SICK_MACHINE,
 }
 
 
@@ -237,10 +235,6 @@ def observe(current: Health | None, signal: Signal, now: datetime) -> Health | N
     restart."""
     stale = dict(current.stale_before) if current is not None else {}
     if signal.stale_before is not None:
-        if signal.stale_before > now:
-            # A reboot event completed before its NotBefore: its date places nothing in time, and the
-            # sources' own words still end what it ended.
-            return current
         stale[signal.source] = max(signal.stale_before, stale.get(signal.source, signal.stale_before))
     elif _said_before_restart(stale, signal.source, signal.at or now):
         return current
@@ -462,17 +456,15 @@ _BOOTING: Final = frozenset({"initializing"})
 # SSM's PingStatus of an agent that stopped answering, and of one that answers.
 CONNECTION_LOST: Final = "ConnectionLost"
 ONLINE: Final = "Online"
-# Scheduled events whose completion means AWS rebooted the machine or its host (`Restart.REBOOT`).
-REBOOT_CODES: Final = frozenset({"instance-reboot", "system-reboot", "system-maintenance"})
 
 
 def signals_of(reading: StatusReading, agent: AgentReading | None = None) -> list[Signal]:
     """What a running machine's status line (and, for a worker that uses operations, its SSM agent)
     says, healthy signals first so that a signal of the same reading that is still unhealthy stands:
-    scheduled events (an ended one clears, the earliest live one counts, a completed reboot makes the
-    checks said before it stale), failed checks (`impaired`), no status at all (`insufficient-data`),
-    and an agent that lost its connection. `agent` None: no word on the agent (not read, or the
-    machine is not registered with Systems Manager), which clears nothing."""
+    scheduled events (an ended one clears, the earliest live one counts), failed checks (`impaired`),
+    no status at all (`insufficient-data`), and an agent that lost its connection. `agent` None: no
+    word on the agent (not read, or the machine is not registered with Systems Manager), which clears
+    nothing."""
     if reading.state != "running":
         return []
     healthy: list[Signal] = []
@@ -485,8 +477,6 @@ def signals_of(reading: StatusReading, agent: AgentReading | None = None) -> lis
         text = f"{found.code}: {found.description or '-'}"
         if event_ended(found.description):
             healthy.append(Signal(HealthStatus.HEALTHY, HealthSource.SCHEDULED_EVENT, text, event))
-            if _completed(found.description) and found.code in REBOOT_CODES and found.not_before:
-                healthy += restart_signals(Restart.REBOOT, found.not_before)
         else:
             live.append((found.not_before or datetime.max.replace(tzinfo=UTC), text, event))
     if live:
@@ -527,7 +517,3 @@ _ENDED_PREFIXES: Final = ("[Completed]", "[Canceled]", "[Cancelled]")
 def event_ended(description: str | None) -> bool:
     """Whether a DescribeInstanceStatus event's description says AWS completed or cancelled it."""
     return description is not None and description.strip().startswith(_ENDED_PREFIXES)
-
-
-def _completed(description: str | None) -> bool:
-    return description is not None and description.strip().startswith(_ENDED_PREFIXES[0])
