@@ -148,15 +148,26 @@ class Door:
 
     # ---- the door --------------------------------------------------------------------------------------
 
-    def admit(self, worker: Worker | str, ask: Ask, start: Start, *, action: str = "drain") -> Worker | Held:
+    def admit(
+        self,
+        worker: Worker | str,
+        ask: Ask,
+        start: Start,
+        *,
+        action: str = "drain",
+        read: Worker | None = None,
+    ) -> Worker | Held:
         """Decide on the worker (read afresh, from the base table) and, admitted, run `start`: the
         worker as it wrote it, or what holds the disruption back (recorded as waiting for its pool).
+        `read`: the worker as a strongly consistent read of the base table just gave it (one batch read
+        for many admissions), taken for the first attempt; the write's condition on its version refuses
+        it if it changed since.
 
         A write that finds the budget taken, the pool changed or the worker changed since the read is
         decided again on fresh reads; after ATTEMPTS such races the last StaleWrite propagates."""
         worker_id = worker if isinstance(worker, str) else worker.id
         for attempt in range(ATTEMPTS):
-            current = self.ctx.store.get_worker(worker_id)
+            current = read if attempt == 0 and read is not None else self.ctx.store.get_worker(worker_id)
             # Only a voluntary disruption is decided on its pool's budgets.
             state = self.state(current.pool) if ask.voluntary and not ask.hold else self.unread
             verdict = judge(ask, current, state, self.now, active=self.active)

@@ -310,18 +310,20 @@ class Step:
                 current, {"owner": owner}, actor=self.actor, action="WorkerHeld", reason=self.drain_reason
             )
 
-        def claim(worker_id: str) -> None:
+        def claim(worker: Worker) -> None:
             try:
-                self.door.admit(worker_id, ask, own, action="hold")
+                self.door.admit(worker.id, ask, own, action="hold", read=worker)
             except (NotFound, StaleWrite) as missed:
                 # Gone, or kept changing: its wave decides on it through the door.
                 logger.info(
-                    "worker not claimed", worker_id=worker_id, rollout_id=self.rollout.id, why=str(missed)
+                    "worker not claimed", worker_id=worker.id, rollout_id=self.rollout.id, why=str(missed)
                 )
 
-        ids = self.ctx.rollouts.members(self.rollout, start, stop)
+        # One strongly consistent batch read for the step's claims, not a read each; a worker gone
+        # since the start is not claimed, and its wave finds it gone.
+        found = self.ctx.store.get_workers(self.ctx.rollouts.members(self.rollout, start, stop))
         with ContextThreadPool(max_workers=CLAIM_THREADS) as pool:
-            list(pool.map(claim, ids))
+            list(pool.map(claim, found))
         self.claimed = stop
 
     @property
