@@ -9,6 +9,7 @@ from typing import Any
 
 import boto3
 
+from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
 from fleetkeeper.domain.models import Worker, WorkerTemplate, utcnow
 from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE, TEMPLATE_TAG, WORKER_ID_TAG
 from fleetkeeper.services import catalog
@@ -142,3 +143,9 @@ def stopped_wanting_to_run(ctx: Any, store: FleetStore, ec2: Any, worker: Worker
     return store.update_worker(
         stopped, {"desired_status": "RUNNING"}, actor="test", action="DesiredStatusSet"
     )
+
+
+def stopped_warm(store: FleetStore, ec2: Any, workers: list[Worker]) -> list[Worker]:
+    """`workers`' machines stopped and the workers STOPPED, as a warm set the reconciler may wake."""
+    ec2.stop_instances(InstanceIds=[w.ec2_instance_id for w in workers])
+    return [store.transition_worker(w, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test") for w in workers]

@@ -24,7 +24,7 @@ from fleetkeeper_local.iam.recorder import Recorder
 from tests.integration.aws_calls import aws_calls
 from tests.integration.functions import discover_and_collect, reconcile_fleet
 from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
-from tests.integration.reconciler.support import ec2_state, ensure_template
+from tests.integration.reconciler.support import ec2_state, ensure_template, stopped_warm
 from tests.integration.reconciler.test_launch_batches import policy_pool
 
 pytestmark = pytest.mark.integration
@@ -38,10 +38,7 @@ def test_given_one_warm_worker_whose_machine_iam_will_not_start_then_the_others_
     live_worker: LiveWorkerFactory,
     ec2: Any,
 ) -> None:
-    warm = [live_worker(pool="labs") for _ in range(4)]
-    ec2.stop_instances(InstanceIds=[w.ec2_instance_id for w in warm])
-    for worker in warm:
-        store.transition_worker(worker, S.STOPPED, cause=Cause.EC2, actor="test")
+    warm = stopped_warm(store, ec2, [live_worker(pool="labs") for _ in range(4)])
     # One machine lost its managed tag (an import whose tagging failed, a hand edit): IAM denies
     # starting it, and EC2 refuses a StartInstances naming it as a whole (UnauthorizedOperation).
     bad, good = warm[0], warm[1:]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fleetkeeper.domain.capacity import BlockedReason, CapacityPolicy
-from fleetkeeper.domain.lifecycle import Cause, WorkerStatus
+from fleetkeeper.domain.lifecycle import WorkerStatus
 from fleetkeeper.domain.models import Worker, utcnow
 from fleetkeeper.domain.reconcile import LAUNCH_CLAIM_TTL, capacity_backoff_seconds
 from fleetkeeper.domain.tags import BATCH_TAG, MANAGED_BY_TAG, MANAGED_BY_VALUE
@@ -23,7 +23,7 @@ from fleetkeeper_local import ec2_time, faults
 from tests.integration.aws_calls import CallCount, aws_calls
 from tests.integration.functions import discover_and_collect, reconcile_fleet
 from tests.integration.reconciler.conftest import ContextFactory, LiveWorkerFactory
-from tests.integration.reconciler.support import ensure_template, instances_tagged
+from tests.integration.reconciler.support import ensure_template, instances_tagged, stopped_warm
 
 pytestmark = pytest.mark.integration
 
@@ -115,10 +115,7 @@ def test_given_four_warm_workers_woken_then_one_start_instances_starts_them_all(
     live_worker: LiveWorkerFactory,
     ec2: Any,
 ) -> None:
-    warm = [live_worker(pool="labs") for _ in range(4)]
-    ec2.stop_instances(InstanceIds=[w.ec2_instance_id for w in warm])
-    for worker in warm:
-        store.transition_worker(worker, S.STOPPED, cause=Cause.EC2, actor="test")
+    warm = stopped_warm(store, ec2, [live_worker(pool="labs") for _ in range(4)])
     policy_pool(store, 4)
     now = utcnow()
 
