@@ -24,7 +24,7 @@ from fleetkeeper.store.codec import serialize
 from fleetkeeper.store.repository import FleetStore
 from fleetkeeper_local import ec2_time, faults
 from tests.integration.functions import reconcile_fleet
-from tests.integration.reconciler.support import ensure_template
+from tests.integration.reconciler.support import ensure_template, stopped_warm
 
 pytestmark = pytest.mark.integration
 
@@ -33,6 +33,13 @@ def capacity_pool(store: FleetStore, **policy: Any) -> None:
     ensure_template(store, "lab", capacity=4)
     wanted = CapacityPolicy.model_validate({"template": "lab", "max_workers": 3, **policy})
     catalog.put_pool(store, "labs", actor="test", capacity=wanted)
+
+
+def one_scale_out(ctx: Context) -> Counter[str]:
+    """One scale-out step of a cycle that owns every pool and has a minute left; its counters."""
+    counted: Counter[str] = Counter()
+    scale_out(ctx, utcnow(), counted, owns=lambda _: True, time_left=lambda: 60, margin_seconds=1)
+    return counted
 
 
 def live_members(store: FleetStore) -> list[Any]:
@@ -82,17 +89,7 @@ def test_given_two_cycles_scaling_out_at_once_then_max_workers_holds_exactly(
     counters: list[dict[str, int]] = []
 
     def cycle() -> None:
-        counted: Counter[str] = Counter()
-        ctx = make_ctx()
-        scale_out(
-            ctx,
-            utcnow(),
-            counted,
-            owns=lambda _: True,
-            time_left=lambda: 60,
-            margin_seconds=1,
-        )
-        counters.append(dict(counted))
+        counters.append(dict(one_scale_out(make_ctx())))
 
     race(2, cycle)
 
@@ -126,9 +123,7 @@ def test_given_a_policy_then_the_cycle_creates_its_workers_and_says_what_it_did(
 def test_given_a_warm_worker_then_it_is_started_before_any_new_worker(
     store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
 ) -> None:
-    worker = live_worker(pool="labs")
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    stopped = store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    [stopped] = stopped_warm(store, ec2, [live_worker(pool="labs")])
     capacity_pool(store, min_workers=1)
 
     report = reconcile_fleet(ctx)
@@ -141,9 +136,7 @@ def test_given_a_warm_worker_then_it_is_started_before_any_new_worker(
 def test_given_a_refill_of_the_warm_set_launching_then_it_never_holds_back_the_warm_worker_the_target_needs(
     store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
 ) -> None:
-    worker = live_worker(pool="labs")
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    stopped = store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    [stopped] = stopped_warm(store, ec2, [live_worker(pool="labs")])
     capacity_pool(store, min_workers=1, warm_workers=1)
     workers.create_worker(
         store,
@@ -153,16 +146,7 @@ def test_given_a_refill_of_the_warm_set_launching_then_it_never_holds_back_the_w
         actor="test",
         desired_status=WorkerStatus.STOPPED,
     )
-    counted: Counter[str] = Counter()
-
-    scale_out(
-        ctx,
-        utcnow(),
-        counted,
-        owns=lambda _: True,
-        time_left=lambda: 60,
-        margin_seconds=1,
-    )
+    counted = one_scale_out(ctx)
 
     # The refill is the warm set's: the RUNNING worker comes from the warm one, and nothing new is made.
     assert (counted["capacity_workers_woken"], counted["capacity_workers_created"]) == (1, 0)
@@ -251,9 +235,7 @@ def test_given_a_blocked_pool_whose_refused_worker_still_waits_then_blocked_outl
 def test_given_no_capacity_to_start_the_warm_worker_then_the_pool_is_blocked_with_ec2s_error(
     store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
 ) -> None:
-    worker = live_worker(pool="labs")
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    [worker] = stopped_warm(store, ec2, [live_worker(pool="labs")])
     capacity_pool(store, min_workers=1)
     reconcile_fleet(ctx)  # wakes the warm worker
     ec2_time.set_capacity(ec2, "m5.large", available=False)
@@ -273,9 +255,7 @@ def test_given_no_capacity_to_start_the_warm_worker_then_the_pool_is_blocked_wit
 def test_given_a_stopped_worker_an_operator_wants_terminated_then_scale_out_never_wakes_it(
     store: FleetStore, ctx: Context, live_worker: Callable[..., Any], ec2: Any
 ) -> None:
-    worker = live_worker(pool="labs")
-    ec2.stop_instances(InstanceIds=[worker.ec2_instance_id])
-    stopped = store.transition_worker(worker, WorkerStatus.STOPPED, cause=Cause.EC2, actor="test")
+    [stopped] = stopped_warm(store, ec2, [live_worker(pool="labs")])
     capacity_pool(store, min_workers=1)
     now = utcnow()
     # Still waiting out a backoff (a start EC2 refused for capacity) when the operator gives it up.
@@ -288,7 +268,7 @@ def test_given_a_stopped_worker_an_operator_wants_terminated_then_scale_out_neve
 
     report = reconcile_fleet(ctx, now=now)
 
-    assert store.get_worker(worker.id).desired_status == WorkerStatus.TERMINATED
+    assert store.get_worker(stopped.id).desired_status == WorkerStatus.TERMINATED
     assert report.counters["capacity_workers_woken"] == 0
     # It is leaving, not warm: the pool's one RUNNING worker is made anew.
     assert report.counters["capacity_workers_created"] == 1
